@@ -1,0 +1,39 @@
+# The two commands of the README: `make demo` (for now `make plan`) and `make test`.
+# Each sets itself up on a fresh machine: a virtualenv in .venv, the system packages
+# (Prometheus, Alertmanager) and the Go-built control plane cached under ~/.cache/specdeploy.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv plan test unit lint system-deps cluster-binaries clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+plan: $(STAMP)
+	$(BIN)/specdeploy plan examples/llama-70b-fp8-tp2.yaml
+
+system-deps:
+	bash scripts/system-deps.sh
+
+cluster-binaries: $(STAMP)
+	$(BIN)/specdeploy dev-cluster build
+
+lint: $(STAMP)
+	$(BIN)/ruff check operator engine-image tests benchmarks
+	$(BIN)/mypy operator/specdeploy/api operator/specdeploy/planning operator/specdeploy/engines
+
+unit: $(STAMP)
+	$(BIN)/pytest -m "not e2e" tests
+
+test: $(STAMP) system-deps cluster-binaries lint
+	$(BIN)/pytest tests
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""The engine pod image: launcher, GPU preflight and the engine simulator."""

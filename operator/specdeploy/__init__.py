@@ -1,0 +1,1 @@
+"""specdeploy: speculative decoding on Kubernetes, planned, rendered and rolled back."""
