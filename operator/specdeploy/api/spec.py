@@ -1,0 +1,397 @@
+"""The SpeculativeDeployment spec: what the user wants. The operator reads it and never writes it.
+
+Field names are the contract of ../shared/DESIGN.md; the CRD schema is generated from these models
+(`specdeploy crd`), so every description here is what `kubectl explain` prints.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from specdeploy.api.base import CelRule, WireModel
+from specdeploy.api.units import Duration, MemoryGiB
+
+
+class EngineKind(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+
+
+class Quantization(StrEnum):
+    NONE = "none"
+    FP8 = "fp8"
+    INT8 = "int8"
+    AWQ = "awq"
+    GPTQ = "gptq"
+    INT4 = "int4"
+
+
+class Dtype(StrEnum):
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class KvCacheDtype(StrEnum):
+    AUTO = "auto"
+    FP8 = "fp8"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+
+
+class Method(StrEnum):
+    DRAFT_MODEL = "draft_model"
+    EAGLE = "eagle"
+    EAGLE3 = "eagle3"
+    MTP = "mtp"
+    NGRAM = "ngram"
+    SUFFIX = "suffix"
+
+
+METHODS_WITH_DRAFT = (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3)
+METHODS_WITHOUT_DRAFT = (Method.MTP, Method.NGRAM, Method.SUFFIX)
+
+
+class BaselineMode(StrEnum):
+    CONTROL = "Control"
+    PREVIOUS = "Previous"
+    NONE = "None"
+
+
+class OnInconclusive(StrEnum):
+    HOLD = "Hold"
+    ROLLBACK = "Rollback"
+
+
+class Reenable(StrEnum):
+    MANUAL = "Manual"
+    AUTO = "Auto"
+
+
+def _cel_list(values: tuple[StrEnum, ...]) -> str:
+    return "[" + ", ".join(f"'{v.value}'" for v in values) + "]"
+
+
+def _words(values: tuple[StrEnum, ...]) -> str:
+    names = [v.value for v in values]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+class EnvVar(WireModel):
+    """An environment variable for the engine container."""
+
+    name: str = Field(min_length=1, max_length=256, description="Variable name.")
+    value: str = Field("", max_length=32768, description="Variable value.")
+
+
+class Engine(WireModel):
+    """Which inference engine runs the model, and how."""
+
+    kind: EngineKind = Field(EngineKind.VLLM, description="The engine: vllm, sglang or trtllm.")
+    image: str | None = Field(
+        None, max_length=512, description="Container image; a default per engine when empty."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Further engine arguments. Flags the operator manages (speculation, memory, "
+        "parallelism) are refused here; set the matching spec field instead.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment.")
+
+
+class Architecture(WireModel):
+    """The numbers of a model's config.json the memory plan needs (for models not in the catalog)."""
+
+    num_layers: int = Field(ge=1, le=1024, description="num_hidden_layers")
+    hidden_size: int = Field(ge=1, le=1_000_000, description="hidden_size")
+    intermediate_size: int = Field(ge=1, le=10_000_000, description="intermediate_size (dense MLP)")
+    num_attention_heads: int = Field(ge=1, le=4096, description="num_attention_heads")
+    num_key_value_heads: int = Field(ge=1, le=4096, description="num_key_value_heads (GQA)")
+    head_dim: int | None = Field(
+        None, ge=1, le=4096, description="head_dim; hiddenSize / numAttentionHeads when empty"
+    )
+    vocab_size: int = Field(ge=1, le=10_000_000, description="vocab_size")
+    num_parameters: int = Field(ge=1, le=100_000_000_000_000, description="Total parameters")
+    max_position_embeddings: int = Field(
+        ge=1, le=100_000_000, description="max_position_embeddings: the longest context"
+    )
+    tie_word_embeddings: bool = Field(False, description="lm_head shares the embedding matrix")
+    sliding_window: int | None = Field(
+        None, ge=1, le=100_000_000, description="Window of the sliding-window attention layers"
+    )
+    sliding_window_layers: int | None = Field(
+        None, ge=0, le=1024, description="How many layers use the sliding window (the rest are full)"
+    )
+    kv_lora_rank: int | None = Field(
+        None, ge=1, le=65536, description="MLA: compressed KV rank (DeepSeek kv_lora_rank)"
+    )
+    qk_rope_head_dim: int | None = Field(None, ge=0, le=65536, description="MLA: decoupled RoPE dims")
+    num_nextn_predict_layers: int = Field(
+        0, ge=0, le=16, description="Multi-token-prediction (MTP) layers shipped with the model"
+    )
+    num_experts: int | None = Field(None, ge=1, le=4096, description="MoE: routed experts per layer")
+    num_experts_per_token: int | None = Field(None, ge=1, le=4096, description="MoE: experts per token")
+
+
+class Model(WireModel):
+    """The target model: the one whose outputs users get."""
+
+    name: str = Field(
+        min_length=1, max_length=256, description="Hugging Face id or path, e.g. meta-llama/Llama-3.1-8B-Instruct"
+    )
+    quantization: Quantization = Field(
+        Quantization.NONE, description="Weight quantisation: none (checkpoint dtype), fp8, int8, awq, gptq, int4"
+    )
+    dtype: Dtype = Field(Dtype.BFLOAT16, description="Activation and unquantised weight dtype")
+    revision: str | None = Field(None, max_length=128, description="Model revision (branch, tag, commit)")
+    architecture: Architecture | None = Field(
+        None, description="Required when the model is not in the built-in catalog"
+    )
+
+
+class Draft(WireModel):
+    """The draft model or EAGLE head that proposes tokens for the target to verify."""
+
+    name: str = Field(min_length=1, max_length=256, description="Hugging Face id or path of the draft")
+    quantization: Quantization = Field(Quantization.NONE, description="Draft weight quantisation")
+    revision: str | None = Field(None, max_length=128, description="Draft revision")
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, le=64, description="Draft tensor parallelism: 1 or the target's (vLLM draft_tensor_parallel_size)"
+    )
+    architecture: Architecture | None = Field(
+        None, description="Required when the draft is not in the built-in catalog"
+    )
+
+
+class Speculation(WireModel):
+    """How tokens are proposed. Rollback turns it off in status, never here."""
+
+    enabled: bool = Field(True, description="false renders the same target without speculation")
+    method: Method = Field(description="draft_model, eagle, eagle3, mtp, ngram or suffix")
+    draft: Draft | None = Field(None, description="Required for draft_model, eagle and eagle3; forbidden otherwise")
+    num_speculative_tokens: int = Field(3, description="Tokens proposed per step (k), 1 to 16")
+    prompt_lookup_min: int = Field(2, ge=1, le=64, description="ngram: shortest n-gram matched in the prompt")
+    prompt_lookup_max: int = Field(5, ge=1, le=64, description="ngram: longest n-gram matched in the prompt")
+    eagle_topk: int = Field(
+        1, ge=1, le=64, description="SGLang: branching per draft step; >1 turns the overlap scheduler off"
+    )
+
+    cel_rules = (
+        CelRule(
+            f"!(self.method in {_cel_list(METHODS_WITH_DRAFT)}) || has(self.draft)",
+            f"`spec.speculation.draft` is required when `spec.speculation.method` is {_words(METHODS_WITH_DRAFT)}: "
+            "name the draft model or EAGLE head",
+            lambda s: s.method not in METHODS_WITH_DRAFT or s.draft is not None,
+        ),
+        CelRule(
+            f"!(self.method in {_cel_list(METHODS_WITHOUT_DRAFT)}) || !has(self.draft)",
+            f"`spec.speculation.draft` must not be set when `spec.speculation.method` is "
+            f"{_words(METHODS_WITHOUT_DRAFT)}: these methods draft without a separate model; remove it",
+            lambda s: s.method not in METHODS_WITHOUT_DRAFT or s.draft is None,
+        ),
+        CelRule(
+            "self.numSpeculativeTokens >= 1 && self.numSpeculativeTokens <= 16",
+            "`spec.speculation.numSpeculativeTokens` must be at least 1 and at most 16",
+            lambda s: 1 <= s.num_speculative_tokens <= 16,
+        ),
+        CelRule(
+            "self.promptLookupMin <= self.promptLookupMax",
+            "`spec.speculation.promptLookupMin` must not be greater than `spec.speculation.promptLookupMax`",
+            lambda s: s.prompt_lookup_min <= s.prompt_lookup_max,
+        ),
+    )
+
+
+class Gpu(WireModel):
+    """The GPUs of one pod."""
+
+    product: str = Field(
+        "H100-80GB", max_length=128, description="GPU product, e.g. H100-80GB, H200, A100-80GB, L40S; selects nodes"
+    )
+    memory_gib: MemoryGiB | None = Field(
+        None, description="Memory per GPU (80 or 80Gi); from the product table when empty"
+    )
+    count: int | None = Field(
+        None, ge=1, le=64, description="GPUs per pod; tensorParallelSize when empty"
+    )
+
+
+class Resources(WireModel):
+    """GPUs per pod and how the engine uses them."""
+
+    gpu: Gpu = Field(default_factory=Gpu, description="GPU product, memory and count per pod")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="Tensor parallelism: GPUs one model is split over")
+    gpu_memory_utilization: float = Field(
+        0.9, description="Fraction of each GPU's memory the engine may use, greater than 0 and at most 1"
+    )
+
+    cel_rules = (
+        CelRule(
+            "self.gpuMemoryUtilization > 0.0 && self.gpuMemoryUtilization <= 1.0",
+            "`spec.resources.gpuMemoryUtilization` must be greater than 0 and at most 1",
+            lambda r: 0.0 < r.gpu_memory_utilization <= 1.0,
+        ),
+        CelRule(
+            "!has(self.gpu.count) || self.tensorParallelSize <= self.gpu.count",
+            "`spec.resources.tensorParallelSize` must not be greater than `spec.resources.gpu.count`: "
+            "a pod needs one GPU per tensor-parallel rank",
+            lambda r: r.gpu.count is None or r.tensor_parallel_size <= r.gpu.count,
+        ),
+    )
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs each pod requests."""
+        return self.gpu.count if self.gpu.count is not None else self.tensor_parallel_size
+
+
+class Serving(WireModel):
+    """Engine scheduling limits; they decide the KV cache the plan needs."""
+
+    max_model_len: int | None = Field(
+        None, ge=16, le=100_000_000, description="Longest prompt + output; the model's maximum when empty"
+    )
+    max_num_seqs: int = Field(256, ge=1, le=100_000, description="Most sequences in one batch")
+    max_num_batched_tokens: int = Field(
+        8192, ge=16, le=10_000_000, description="Most tokens in one forward pass (sets the activation peak)"
+    )
+    kv_cache_dtype: KvCacheDtype = Field(KvCacheDtype.AUTO, description="KV cache dtype: auto (model dtype) or fp8")
+    kv_cache_memory_gib: MemoryGiB | None = Field(
+        None,
+        description="vLLM --kv-cache-memory: a fixed KV cache size per GPU instead of the utilisation budget",
+    )
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of the OpenAI-compatible server")
+
+    cel_rules = (
+        CelRule(
+            "self.maxNumBatchedTokens >= self.maxNumSeqs",
+            "`spec.serving.maxNumBatchedTokens` must be at least `spec.serving.maxNumSeqs`: every running "
+            "sequence needs one token per step",
+            lambda s: s.max_num_batched_tokens >= s.max_num_seqs,
+        ),
+    )
+
+
+class PrometheusSource(WireModel):
+    url: str = Field(
+        "http://prometheus.monitoring:9090", max_length=2048, description="Prometheus base URL"
+    )
+    headers_secret_ref: str | None = Field(
+        None, max_length=253, description="Secret in this namespace whose keys are HTTP headers (e.g. Authorization)"
+    )
+
+
+class Baseline(WireModel):
+    mode: BaselineMode = Field(
+        BaselineMode.CONTROL,
+        description="Control: compare with controlReplicas pods without speculation behind the same Service; "
+        "Previous: with what the pods measured before speculation; None: absolute checks only",
+    )
+    control_replicas: int = Field(1, ge=0, le=1000, description="Pods without speculation when mode is Control")
+
+    cel_rules = (
+        CelRule(
+            "self.mode != 'Control' || self.controlReplicas >= 1",
+            "`spec.analysis.baseline.controlReplicas` must be at least 1 when `spec.analysis.baseline.mode` is Control",
+            lambda b: b.mode != BaselineMode.CONTROL or b.control_replicas >= 1,
+        ),
+    )
+
+
+class Checks(WireModel):
+    """Limits a sample must stay within; breaking one makes the sample Failing."""
+
+    min_acceptance_rate: float = Field(
+        0.5, ge=0, le=1, description="Lowest accepted ÷ drafted tokens before speculation counts as failing"
+    )
+    max_p99_inter_token_latency_ratio: float = Field(
+        1.10, gt=0, le=1000, description="Highest P99 inter-token latency, speculative ÷ baseline"
+    )
+    max_p99_e2e_latency_ratio: float = Field(
+        1.20, gt=0, le=1000, description="Highest P99 end-to-end latency, speculative ÷ baseline"
+    )
+    max_p99_time_to_first_token_ratio: float = Field(
+        1.50, gt=0, le=1000, description="Highest P99 time to first token, speculative ÷ baseline"
+    )
+    max_p99_e2e_latency_seconds: float | None = Field(
+        None, gt=0, le=86400, description="Absolute P99 end-to-end latency SLO in seconds"
+    )
+    rollback_on_oom: bool = Field(True, alias="rollbackOnOOM", description="Roll back at once when a speculative pod runs out of memory")
+
+
+class Analysis(WireModel):
+    """How Prometheus is read and when speculation is taken away."""
+
+    prometheus: PrometheusSource = Field(default_factory=PrometheusSource, description="Where metrics are")
+    interval: Duration = Field(30.0, description="Time between samples, e.g. 30s")
+    window: Duration = Field(300.0, description="Range each sample covers, e.g. 5m")
+    min_requests: int = Field(
+        20, ge=0, le=10_000_000, description="Below this many requests in the window a sample is inconclusive"
+    )
+    failure_limit: int = Field(3, ge=1, le=1000, description="Consecutive failing samples before rollback")
+    on_inconclusive: OnInconclusive = Field(
+        OnInconclusive.HOLD, description="Hold keeps speculation; Rollback rolls back after inconclusiveLimit"
+    )
+    inconclusive_limit: int = Field(20, ge=1, le=100_000, description="Consecutive inconclusive samples tolerated")
+    baseline: Baseline = Field(default_factory=Baseline, description="What speculation is compared with")
+    checks: Checks = Field(default_factory=Checks, description="Limits of a healthy sample")
+    cooldown: Duration = Field(1800.0, description="Wait after a rollback before Auto re-enables, e.g. 30m")
+    reenable: Reenable = Field(
+        Reenable.MANUAL, description="Manual: a spec change or the retry annotation; Auto: after cooldown, doubling"
+    )
+
+    cel_rules = (
+        CelRule(
+            "duration(self.interval) >= duration('1s')",
+            "`spec.analysis.interval` must be at least 1s",
+            lambda a: a.interval >= 1.0,
+        ),
+        CelRule(
+            "duration(self.window) >= duration(self.interval)",
+            "`spec.analysis.window` must not be shorter than `spec.analysis.interval`",
+            lambda a: a.window >= a.interval,
+        ),
+    )
+
+
+class Alerting(WireModel):
+    alertmanager_url: str | None = Field(
+        None, max_length=2048, description="Alertmanager base URL; rollbacks raise an alert there"
+    )
+
+
+class SpeculativeDeploymentSpec(WireModel):
+    """What the user wants: a target model served with speculative decoding."""
+
+    replicas: int = Field(1, ge=0, le=10_000, description="Engine pods with speculation")
+    engine: Engine = Field(default_factory=Engine, description="Inference engine")
+    model: Model = Field(description="The target model")
+    speculation: Speculation = Field(description="Speculative decoding settings")
+    resources: Resources = Field(default_factory=Resources, description="GPUs per pod")
+    serving: Serving = Field(default_factory=Serving, description="Engine scheduling limits")
+    analysis: Analysis = Field(default_factory=Analysis, description="Metric analysis and rollback")
+    alerting: Alerting = Field(default_factory=Alerting, description="Where rollback alerts go")
+
+    cel_rules = (
+        CelRule(
+            "self.analysis.baseline.mode != 'Control' || self.replicas >= self.analysis.baseline.controlReplicas",
+            "`spec.replicas` must be at least `spec.analysis.baseline.controlReplicas` when "
+            "`spec.analysis.baseline.mode` is Control",
+            lambda s: s.analysis.baseline.mode != BaselineMode.CONTROL
+            or s.replicas >= s.analysis.baseline.control_replicas,
+        ),
+        CelRule(
+            "!has(self.serving.kvCacheMemoryGiB) || self.engine.kind == 'vllm'",
+            "`spec.serving.kvCacheMemoryGiB` is a vLLM setting (--kv-cache-memory) and must not be set for "
+            "sglang or trtllm, which size the KV cache from `spec.resources.gpuMemoryUtilization`",
+            lambda s: s.serving.kv_cache_memory_gib is None or s.engine.kind == EngineKind.VLLM,
+        ),
+        CelRule(
+            "self.speculation.method != 'suffix' || self.engine.kind == 'vllm'",
+            "`spec.speculation.method` suffix is supported by vllm only; use ngram with sglang or trtllm",
+            lambda s: s.speculation.method != Method.SUFFIX or s.engine.kind == EngineKind.VLLM,
+        ),
+    )

@@ -1,0 +1,172 @@
+"""The SpeculativeDeployment status: what the operator observed and decided. Only the operator writes it.
+
+`memoryPlan` is the same JSON `specdeploy plan -o json` prints; rollback state lives here, never in
+spec, so Git stays the source of truth and GitOps tools see no drift.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import ConfigDict, Field
+
+from specdeploy.api.base import WireModel
+
+
+class StatusModel(WireModel):
+    """Status parts are read back from the apiserver: unknown fields (a newer operator's) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class Severity(StrEnum):
+    ERROR = "Error"
+    WARNING = "Warning"
+    INFO = "Info"
+
+
+class Verdict(StrEnum):
+    FITS = "Fits"
+    FITS_WITH_WARNINGS = "FitsWithWarnings"
+    REJECTED = "Rejected"
+
+
+class Phase(StrEnum):
+    """A one-word summary for `kubectl get`; no logic reads it back."""
+
+    PENDING = "Pending"
+    REJECTED = "Rejected"
+    DEPLOYING = "Deploying"
+    MEASURING = "Measuring"
+    SPECULATING = "Speculating"
+    ROLLED_BACK = "RolledBack"
+    DEGRADED = "Degraded"
+
+
+class Finding(StatusModel):
+    """One reason behind a verdict: a stable code, how serious it is, and what to do."""
+
+    code: str = Field(description="Stable CamelCase identifier, e.g. KVCacheTooSmall")
+    severity: Severity = Field(description="Error rejects; Warning and Info only inform")
+    message: str = Field(description="What was found and what to do about it")
+
+
+class Suggestion(StatusModel):
+    """A concrete change to the spec that would make a rejected plan fit."""
+
+    field: str = Field(description="Spec field to change, e.g. spec.model.quantization")
+    value: str = Field(description="The value to set, as it would be written in YAML")
+    message: str = Field(description="What the change gives, in numbers")
+
+
+class PerGpuMemory(StatusModel):
+    """Memory per GPU, in GiB, after tensor-parallel sharding."""
+
+    budget_gib: float = Field(description="memoryGiB × gpuMemoryUtilization (or the engine's own fraction)")
+    target_weights_gib: float
+    draft_weights_gib: float
+    overhead_gib: float = Field(description="activation peak + non-torch + CUDA graphs")
+    activation_peak_gib: float = 0.0
+    non_torch_gib: float = 0.0
+    cuda_graph_gib: float = 0.0
+    kv_cache_gib: float = Field(description="What is left for the KV cache (negative: does not fit)")
+
+
+class DraftCost(StatusModel):
+    """What speculation costs in KV cache compared with the same target without it."""
+
+    kv_cache_gib: float = Field(description="KV cache GiB per GPU lost to draft weights and draft KV layers")
+    kv_cache_tokens: int = Field(description="KV cache tokens lost")
+    concurrent_sequences: float = Field(description="Sequences at maxModelLen lost")
+
+
+class MemoryPlan(StatusModel):
+    """Does target + draft + KV cache fit, and what does the draft cost."""
+
+    verdict: Verdict
+    fits: bool
+    per_gpu: PerGpuMemory
+    kv_bytes_per_token: int = Field(description="Per GPU after sharding, target and draft layers together")
+    kv_cache_tokens: int = Field(description="KV cache capacity in tokens, whole 16-token blocks")
+    max_model_len: int = Field(0, description="The context length the plan was made for")
+    max_concurrency: float = Field(description="kvCacheTokens ÷ maxModelLen")
+    draft_cost: DraftCost
+    reasons: list[Finding] = Field(default_factory=list)
+    suggestions: list[Suggestion] = Field(default_factory=list)
+
+
+class Compatibility(StatusModel):
+    """Whether target, draft, method and engine work together."""
+
+    compatible: bool
+    findings: list[Finding] = Field(default_factory=list)
+
+
+class Rollback(StatusModel):
+    at: str = Field(description="RFC 3339 time of the rollback")
+    reason: str = Field(description="CamelCase reason, e.g. AcceptanceCollapsed")
+    evidence: str = Field(description="The numbers that decided it")
+
+
+class SpeculationStatus(StatusModel):
+    active: bool = Field(description="The engine pods run with speculation")
+    since: str | None = Field(None, description="When speculation last changed")
+    rollbacks: int = 0
+    last_rollback: Rollback | None = None
+
+
+class AnalysisStatus(StatusModel):
+    last_sample_at: str | None = None
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    p99_inter_token_latency_seconds: float | None = None
+    baseline_p99_inter_token_latency_seconds: float | None = None
+    requests: float | None = None
+    verdict: str | None = Field(None, description="Healthy, Failing or Inconclusive, with the reason")
+    consecutive_failures: int = 0
+    consecutive_inconclusive: int = 0
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(StatusModel):
+    """A Kubernetes condition: lastTransitionTime moves only when `status` changes."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class SpeculativeDeploymentStatus(StatusModel):
+    observed_generation: int | None = None
+    phase: Phase | None = None
+    memory_plan: MemoryPlan | None = None
+    compatibility: Compatibility | None = None
+    speculation: SpeculationStatus | None = None
+    analysis: AnalysisStatus | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+def set_condition(conditions: list[Condition], new: Condition) -> list[Condition]:
+    """`conditions` with `new` in place of its type; the old transition time kept when status is unchanged."""
+    result: list[Condition] = []
+    replaced = False
+    for existing in conditions:
+        if existing.type != new.type:
+            result.append(existing)
+            continue
+        replaced = True
+        if existing.status == new.status:
+            result.append(new.model_copy(update={"last_transition_time": existing.last_transition_time}))
+        else:
+            result.append(new)
+    if not replaced:
+        result.append(new)
+    return result

@@ -1,0 +1,26 @@
+"""What the planner knows about one model: its architecture numbers, what kind of drafter it is, and
+where the numbers come from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from specdeploy.api.spec import Architecture
+
+
+class ModelKind(StrEnum):
+    BASE = "base"            # a full language model (a target, or a draft_model draft)
+    EAGLE = "eagle"          # an EAGLE-1/2 head: shares the target's embeddings and lm_head
+    EAGLE3 = "eagle3"        # an EAGLE-3 head: reads the target's hidden states from several layers
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    architecture: Architecture
+    kind: ModelKind = ModelKind.BASE
+    source: str = ""                       # where the numbers come from (config.json URL, paper)
+    family: str = ""                       # tokenizer family, e.g. "llama3", "qwen2", "qwen3"
+    targets: tuple[str, ...] = field(default=())   # EAGLE heads: the target models they were trained on
+    draft_vocab_size: int | None = None    # EAGLE-3 heads with a reduced draft vocabulary (d2t mapping)
