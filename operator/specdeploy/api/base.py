@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, Self
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, GetJsonSchemaHandler, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 from pydantic.alias_generators import to_camel
 
 
@@ -43,6 +45,14 @@ class WireModel(BaseModel):
     )
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        schema = handler(core_schema)
+        if cls.cel_rules:
+            target = handler.resolve_ref_schema(schema)
+            target["x-kubernetes-validations"] = [rule.as_crd() for rule in cls.cel_rules]
+        return schema
 
     @model_validator(mode="after")
     def _check_cel_rules(self) -> Self:

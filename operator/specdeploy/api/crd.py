@@ -1,0 +1,149 @@
+"""The CustomResourceDefinition, generated from the pydantic models (their one source).
+
+Pydantic writes JSON Schema with `$ref`s, `anyOf` for optionals and numeric `exclusiveMinimum`; the
+apiserver wants a structural OpenAPI v3 schema: everything inlined, one type per node, boolean
+`exclusiveMinimum`. `structural()` does that translation; `crd()` adds names, printer columns, the
+status subresource and the rules that need `metadata`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from specdeploy.api.names import MAX_NAME_LENGTH, name_rule_message
+from specdeploy.api.resource import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
+from specdeploy.api.spec import SpeculativeDeploymentSpec
+from specdeploy.api.status import SpeculativeDeploymentStatus
+from specdeploy.api.units import DURATION_PATTERN, format_duration
+
+_DROPPED_KEYS = {"title", "additionalProperties", "$defs"}
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Method", "type": "string", "jsonPath": ".spec.speculation.method"},
+    {"name": "Speculating", "type": "boolean", "jsonPath": ".status.speculation.active"},
+    {"name": "Acceptance", "type": "number", "jsonPath": ".status.analysis.acceptanceRate"},
+    {"name": "P99-ITL", "type": "number", "jsonPath": ".status.analysis.p99InterTokenLatencySeconds",
+     "description": "P99 inter-token latency of the speculative pods, seconds"},
+    {"name": "Fits", "type": "string", "jsonPath": ".status.memoryPlan.verdict"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _resolve(node: Any, definitions: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_resolve(item, definitions) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = definitions[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _resolve(merged, definitions)
+    return {key: _resolve(value, definitions) for key, value in node.items()}
+
+
+def _structural(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_structural(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    options = node.get("anyOf")
+    if options is not None and not node.get("x-kubernetes-int-or-string"):
+        # Optional[X] is anyOf [X, null]: a missing field; nulls are pruned by the apiserver.
+        present = [option for option in options if option.get("type") != "null"]
+        if len(present) != 1:
+            raise ValueError(f"cannot express {options!r} in a structural schema")
+        del node["anyOf"]
+        node = {**present[0], **node}
+    if node.get("x-kubernetes-int-or-string"):
+        node.pop("anyOf", None)
+        node.pop("type", None)
+    for key in ("exclusiveMinimum", "exclusiveMaximum"):
+        if isinstance(node.get(key), int | float) and not isinstance(node.get(key), bool):
+            node["minimum" if key == "exclusiveMinimum" else "maximum"] = node[key]
+            node[key] = True
+    if "default" in node and node["default"] is None:
+        del node["default"]
+    if node.get("pattern") == DURATION_PATTERN and isinstance(node.get("default"), int | float):
+        node["default"] = format_duration(node["default"])
+    if node.get("type") == "object" and isinstance(node.get("default"), dict):
+        # Defaults of nested objects come from their own fields' defaults once the object exists.
+        node["default"] = {}
+    node = {key: value for key, value in node.items() if key not in _DROPPED_KEYS}
+    if "properties" in node:
+        node["properties"] = {name: _structural(schema) for name, schema in node["properties"].items()}
+    if "items" in node:
+        node["items"] = _structural(node["items"])
+    return node
+
+
+def structural(model: type[Any]) -> dict[str, Any]:
+    """The structural OpenAPI v3 schema of a pydantic model, as the apiserver accepts it."""
+    schema = model.model_json_schema(by_alias=True, mode="validation")
+    definitions = schema.pop("$defs", {})
+    return _structural(_resolve(schema, definitions))
+
+
+def _mark_condition_list(status_schema: dict[str, Any]) -> None:
+    conditions = status_schema["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+
+
+def crd() -> dict[str, Any]:
+    """The SpeculativeDeployment CustomResourceDefinition as a plain manifest."""
+    spec_schema = structural(SpeculativeDeploymentSpec)
+    status_schema = structural(SpeculativeDeploymentStatus)
+    _mark_condition_list(status_schema)
+    root = {
+        "type": "object",
+        "description": "A target model served with speculative decoding, planned to fit in GPU memory and "
+        "rolled back when Prometheus shows speculation hurts.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+        "x-kubernetes-validations": [
+            {"rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}", "message": name_rule_message()},
+        ],
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": ["all", "specdeploy"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    """The CRD as YAML, exactly as committed in crds/specdeploy.io_speculativedeployments.yaml."""
+    header = "# Generated by `specdeploy crd` from operator/specdeploy/api; do not edit by hand.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120, allow_unicode=True)

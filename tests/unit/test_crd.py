@@ -1,0 +1,103 @@
+"""The CRD is generated from the models: committed copy, structure and rules."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specdeploy.api.crd import crd, crd_yaml
+from specdeploy.api.resource import InvalidResource, parse_resource
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED = ROOT / "crds" / "specdeploy.io_speculativedeployments.yaml"
+
+
+def test_committed_crd_is_the_generated_one() -> None:
+    assert COMMITTED.read_text() == crd_yaml(), "run `specdeploy crd > crds/specdeploy.io_speculativedeployments.yaml`"
+
+
+def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    if isinstance(node, dict):
+        found.append((path, node))
+        for key, value in node.get("properties", {}).items():
+            found += _walk(value, f"{path}.{key}")
+        if "items" in node:
+            found += _walk(node["items"], f"{path}[]")
+    return found
+
+
+def _root() -> dict[str, Any]:
+    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_schema_is_structural() -> None:
+    for path, node in _walk(_root()):
+        assert "$ref" not in node, path
+        assert "additionalProperties" not in node, path
+        assert "title" not in node, path
+        if node.get("x-kubernetes-int-or-string"):
+            continue
+        assert "type" in node, f"{path} has no type"
+        assert "anyOf" not in node, path
+        assert node.get("default", 0) is not None, path
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert isinstance(node.get(key, True), bool), path
+
+
+def test_names_columns_and_subresource() -> None:
+    version = crd()["spec"]["versions"][0]
+    assert crd()["spec"]["names"]["shortNames"] == ["sd"]
+    assert version["subresources"] == {"status": {}}
+    columns = [column["name"] for column in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Method", "Speculating", "Acceptance", "P99-ITL", "Fits", "Age"]
+
+
+def test_conditions_are_a_map_list_keyed_by_type() -> None:
+    conditions = _root()["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_every_cel_message_names_a_field() -> None:
+    rules = [rule for _, node in _walk(_root()) for rule in node.get("x-kubernetes-validations", [])]
+    assert len(rules) >= 10
+    for rule in rules:
+        assert "`" in rule["message"] or rule["message"].startswith("must be"), rule
+
+
+def _document(**spec_overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "speculation": {"method": "ngram"},
+    }
+    spec.update(spec_overrides)
+    return {"apiVersion": "specdeploy.io/v1alpha1", "kind": "SpeculativeDeployment",
+            "metadata": {"name": "x"}, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"speculation": {"method": "eagle3"}}, "`spec.speculation.draft` is required"),
+        ({"speculation": {"method": "mtp", "draft": {"name": "d"}}}, "`spec.speculation.draft` must not be set"),
+        ({"speculation": {"method": "ngram", "numSpeculativeTokens": 17}}, "numSpeculativeTokens` must be at least 1"),
+        ({"resources": {"gpuMemoryUtilization": 0}}, "gpuMemoryUtilization` must be greater than 0"),
+        ({"resources": {"tensorParallelSize": 2, "gpu": {"count": 1}}}, "tensorParallelSize` must not be greater"),
+        ({"replicas": 1, "analysis": {"baseline": {"mode": "Control", "controlReplicas": 2}}},
+         "`spec.replicas` must be at least"),
+        ({"engine": {"kind": "sglang"}, "serving": {"kvCacheMemoryGiB": 10}}, "kvCacheMemoryGiB` is a vLLM setting"),
+        ({"serving": {"maxNumSeqs": 512, "maxNumBatchedTokens": 256}}, "maxNumBatchedTokens` must be at least"),
+        ({"analysis": {"interval": "1m", "window": "30s"}}, "window` must not be shorter"),
+    ],
+)
+def test_python_validation_gives_the_cel_message(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidResource, match=message.replace("`", ".")):
+        parse_resource(_document(**overrides))
+
+
+def test_defaults_fill_a_minimal_resource() -> None:
+    resource = parse_resource(_document())
+    assert resource.spec.resources.gpu_memory_utilization == 0.9
+    assert resource.spec.analysis.interval == 30.0
+    assert resource.spec.resources.gpu_count == 1
