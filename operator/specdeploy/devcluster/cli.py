@@ -1,8 +1,191 @@
-"""`specdeploy dev-cluster` (placeholder until the dev-cluster work lands)."""
+"""`specdeploy dev-cluster build|up|down|status|env|kubectl|scrape-target`: the harness from a shell.
+
+Usage::
+
+    specdeploy dev-cluster up --monitoring
+    eval "$(specdeploy dev-cluster env)"
+    specdeploy dev-cluster scrape-target add sim-0 127.0.0.1:8000 -l namespace=demo
+    specdeploy dev-cluster down
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
 
 import click
+
+from specdeploy.devcluster import build, versions
+from specdeploy.devcluster.cluster import DevCluster
+from specdeploy.devcluster.errors import DevClusterError
+
+_state_dir = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                          envvar="SPECDEPLOY_DEV_CLUSTER_DIR", show_envvar=True,
+                          help="Where the cluster keeps pids, certificates, kubeconfig and logs "
+                               "[default: ~/.local/state/specdeploy/dev-cluster].")
+
+
+def _echo_err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _fail(exc: DevClusterError) -> None:
+    raise click.ClickException(str(exc)) from exc
 
 
 @click.group("dev-cluster")
 def dev_cluster() -> None:
     """A real local control plane: etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes."""
+
+
+@dev_cluster.command("build")
+def build_cmd() -> None:
+    """Build (or find) every binary; a quick no-op when the cache is warm."""
+    started = time.monotonic()
+    _echo_err(f"dev-cluster binaries for Kubernetes {versions.KUBERNETES}, etcd {versions.ETCD}, "
+              f"kwok {versions.KWOK}, helm {versions.HELM} (cache: {build.bin_dir()})")
+    try:
+        binaries = build.ensure_binaries(progress=_echo_err)
+        stage = build.kwok_stage_dir()
+    except DevClusterError as exc:
+        _fail(exc)
+    for binary in build.BINARIES:
+        found = build.probe_version(binaries[binary.name], binary)
+        if found is None or found.split(".")[:2] != binary.version.lstrip("v").split(".")[:2]:
+            raise click.ClickException(f"{binaries[binary.name]} reports version {found!r}, "
+                                       f"expected {binary.version}")
+    _echo_err(f"  kwok stages              {stage}")
+    _echo_err(f"all {len(binaries)} binaries ready in {time.monotonic() - started:.1f}s")
+
+
+@dev_cluster.command("up")
+@_state_dir
+@click.option("--nodes", default=4, show_default=True, help="Number of fake GPU nodes (8 x nvidia.com/gpu each).")
+@click.option("--monitoring/--no-monitoring", default=False, show_default=True,
+              help="Also start Prometheus and Alertmanager on loopback.")
+@click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for readiness.")
+def up_cmd(state_dir: Path | None, nodes: int, monitoring: bool, timeout: float) -> None:
+    """Start the cluster (building binaries if missing) and wait until it is ready."""
+    cluster = DevCluster(state_dir, nodes=nodes, monitoring=monitoring, progress=_echo_err)
+    try:
+        cluster.up(timeout=timeout)
+    except DevClusterError as exc:
+        _fail(exc)
+    for key, value in cluster.env().items():
+        click.echo(f"export {key}={value}")
+
+
+@dev_cluster.command("down")
+@_state_dir
+@click.option("--keep-logs", is_flag=True, help="Keep <state-dir>/logs for a post-mortem.")
+def down_cmd(state_dir: Path | None, keep_logs: bool) -> None:
+    """Stop every process the cluster started (by pid) and remove its state."""
+    cluster = DevCluster(state_dir)
+    status = cluster.status()
+    cluster.down(keep_logs=keep_logs)
+    _echo_err(f"stopped {len(status.components)} processes; removed {cluster.state_dir}")
+
+
+@dev_cluster.command("status")
+@_state_dir
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def status_cmd(state_dir: Path | None, output: str) -> None:
+    """What runs and where. Exit status 1 when the cluster is not (fully) running."""
+    status = DevCluster(state_dir).status()
+    if output == "json":
+        data = asdict(status)
+        data["state_dir"] = str(status.state_dir)
+        data["running"] = status.running
+        click.echo(json.dumps(data, indent=2))
+    elif not status.components:
+        click.echo(f"no dev cluster in {status.state_dir}")
+    else:
+        click.echo(f"state dir   {status.state_dir}")
+        click.echo(f"kubeconfig  {status.kubeconfig}")
+        click.echo(f"apiserver   {status.apiserver_url}")
+        if status.prometheus_url:
+            click.echo(f"prometheus  {status.prometheus_url}")
+            click.echo(f"alertmanager {status.alertmanager_url}")
+        click.echo(f"nodes       {', '.join(status.nodes)}")
+        for c in status.components:
+            click.echo(f"  {c.name:<24} {'running' if c.running else 'STOPPED':<8} pid {c.pid:<8} "
+                       f"{c.address:<28} {c.log}")
+    sys.exit(0 if status.running else 1)
+
+
+@dev_cluster.command("env")
+@_state_dir
+def env_cmd(state_dir: Path | None) -> None:
+    """Print `export` lines: KUBECONFIG, PROMETHEUS_URL, ALERTMANAGER_URL (use with eval)."""
+    try:
+        env = DevCluster(state_dir).env()
+    except DevClusterError as exc:
+        _fail(exc)
+    for key, value in env.items():
+        click.echo(f"export {key}={value}")
+
+
+@dev_cluster.command("kubectl", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@_state_dir
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def kubectl_cmd(state_dir: Path | None, args: tuple[str, ...]) -> None:
+    """Run the harness's own kubectl against the dev cluster, e.g. `dev-cluster kubectl get nodes`."""
+    try:
+        proc = DevCluster(state_dir).kubectl(*args, check=False)
+    except DevClusterError as exc:
+        _fail(exc)
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    sys.exit(proc.returncode)
+
+
+@dev_cluster.group("scrape-target")
+def scrape_target() -> None:
+    """Prometheus scrape targets (file-based service discovery)."""
+
+
+@scrape_target.command("add")
+@_state_dir
+@click.argument("name")
+@click.argument("address")
+@click.option("-l", "--label", "labels", multiple=True, help="KEY=VALUE label for every scraped series.")
+@click.option("--metrics-path", default="/metrics", show_default=True)
+def scrape_add(state_dir: Path | None, name: str, address: str, labels: tuple[str, ...], metrics_path: str) -> None:
+    """Scrape ADDRESS (host:port) as target NAME."""
+    parsed: dict[str, str] = {}
+    for label in labels:
+        key, sep, value = label.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"labels must look like KEY=VALUE, got {label!r}", param_hint="--label")
+        parsed[key] = value
+    try:
+        path = DevCluster(state_dir).add_scrape_target(name, address, parsed, metrics_path)
+    except (DevClusterError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    _echo_err(f"added {name} -> {address} ({path})")
+
+
+@scrape_target.command("remove")
+@_state_dir
+@click.argument("name")
+def scrape_remove(state_dir: Path | None, name: str) -> None:
+    """Stop scraping target NAME."""
+    try:
+        existed = DevCluster(state_dir).remove_scrape_target(name)
+    except (DevClusterError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    _echo_err(f"removed {name}" if existed else f"{name} was not registered")
+
+
+@scrape_target.command("list")
+@_state_dir
+def scrape_list(state_dir: Path | None) -> None:
+    """Registered scrape targets as JSON."""
+    try:
+        targets = DevCluster(state_dir).scrape_targets()
+    except DevClusterError as exc:
+        _fail(exc)
+    click.echo(json.dumps(targets, indent=2))
