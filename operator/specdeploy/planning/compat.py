@@ -1,0 +1,415 @@
+"""Do target, draft, method and engine work together? Findings, each with its reason and source.
+
+    compatibility = check_compatibility(spec, target, draft)
+    compatibility.compatible      # False when any finding is an Error
+
+`target` and `draft` are the resolved catalog entries (`planning.catalog.resolve_target/resolve_draft`);
+`draft` is None for methods that draft without a separate model. Codes are stable CamelCase words that
+status, Events and docs/compatibility.md use; messages follow the Kubernetes API conventions (fields in
+backquotes, must / must not, what to do).
+
+When `spec.speculation.enabled` is false the engine runs the target alone, so only the extraArgs rules
+apply: a spec that is incompatible only in its speculation can still serve without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from specdeploy.api.spec import EngineKind, Method, Quantization, SpeculativeDeploymentSpec
+from specdeploy.api.status import Compatibility, Finding, Severity
+from specdeploy.planning.managed_flags import MANAGED_FLAGS, OPERATOR_OWNED, find_managed_flags
+from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+
+# MANAGED_FLAGS is re-exported for the renderers; it lives in planning.managed_flags with its parsing.
+__all__ = ["MANAGED_FLAGS", "SUPPORTED_METHODS", "check_compatibility", "draft_size_ratio"]
+
+SUPPORTED_METHODS: dict[EngineKind, frozenset[Method]] = {
+    # vLLM --speculative-config methods (vllm/config/speculative.py SpeculativeMethod).
+    EngineKind.VLLM: frozenset(Method),
+    # SGLang --speculative-algorithm STANDALONE | EAGLE | EAGLE3 | NEXTN | NGRAM (server_args.py); no suffix.
+    EngineKind.SGLANG: frozenset(
+        {Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.MTP, Method.NGRAM}
+    ),
+    # TensorRT-LLM decoding_type DraftTarget | Eagle3 | MTP | NGram (docs/source/features/speculative-decoding.md);
+    # "Eagle" is only an alias of Eagle3 there, so EAGLE-1/2 heads have no engine.
+    EngineKind.TRTLLM: frozenset({Method.DRAFT_MODEL, Method.EAGLE3, Method.MTP, Method.NGRAM}),
+}
+"""Per engine: the speculation methods it can run."""
+
+# The issue's rule of thumb for a separate draft model: 1/8 to 1/12 of the target's parameters.
+DRAFT_RATIO_MIN = 8.0
+DRAFT_RATIO_MAX = 12.0
+# An EAGLE head is one or two decoder layers; a catalog-less "draft" that small is taken for a head.
+_MAX_HEAD_LAYERS = 2
+
+_EAGLE_METHODS = (Method.EAGLE, Method.EAGLE3)
+_HEAD_KINDS = (ModelKind.EAGLE, ModelKind.EAGLE3)
+_HEAD_KIND_FOR_METHOD = {Method.EAGLE: ModelKind.EAGLE, Method.EAGLE3: ModelKind.EAGLE3}
+_METHOD_FOR_HEAD_KIND = {ModelKind.EAGLE: "eagle", ModelKind.EAGLE3: "eagle3"}
+_HEAD_NAME = {ModelKind.EAGLE: "EAGLE-1/2", ModelKind.EAGLE3: "EAGLE-3"}
+
+Rule = Callable[[SpeculativeDeploymentSpec, ModelInfo, ModelInfo | None], Iterable[Finding]]
+
+
+def _error(code: str, message: str) -> Finding:
+    return Finding(code=code, severity=Severity.ERROR, message=message)
+
+
+def _warning(code: str, message: str) -> Finding:
+    return Finding(code=code, severity=Severity.WARNING, message=message)
+
+
+def _info(code: str, message: str) -> Finding:
+    return Finding(code=code, severity=Severity.INFO, message=message)
+
+
+def _params(model: ModelInfo) -> str:
+    billions = model.architecture.num_parameters / 1e9
+    return f"{billions:.1f}B" if billions >= 1 else f"{billions * 1000:.0f}M"
+
+
+def _is_head_like(draft: ModelInfo) -> bool:
+    return draft.kind in _HEAD_KINDS or draft.architecture.num_layers <= _MAX_HEAD_LAYERS
+
+
+# --- method and engine ---------------------------------------------------------------------------------
+
+
+def method_supported(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """The engine must implement the method at all."""
+    engine, method = spec.engine.kind, spec.speculation.method
+    if method in SUPPORTED_METHODS[engine]:
+        return
+    if engine == EngineKind.TRTLLM and method == Method.EAGLE:
+        # TensorRT-LLM docs: "decoding_type: Eagle is accepted as a backward-compatible alias for Eagle3,
+        # but EAGLE (v1/v2) draft checkpoints are incompatible."
+        yield _error(
+            "TrtllmNeedsEagle3Checkpoint",
+            "`spec.speculation.method` eagle must not be used with `spec.engine.kind` trtllm: TensorRT-LLM "
+            "runs only EAGLE-3 heads (its decoding_type Eagle is an alias of Eagle3 and EAGLE-1/2 "
+            "checkpoints are incompatible); set method eagle3 with an EAGLE-3 head trained for "
+            f"{target.name}, or use vllm or sglang for an EAGLE-1/2 head",
+        )
+        return
+    supported = ", ".join(sorted(m.value for m in SUPPORTED_METHODS[engine]))
+    yield _error(
+        "MethodNotSupportedByEngine",
+        f"`spec.speculation.method` {method.value} is not supported by `spec.engine.kind` {engine.value}, "
+        f"which supports {supported}; choose one of those or another engine",
+    )
+
+
+def draft_kind(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """eagle/eagle3 need a head of their own version; draft_model needs a full model."""
+    method = spec.speculation.method
+    if draft is None:
+        return
+    if method == Method.DRAFT_MODEL and draft.kind in _HEAD_KINDS:
+        yield _error(
+            "DraftIsAnEagleHead",
+            f"`spec.speculation.draft.name` {draft.name} is an EAGLE head, not a language model, so it must "
+            "not be used with `spec.speculation.method` draft_model: a head drafts from the target's hidden "
+            f"states; set method {_METHOD_FOR_HEAD_KIND[draft.kind]}",
+        )
+    if method not in _EAGLE_METHODS:
+        return
+    if draft.kind == ModelKind.BASE and draft.architecture.num_layers > _MAX_HEAD_LAYERS:
+        yield _error(
+            "DraftNotAnEagleHead",
+            f"`spec.speculation.draft.name` {draft.name} is a full language model "
+            f"({draft.architecture.num_layers} layers), not an EAGLE head, so it must not be used with "
+            f"`spec.speculation.method` {method.value}; set method draft_model for a small model, or name "
+            f"an EAGLE head trained for {target.name}",
+        )
+    wanted = _HEAD_KIND_FOR_METHOD[method]
+    if draft.kind in _HEAD_KINDS and draft.kind != wanted:
+        yield _error(
+            "EagleVersionMismatch",
+            f"`spec.speculation.draft.name` {draft.name} is an {_HEAD_NAME[draft.kind]} head but "
+            f"`spec.speculation.method` is {method.value}: the two versions read different target hidden "
+            f"states and load differently; set method {_METHOD_FOR_HEAD_KIND[draft.kind]}",
+        )
+
+
+
+# --- draft and target ------------------------------------------------------------------------------------
+
+
+def head_belongs_to_target(
+    spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None
+) -> Iterable[Finding]:
+    """An EAGLE head predicts from one target's hidden states; on any other target it drafts noise.
+
+    Equivalent targets (base and Instruct, Llama-3.1-70B and 3.3-70B) count only when the head's own
+    `targets` list names them: a head's card says what it was trained on, nothing else does.
+    """
+    if draft is None or spec.speculation.method not in _EAGLE_METHODS or not _is_head_like(draft):
+        return
+    names = {target.name.strip().rstrip("/").lower(), spec.model.name.strip().rstrip("/").lower()}
+    trained_on = {name.strip().rstrip("/").lower() for name in draft.targets}
+    if not trained_on:
+        yield _warning(
+            "EagleHeadTargetUnknown",
+            f"`spec.speculation.draft.name` {draft.name} is not a catalog EAGLE head, so it cannot be "
+            f"checked against the target {target.name}: a head trained for another model drafts tokens "
+            "the target rejects; make sure it was trained on this target, and watch "
+            "`status.analysis.acceptanceRate`",
+        )
+        return
+    if names.isdisjoint(trained_on):
+        yield _error(
+            "EagleHeadTargetMismatch",
+            f"`spec.speculation.draft.name` {draft.name} was trained for {', '.join(draft.targets)}, not "
+            f"for `spec.model.name` {spec.model.name}: an EAGLE head must belong to its target, because it "
+            "predicts from that target's hidden states; name a head trained for this target, or use "
+            "method draft_model, mtp or ngram",
+        )
+
+
+def vocabulary(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """Draft and target must share one tokenizer: token ids are compared one for one."""
+    if draft is None or spec.speculation.method not in (Method.DRAFT_MODEL, *_EAGLE_METHODS):
+        return
+    target_vocab, draft_vocab = target.architecture.vocab_size, draft.architecture.vocab_size
+    if draft.draft_vocab_size is not None and draft.draft_vocab_size > target_vocab:
+        yield _error(
+            "DraftVocabularyMismatch",
+            f"`spec.speculation.draft.name` {draft.name} drafts from {draft.draft_vocab_size} tokens but the "
+            f"target {target.name} has only {target_vocab}: a reduced EAGLE-3 draft vocabulary maps back "
+            "into the target's (d2t) and must not be larger; name a head trained for this target",
+        )
+    if draft_vocab != target_vocab:
+        same_family = bool(draft.family) and draft.family == target.family
+        severity_is_error = spec.engine.kind == EngineKind.VLLM or not same_family
+        message = (
+            f"`spec.speculation.draft.name` {draft.name} has a vocabulary of {draft_vocab} tokens but the "
+            f"target {target.name} has {target_vocab}: draft and target must share one tokenizer (vLLM "
+            'refuses to start with "Target and draft model should have the same vocabulary size"); '
+        )
+        if same_family:
+            message += (
+                f"both are {target.family} models whose embeddings are padded differently, which only "
+                "vLLM refuses; choose a draft with the same vocabulary size, or use sglang or trtllm"
+            )
+        else:
+            message += "choose a draft from the target's own family, or use method eagle3, mtp or ngram"
+        if severity_is_error:
+            yield _error("DraftVocabularyMismatch", message)
+        else:
+            yield _warning("DraftVocabularyPaddingDiffers", message)
+    elif draft.family and target.family and draft.family != target.family:
+        yield _warning(
+            "DraftTokenizerFamilyDiffers",
+            f"`spec.speculation.draft.name` {draft.name} is a {draft.family} model and the target "
+            f"{target.name} a {target.family} model: their vocabularies have the same size "
+            f"({target_vocab}) but the tokenizers may still differ, and then almost every drafted token "
+            "is rejected; prefer a draft from the target's own family",
+        )
+
+
+def draft_size_ratio(target: ModelInfo, draft: ModelInfo) -> float:
+    """Target parameters per draft parameter (8.8 for Llama-3.1-70B with an 8B draft)."""
+    return target.architecture.num_parameters / draft.architecture.num_parameters
+
+
+def draft_size(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """A separate draft pays best at about 1/8 to 1/12 of the target's size."""
+    if draft is None or spec.speculation.method != Method.DRAFT_MODEL:
+        return
+    ratio = draft_size_ratio(target, draft)
+    if ratio > DRAFT_RATIO_MAX:
+        yield _warning(
+            "DraftTooSmall",
+            f"`spec.speculation.draft.name` {draft.name} ({_params(draft)}) is 1:{ratio:.0f} of the target "
+            f"{target.name} ({_params(target)}), far smaller than 1:{DRAFT_RATIO_MIN:.0f} to "
+            f"1:{DRAFT_RATIO_MAX:.0f}: a draft that small agrees with the target less often, so most "
+            "drafted tokens are rejected; consider a larger draft from the same family, or method eagle3",
+        )
+    elif ratio < DRAFT_RATIO_MIN:
+        yield _warning(
+            "DraftTooLarge",
+            f"`spec.speculation.draft.name` {draft.name} ({_params(draft)}) is 1:{ratio:.1f} of the target "
+            f"{target.name} ({_params(target)}), larger than 1:{DRAFT_RATIO_MIN:.0f}: each drafted token "
+            "then costs a large share of a target step, and the draft's weights and KV cache take memory "
+            "from the target's concurrent sequences; consider a smaller draft",
+        )
+
+
+def draft_tensor_parallel(
+    spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None
+) -> Iterable[Finding]:
+    """vLLM runs a draft at TP 1 or the target's TP; SGLang and TensorRT-LLM only at the target's."""
+    draft_spec = spec.speculation.draft
+    if draft_spec is None or draft_spec.tensor_parallel_size is None:
+        return
+    draft_tp, target_tp = draft_spec.tensor_parallel_size, spec.resources.tensor_parallel_size
+    if spec.engine.kind == EngineKind.VLLM:
+        # vllm/config/speculative.py _verify_and_get_draft_tp: "cannot be other value than 1 or target
+        # model tensor_parallel_size".
+        if draft_tp not in (1, target_tp):
+            yield _error(
+                "DraftTensorParallelInvalid",
+                f"`spec.speculation.draft.tensorParallelSize` must be 1 or `spec.resources.tensorParallelSize` "
+                f"({target_tp}), got {draft_tp}: vLLM accepts no other draft_tensor_parallel_size; set 1 "
+                "for a small draft, or remove it to use the target's",
+            )
+    elif draft_tp != target_tp:
+        yield _warning(
+            "DraftTensorParallelIgnored",
+            f"`spec.speculation.draft.tensorParallelSize` {draft_tp} is ignored by `spec.engine.kind` "
+            f"{spec.engine.kind.value}, which runs the draft at the target's tensor parallelism "
+            f"({target_tp}); remove it",
+        )
+
+
+# --- method-specific -----------------------------------------------------------------------------------
+
+
+def mtp_layers(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """MTP drafts with layers shipped inside the target's checkpoint; a model without them cannot."""
+    if spec.speculation.method != Method.MTP:
+        return
+    layers = target.architecture.num_nextn_predict_layers
+    k = spec.speculation.num_speculative_tokens
+    if layers == 0:
+        yield _error(
+            "ModelHasNoMTPLayers",
+            f"`spec.speculation.method` mtp must not be used with `spec.model.name` {target.name}, which has "
+            "no multi-token-prediction layers (num_nextn_predict_layers is 0): setting method mtp does not "
+            "give a model MTP layers; use method eagle3 with a head trained for this model, draft_model "
+            "with a small model of its family, or ngram",
+        )
+        return
+    if k > layers > 1 and k % layers:
+        # vllm/config/speculative.py: "num_speculative_tokens ... must be divisible by n_predict".
+        yield _error(
+            "MTPTokensNotDivisible",
+            f"`spec.speculation.numSpeculativeTokens` must be a multiple of the model's {layers} MTP layers "
+            f"when it is larger, got {k}: vLLM reuses the layers in whole rounds; set {layers} or "
+            f"{layers * (k // layers + 1)}",
+        )
+    if k > layers:
+        # vLLM warns: "Enabling num_speculative_tokens > 1 will run multiple times of forward on same MTP
+        # layer, which may result in lower acceptance rate".
+        yield _info(
+            "MTPLayerReused",
+            f"`spec.speculation.numSpeculativeTokens` {k} is more than the model's {layers} MTP "
+            f"layer{'s' if layers > 1 else ''}, so the same layer drafts several positions it was not "
+            "trained for and acceptance falls with each one (vLLM warns the same); "
+            f"{layers} token{'s' if layers > 1 else ''} per step is the setting it was trained for",
+        )
+    if spec.engine.kind == EngineKind.TRTLLM and "deepseek" not in f"{target.family} {target.name}".lower():
+        yield _warning(
+            "TrtllmMtpDeepSeekOnly",
+            f"`spec.speculation.method` mtp on `spec.engine.kind` trtllm is documented for DeepSeek models "
+            f"only, and {target.name} is not one: TensorRT-LLM may refuse to load its MTP layers; use vllm "
+            "or sglang for this model",
+        )
+
+
+def sglang_topk(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """SGLang's overlap scheduler (spec v2) drafts one chain; a tree (topk > 1) turns it off."""
+    topk = spec.speculation.eagle_topk
+    if topk == 1 or spec.speculation.method in (Method.NGRAM, Method.SUFFIX):
+        return
+    if spec.engine.kind == EngineKind.SGLANG:
+        # sglang server_args.py: topk > 1 sets disable_overlap_schedule with the reason
+        # "spec v2 currently only supports topk = 1" and logs that spec v1 is used.
+        yield _warning(
+            "OverlapSchedulerDisabled",
+            f"`spec.speculation.eagleTopk` {topk} turns SGLang's overlap scheduler off (SGLang: \"spec v2 "
+            "currently only supports topk = 1\"), so CPU scheduling no longer hides behind GPU work and "
+            "every step gets slower; set `spec.speculation.eagleTopk` to 1 unless a measured gain in "
+            "acceptance pays for it",
+        )
+    else:
+        yield _info(
+            "EagleTopkIgnored",
+            f"`spec.speculation.eagleTopk` {topk} is an SGLang setting and `spec.engine.kind` "
+            f"{spec.engine.kind.value} ignores it: it drafts a single chain of tokens; remove it",
+        )
+
+
+def quantization(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """A quantised target (or draft) agrees less with a drafter trained against full precision."""
+    quant = spec.model.quantization
+    if quant != Quantization.NONE and spec.speculation.method != Method.NGRAM:
+        strength = (
+            "a little (8-bit weights stay close to the original)"
+            if quant in (Quantization.FP8, Quantization.INT8)
+            else "more than fp8 or int8 would (4-bit weights move the target's choices further)"
+        )
+        yield _info(
+            "TargetQuantized",
+            f"`spec.model.quantization` is {quant.value}: the drafter was trained against the unquantised "
+            f"target, so acceptance drops {strength}; the speedup estimate assumes a lower rate, and "
+            "`spec.analysis.checks.minAcceptanceRate` catches a larger drop",
+        )
+    draft_spec = spec.speculation.draft
+    if draft_spec is not None and draft_spec.quantization != Quantization.NONE:
+        # TensorRT Edge-LLM docs (speculative decoding): "quantizing the draft model will cause a drop in
+        # acceptance rate compared to running it in FP16".
+        yield _info(
+            "DraftQuantized",
+            f"`spec.speculation.draft.quantization` is {draft_spec.quantization.value}: a quantised draft "
+            "is cheaper per token but agrees less with the target, so acceptance drops; keep the draft "
+            "unquantised unless memory is short",
+        )
+
+
+# --- extraArgs -----------------------------------------------------------------------------------------
+
+
+def extra_args(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """Flags the operator renders must come from the spec, never from extraArgs; removed flags never."""
+    engine = spec.engine.kind
+    for use in find_managed_flags(engine, spec.engine.extra_args):
+        where = f"`spec.engine.extraArgs[{use.position}]`"
+        named = use.written if use.written == use.flag else f"{use.written} ({use.flag})"
+        if use.replacement:
+            yield _error(
+                "RemovedFlagInExtraArgs",
+                f"{where} must not set {named}: vLLM removed it (PR #15466) and no longer starts with it; "
+                f"speculation is configured with --speculative-config ({use.replacement}), which the "
+                "operator renders from `spec.speculation`; set that and remove the argument",
+            )
+        elif use.owner == OPERATOR_OWNED:
+            yield _error(
+                "ManagedFlagInExtraArgs",
+                f"{where} must not set {named}: the operator sets it for every pod (the engine must listen on "
+                "all interfaces for its Service and probes); remove the argument",
+            )
+        else:
+            yield _error(
+                "ManagedFlagInExtraArgs",
+                f"{where} must not set {named}: the operator renders it from `{use.owner}` and the memory plan "
+                f"is made from that field; set `{use.owner}` instead and remove the argument",
+            )
+
+
+SPECULATION_RULES: tuple[Rule, ...] = (
+    method_supported,
+    draft_kind,
+    head_belongs_to_target,
+    vocabulary,
+    draft_size,
+    draft_tensor_parallel,
+    mtp_layers,
+    sglang_topk,
+    quantization,
+)
+ALWAYS_RULES: tuple[Rule, ...] = (extra_args,)
+
+
+def check_compatibility(
+    spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None
+) -> Compatibility:
+    """Every finding about `spec` with its resolved target and draft; compatible when none is an Error."""
+    rules = (*SPECULATION_RULES, *ALWAYS_RULES) if spec.speculation.enabled else ALWAYS_RULES
+    findings = [finding for rule in rules for finding in rule(spec, target, draft)]
+    return Compatibility(
+        compatible=not any(f.severity == Severity.ERROR for f in findings),
+        findings=findings,
+    )
+
