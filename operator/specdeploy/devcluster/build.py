@@ -282,8 +282,10 @@ def kwok_stage_dir() -> Path:
     """kwok's published stage files (``kustomize/stage``) in the Go module cache, downloading if needed."""
     go = go_binary()
     log = cache_dir() / "logs" / f"kwok-{versions.KWOK}.log"
+    workdir = cache_dir() / "src"
+    workdir.mkdir(parents=True, exist_ok=True)
     info = json.loads(_run_go(go, ["mod", "download", "-json", f"sigs.k8s.io/kwok@{versions.KWOK}"],
-                              Path.home(), log, f"go mod download sigs.k8s.io/kwok@{versions.KWOK}"))
+                              workdir, log, f"go mod download sigs.k8s.io/kwok@{versions.KWOK}"))
     stage = Path(info["Dir"]) / "kustomize" / "stage"
     if not stage.is_dir():
         raise BuildError(f"kwok {versions.KWOK} has no stage directory at {stage}")

@@ -39,9 +39,14 @@ Progress = Callable[[str], None]
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
-#: Start order; `down` stops in reverse.
+#: Start order, and the order `status` lists them in.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
               "prometheus", "alertmanager")
+
+
+#: Everything `up` creates inside the state directory (and `down` removes).
+_STATE_ENTRIES = ("state.json", "state.tmp", "kubeconfig", "kubeconfig.tmp", "kubeconfigs", "pki", "etcd",
+                  "kcm-certs", "kwok-home", "monitoring", "logs")
 
 
 @dataclass(frozen=True)
@@ -196,14 +201,13 @@ class DevCluster:
         """Stop every recorded process (by pid, whole process group) and remove the state directory."""
         state = ClusterState.load(self.state_file)
         if state is not None:
-            for name in reversed(COMPONENTS):
-                record = state.components.get(name)
-                if record is not None:
-                    processes.stop(record.pid, started=record.started)
+            processes.stop_all([(r.pid, r.started) for r in state.components.values()])
         if not self.state_dir.exists():
             return
-        for entry in self.state_dir.iterdir():
-            if keep_logs and entry.name == "logs":
+        # Only what `up` creates is removed: a --state-dir pointing somewhere unlucky loses nothing else.
+        for name in _STATE_ENTRIES:
+            entry = self.state_dir / name
+            if keep_logs and name == "logs":
                 continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)

@@ -95,21 +95,30 @@ def stop(pid: int, grace: float = 10.0, started: int | None = None) -> None:
 
     With `started` (from `start_ticks`), a pid that now belongs to a different process is left alone.
     """
-    if started is not None and alive(pid) and start_ticks(pid) != started:
-        return
-    _signal_group(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and (alive(pid) or group_members(pid)):
-        time.sleep(0.05)
-    if alive(pid) or group_members(pid):
-        _signal_group(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and (alive(pid) or group_members(pid)):
+    stop_all([(pid, started)], grace)
+
+
+def stop_all(targets: Sequence[tuple[int, int | None]], grace: float = 10.0) -> None:
+    """`stop` for several process groups at once: all get SIGTERM together, then SIGKILL together."""
+    groups = [pid for pid, started in targets
+              if started is None or not alive(pid) or start_ticks(pid) == started]
+
+    def running() -> list[int]:
+        return [pid for pid in groups if alive(pid) or group_members(pid)]
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for pid in running():
+            _signal_group(pid, sig)
+        deadline = time.monotonic() + wait
+        while running() and time.monotonic() < deadline:
             time.sleep(0.05)
-    proc = _children.pop(pid, None)
-    if proc is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
+    for pid in groups:
+        proc = _children.pop(pid, None)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+    if left := running():
+        raise ProcessFailed(f"process groups {left} survived SIGKILL; stop them by hand (kill -9 -PGID)")
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
