@@ -1,0 +1,182 @@
+"""What every engine renderer takes and gives: the inputs, the container command, probes and metric names.
+
+A renderer is a pure function `EngineInputs -> EngineCommand`. The operator puts `command`/`args`/`env`
+into the engine container, `config_files` into the SpeculativeDeployment's ConfigMap (mounted at
+`CONFIG_MOUNT_PATH`), probes on `health_path`, and scrapes `metrics_path` with the names in `metrics`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from specdeploy.api.spec import EngineKind, Quantization, SpeculativeDeploymentSpec
+
+CONFIG_MOUNT_PATH = "/etc/specdeploy"
+"""Where the operator mounts the ConfigMap holding `EngineCommand.config_files`."""
+
+LISTEN_HOST = "0.0.0.0"
+"""Engines listen on every pod address: kubelet probes and Prometheus come from outside the container."""
+
+# Images whose CLI and metric names the renderers and metric tables were checked against.
+# vLLM and SGLang: the versions in tests/data/engine-flags/*.json (extracted from the PyPI releases).
+# TensorRT-LLM: the trtllm_-prefixed Prometheus metrics arrived with NVIDIA/TensorRT-LLM PR #12545
+# (2026-03), so the image must be from the 1.3 line; 1.3.0rc23 is the newest release tag seen in use.
+DEFAULT_IMAGES: Mapping[EngineKind, str] = MappingProxyType({
+    EngineKind.VLLM: "vllm/vllm-openai:v0.33.0",
+    EngineKind.SGLANG: "lmsysorg/sglang:v0.5.23",
+    EngineKind.TRTLLM: "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc23",
+})
+
+
+class EngineRenderError(ValueError):
+    """The spec asks for something this engine cannot run; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """One engine's Prometheus names for the signals the analysis reads; None where the engine has none.
+
+    Counters carry their exposed `_total` suffix. Acceptance rate is rate(accepted) / rate(draft tokens)
+    where the engine counts tokens (vLLM, TensorRT-LLM); SGLang only exports gauges of both.
+    """
+
+    drafts_total: str | None
+    draft_tokens_total: str | None
+    accepted_tokens_total: str | None
+    accepted_tokens_per_pos_total: str | None
+    acceptance_rate_gauge: str | None
+    acceptance_length_gauge: str | None
+    time_to_first_token: str
+    inter_token_latency: str
+    e2e_request_latency: str
+    request_queue_time: str | None
+    requests_running: str
+    requests_waiting: str
+    kv_cache_usage: str
+    request_success_total: str
+    model_label: str = "model_name"
+    position_label: str | None = None    # label of accepted_tokens_per_pos_total that holds the position
+
+    def names(self) -> tuple[str, ...]:
+        """Every metric name in the table (for checks that a simulator exports them all)."""
+        values = (
+            self.drafts_total, self.draft_tokens_total, self.accepted_tokens_total,
+            self.accepted_tokens_per_pos_total, self.acceptance_rate_gauge, self.acceptance_length_gauge,
+            self.time_to_first_token, self.inter_token_latency, self.e2e_request_latency,
+            self.request_queue_time, self.requests_running, self.requests_waiting, self.kv_cache_usage,
+            self.request_success_total,
+        )
+        return tuple(v for v in values if v is not None)
+
+
+@dataclass(frozen=True)
+class EngineInputs:
+    """What a renderer needs beyond the spec, already decided by the planner.
+
+    spec: the resource's spec, as the user wrote it.
+    served_model_name: the name clients send in `model` and the engine puts in its metrics' model label.
+    max_model_len: the context length to serve (spec.serving.maxModelLen or the model's maximum).
+    speculate: False renders the same target without speculation (rollback, the Control variant);
+        speculation also stays off when spec.speculation.enabled is false.
+    trtllm_free_gpu_memory_fraction: TensorRT-LLM's kv_cache_config.free_gpu_memory_fraction, computed
+        by the memory planner (TensorRT-LLM takes a fraction of the memory left after weights, not of
+        the whole GPU); None leaves TensorRT-LLM's default.
+    """
+
+    spec: SpeculativeDeploymentSpec
+    served_model_name: str
+    max_model_len: int
+    speculate: bool = True
+    trtllm_free_gpu_memory_fraction: float | None = None
+
+    @property
+    def speculating(self) -> bool:
+        """Whether the rendered command speculates."""
+        return self.speculate and self.spec.speculation.enabled
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    """The engine container: command line, environment, port, endpoints, config files and metric names."""
+
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    port: int
+    health_path: str
+    metrics_path: str
+    metrics: MetricNames
+    config_files: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def argv(self) -> list[str]:
+        """The whole command line: command then args."""
+        return [*self.command, *self.args]
+
+    def probes(self) -> dict[str, dict[str, Any]]:
+        """startupProbe, readinessProbe and livenessProbe for the engine container."""
+        return probes(self.port, self.health_path)
+
+
+STARTUP_TIMEOUT_SECONDS = 3600
+"""How long a pod may take to download and load weights before kubelet restarts it (70B BF16 is
+~140 GB; at a few hundred MB/s from a model hub that alone is several minutes, more on slower links)."""
+
+
+def probes(port: int, health_path: str, startup_timeout_s: int = STARTUP_TIMEOUT_SECONDS) -> dict[str, dict[str, Any]]:
+    """Kubernetes probe objects for an engine serving `health_path` on `port`.
+
+    Loading a model takes minutes, so a startupProbe with a long failureThreshold × periodSeconds holds
+    the other two back until the engine first answers; after that readiness takes a stuck pod out of the
+    Service within ~15 s and liveness restarts one that has stopped answering for a minute.
+    """
+    get = {"path": health_path, "port": port}
+    period = 10
+    return {
+        "startupProbe": {
+            "httpGet": dict(get), "periodSeconds": period, "timeoutSeconds": 5,
+            "failureThreshold": max(1, startup_timeout_s // period),
+        },
+        "readinessProbe": {
+            "httpGet": dict(get), "periodSeconds": 5, "timeoutSeconds": 3,
+            "failureThreshold": 3, "successThreshold": 1,
+        },
+        "livenessProbe": {
+            "httpGet": dict(get), "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4,
+        },
+    }
+
+
+def image_for(spec: SpeculativeDeploymentSpec) -> str:
+    """spec.engine.image, or the default image of the engine."""
+    return spec.engine.image or DEFAULT_IMAGES[spec.engine.kind]
+
+
+def user_env(spec: SpeculativeDeploymentSpec) -> tuple[tuple[str, str], ...]:
+    """spec.engine.env as (name, value) pairs, in the user's order."""
+    return tuple((variable.name, variable.value) for variable in spec.engine.env)
+
+
+# spec quantization -> the --quantization value vLLM and SGLang share; None lets the engine read the
+# checkpoint's quantization_config from config.json.
+_EXPLICIT_QUANTIZATION = {Quantization.FP8: "fp8", Quantization.AWQ: "awq", Quantization.GPTQ: "gptq"}
+
+
+def explicit_quantization(quantization: Quantization) -> str | None:
+    """The --quantization value to pass (vLLM, SGLang), or None to let the engine read the checkpoint's.
+
+    fp8 runs an FP8 checkpoint or quantises a BF16 one online. awq and gptq name checkpoint formats;
+    passing them makes a BF16 checkpoint fail at start-up instead of silently loading at twice the planned
+    size, and costs no speed (vLLM 0.33 upgrades a user's awq/gptq to its auto_awq/auto_gptq kernels in
+    override_quantization_method). int8 and int4 have no single engine name (compressed-tensors W8A8 or
+    W4A16, GPTQ, AWQ …): the checkpoint's quantization_config decides.
+    """
+    return _EXPLICIT_QUANTIZATION.get(quantization)
+
+
+def compact_json(value: Mapping[str, Any]) -> str:
+    """JSON with sorted keys and no spaces: one shell word, the same text for the same config."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

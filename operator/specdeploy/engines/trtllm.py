@@ -1,0 +1,157 @@
+"""TensorRT-LLM: `trtllm-serve MODEL --config /etc/specdeploy/trtllm.yaml …` on the PyTorch backend.
+
+Speculation, the KV cache and metrics live in the YAML (LlmArgs fields, tensorrt_llm/llmapi/llm_args.py);
+the command line carries what trtllm-serve has flags for (tensorrt_llm/commands/serve.py; --config is an
+alias of --extra_llm_api_options since NVIDIA/TensorRT-LLM PR #9104). TensorRT-LLM cannot be
+pip-installed without NVIDIA's package index, so its flags and YAML keys are checked against a
+hand-written table, tests/data/engine-flags/trtllm.json, that names those sources. Speculation cannot be
+switched off while the server runs: a rollback re-renders the YAML without speculative_config and
+restarts the pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from specdeploy.api.spec import KvCacheDtype, Method, SpeculativeDeploymentSpec
+from specdeploy.engines.base import (
+    CONFIG_MOUNT_PATH,
+    LISTEN_HOST,
+    EngineCommand,
+    EngineInputs,
+    EngineRenderError,
+    MetricNames,
+    user_env,
+)
+
+# tensorrt_llm/metrics/collector.py (MetricsCollector, metric_prefix "trtllm_"), served under
+# /prometheus/metrics by tensorrt_llm/serve/openai_server.py when return_perf_metrics is true; the
+# iteration gauges and speculative counters also need enable_iter_perf_stats (NVIDIA/TensorRT-LLM PR
+# #12545 made the spec-decode numbers counters). TensorRT-LLM reports time per output token, not an
+# inter-token latency histogram; TPOT is the closest signal. Labels: model_name, engine_type.
+METRICS = MetricNames(
+    drafts_total=None,
+    draft_tokens_total="trtllm_spec_decode_num_draft_tokens_total",
+    accepted_tokens_total="trtllm_spec_decode_num_accepted_tokens_total",
+    accepted_tokens_per_pos_total="trtllm_spec_decode_accepted_tokens_total",
+    acceptance_rate_gauge=None,
+    acceptance_length_gauge="trtllm_spec_decode_acceptance_length",
+    time_to_first_token="trtllm_time_to_first_token_seconds",
+    inter_token_latency="trtllm_time_per_output_token_seconds",
+    e2e_request_latency="trtllm_e2e_request_latency_seconds",
+    request_queue_time="trtllm_request_queue_time_seconds",
+    requests_running="trtllm_num_requests_running",
+    requests_waiting="trtllm_num_requests_waiting",
+    kv_cache_usage="trtllm_kv_cache_utilization",
+    request_success_total="trtllm_request_success_total",
+    model_label="model_name",
+    position_label="token_position",
+)
+
+COMMAND = ("trtllm-serve",)
+CONFIG_FILE = "trtllm.yaml"
+HEALTH_PATH = "/health"                 # OpenAIServer.register_routes
+METRICS_PATH = "/prometheus/metrics"    # OpenAIServer.mount_metrics (/metrics is JSON iteration stats)
+
+# spec method -> speculative_config.decoding_type (tensorrt_llm/llmapi/llm_args.py: Eagle3DecodingConfig,
+# MTPDecodingConfig, NGramDecodingConfig, DraftTargetDecodingConfig). The draft-target class's Literal is
+# "Draft_Target"; "DraftTarget" is the documented spelling (docs/source/features/speculative-decoding.md,
+# NVIDIA's DGX Spark speculative-decoding playbook on release 1.2.0rc6 and 1.3.0rc12) and is used here.
+DECODING_TYPES = {
+    Method.EAGLE3: "Eagle3",
+    Method.MTP: "MTP",
+    Method.NGRAM: "NGram",
+    Method.DRAFT_MODEL: "DraftTarget",
+}
+
+
+def speculative_config(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
+    """The YAML speculative_config for the spec's method."""
+    speculation = spec.speculation
+    if speculation.method == Method.EAGLE:
+        # EagleDecodingConfig ("Eagle") runs the EAGLE-3 code path on the PyTorch backend (its
+        # spec_dec_mode is EAGLE3 / EAGLE3_ONE_MODEL), so an EAGLE-1 head does not load.
+        raise EngineRenderError(
+            "TensorRT-LLM runs EAGLE heads only as EAGLE-3: set `spec.speculation.method` to eagle3 with "
+            "an EAGLE-3 head, or use vllm or sglang for an EAGLE-1 head"
+        )
+    decoding_type = DECODING_TYPES.get(speculation.method)
+    if decoding_type is None:
+        raise EngineRenderError(
+            f"`spec.speculation.method` {speculation.method.value} is not available in TensorRT-LLM; "
+            f"use one of {', '.join(m.value for m in DECODING_TYPES)}"
+        )
+    k = speculation.num_speculative_tokens
+    config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": k}
+    if speculation.draft is not None:
+        config["speculative_model"] = speculation.draft.name
+    if speculation.method == Method.MTP:
+        # Older releases size MTP by num_nextn_predict_layers; newer ones take max_draft_len and drop
+        # the old key with a deprecation warning. Both say k.
+        config["num_nextn_predict_layers"] = k
+    if speculation.method == Method.NGRAM:
+        config["max_matching_ngram_size"] = speculation.prompt_lookup_max
+    return config
+
+
+def llm_args(inputs: EngineInputs) -> dict[str, Any]:
+    """The --config YAML: LlmArgs overrides (they win over the command-line values)."""
+    spec = inputs.spec
+    kv_cache: dict[str, Any] = {
+        # KvCacheConfig.dtype (PyTorch backend): "auto" follows the checkpoint.
+        "dtype": "fp8" if spec.serving.kv_cache_dtype != KvCacheDtype.AUTO else "auto",
+    }
+    if inputs.trtllm_free_gpu_memory_fraction is not None:
+        kv_cache["free_gpu_memory_fraction"] = inputs.trtllm_free_gpu_memory_fraction
+    config: dict[str, Any] = {
+        "dtype": spec.model.dtype.value,
+        "kv_cache_config": kv_cache,
+        "return_perf_metrics": True,      # mounts /prometheus/metrics
+        "enable_iter_perf_stats": True,   # iteration gauges and speculative-decoding counters
+    }
+    if inputs.speculating:
+        config["speculative_config"] = speculative_config(spec)
+    return config
+
+
+def render_yaml(config: Mapping[str, Any]) -> str:
+    """YAML with sorted keys: the same config always gives the same ConfigMap text."""
+    return yaml.safe_dump(dict(config), sort_keys=True, default_flow_style=False)
+
+
+def render(inputs: EngineInputs) -> EngineCommand:
+    """`trtllm-serve` for the spec's target, with a speculative_config when `inputs.speculating`.
+
+    The weights' quantisation is read from the checkpoint (TensorRT-LLM has no --quantization on the
+    PyTorch backend): an fp8 target means an FP8 checkpoint, e.g. a ModelOpt export.
+    """
+    spec = inputs.spec
+    model, serving, resources = spec.model, spec.serving, spec.resources
+    args: list[str] = [
+        model.name,
+        "--host", LISTEN_HOST,
+        "--port", str(serving.port),
+        "--backend", "pytorch",
+        "--tp_size", str(resources.tensor_parallel_size),
+        "--max_seq_len", str(inputs.max_model_len),
+        "--max_batch_size", str(serving.max_num_seqs),
+        "--max_num_tokens", str(serving.max_num_batched_tokens),
+        "--config", f"{CONFIG_MOUNT_PATH}/{CONFIG_FILE}",
+    ]
+    if model.revision:
+        args += ["--revision", model.revision]
+    args += spec.engine.extra_args
+    return EngineCommand(
+        command=COMMAND,
+        args=tuple(args),
+        env=user_env(spec),
+        port=serving.port,
+        health_path=HEALTH_PATH,
+        metrics_path=METRICS_PATH,
+        metrics=METRICS,
+        config_files=MappingProxyType({CONFIG_FILE: render_yaml(llm_args(inputs))}),
+    )

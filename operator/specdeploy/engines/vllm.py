@@ -1,0 +1,129 @@
+"""vLLM: `vllm serve MODEL …` with speculation in one `--speculative-config` JSON.
+
+Flag names and value types are checked against vLLM's own parser by tests/unit/test_engine_flags.py
+(inventory in tests/data/engine-flags/vllm.json, extracted from vllm 0.33.0). The per-flag speculative
+options (--speculative-model, --num-speculative-tokens, --ngram-prompt-lookup-*, …) were removed in
+vLLM PR #15466; everything goes through --speculative-config, whose keys are SpeculativeConfig fields
+(vllm/config/speculative.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdeploy.api.spec import KvCacheDtype, Method, SpeculativeDeploymentSpec
+from specdeploy.api.units import GIB
+from specdeploy.engines.base import (
+    LISTEN_HOST,
+    EngineCommand,
+    EngineInputs,
+    MetricNames,
+    compact_json,
+    explicit_quantization,
+    user_env,
+)
+
+# vllm/v1/metrics/loggers.py (PrometheusStatLogger) and vllm/v1/spec_decode/metrics.py (vllm 0.33.0);
+# prometheus_client adds `_total` to counter names. Labels: model_name (the served model name), engine.
+METRICS = MetricNames(
+    drafts_total="vllm:spec_decode_num_drafts_total",
+    draft_tokens_total="vllm:spec_decode_num_draft_tokens_total",
+    accepted_tokens_total="vllm:spec_decode_num_accepted_tokens_total",
+    accepted_tokens_per_pos_total="vllm:spec_decode_num_accepted_tokens_per_pos_total",
+    acceptance_rate_gauge=None,
+    acceptance_length_gauge=None,
+    time_to_first_token="vllm:time_to_first_token_seconds",
+    inter_token_latency="vllm:inter_token_latency_seconds",
+    e2e_request_latency="vllm:e2e_request_latency_seconds",
+    request_queue_time="vllm:request_queue_time_seconds",
+    requests_running="vllm:num_requests_running",
+    requests_waiting="vllm:num_requests_waiting",
+    kv_cache_usage="vllm:kv_cache_usage_perc",
+    request_success_total="vllm:request_success_total",
+    model_label="model_name",
+    position_label="position",
+)
+
+COMMAND = ("vllm", "serve")    # the console script of the vllm/vllm-openai image; the model is the first argument
+HEALTH_PATH = "/health"        # vllm/entrypoints/serve/instrumentator/health.py
+METRICS_PATH = "/metrics"      # vllm/entrypoints/serve/instrumentator/metrics.py
+
+# spec method -> SpeculativeConfig.method (the Literal SpeculativeMethod in vllm/config/speculative.py).
+SPECULATIVE_METHODS = {
+    Method.DRAFT_MODEL: "draft_model",
+    Method.EAGLE: "eagle",
+    Method.EAGLE3: "eagle3",
+    Method.MTP: "mtp",
+    Method.NGRAM: "ngram",
+    Method.SUFFIX: "suffix",
+}
+
+# spec kvCacheDtype -> --kv-cache-dtype (CacheDType in vllm/config/cache.py); auto is left out.
+KV_CACHE_DTYPES = {
+    KvCacheDtype.FP8: "fp8",
+    KvCacheDtype.FP8_E4M3: "fp8_e4m3",
+    KvCacheDtype.FP8_E5M2: "fp8_e5m2",
+}
+
+
+def speculative_config(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
+    """The --speculative-config object: method, k, and the draft's own settings where it has a draft."""
+    speculation = spec.speculation
+    config: dict[str, Any] = {
+        "method": SPECULATIVE_METHODS[speculation.method],
+        "num_speculative_tokens": speculation.num_speculative_tokens,
+    }
+    draft = speculation.draft
+    if draft is not None:
+        config["model"] = draft.name
+        if draft.revision:
+            config["revision"] = draft.revision
+        if draft.tensor_parallel_size is not None:
+            config["draft_tensor_parallel_size"] = draft.tensor_parallel_size
+        quantization = explicit_quantization(draft.quantization)
+        if quantization:
+            config["quantization"] = quantization
+    if speculation.method == Method.NGRAM:
+        config["prompt_lookup_min"] = speculation.prompt_lookup_min
+        config["prompt_lookup_max"] = speculation.prompt_lookup_max
+    return config
+
+
+def render(inputs: EngineInputs) -> EngineCommand:
+    """`vllm serve` for the spec's target, speculating when `inputs.speculating`."""
+    spec = inputs.spec
+    model, serving, resources = spec.model, spec.serving, spec.resources
+    args: list[str] = [
+        model.name,
+        "--host", LISTEN_HOST,
+        "--port", str(serving.port),
+        "--served-model-name", inputs.served_model_name,
+        "--dtype", model.dtype.value,
+        "--tensor-parallel-size", str(resources.tensor_parallel_size),
+        "--max-model-len", str(inputs.max_model_len),
+        "--max-num-seqs", str(serving.max_num_seqs),
+        "--max-num-batched-tokens", str(serving.max_num_batched_tokens),
+        "--gpu-memory-utilization", str(resources.gpu_memory_utilization),
+    ]
+    if serving.kv_cache_memory_gib is not None:
+        # CacheConfig.kv_cache_memory_bytes: bytes per GPU; when set vLLM ignores gpu_memory_utilization.
+        args += ["--kv-cache-memory-bytes", str(int(serving.kv_cache_memory_gib * GIB))]
+    if model.revision:
+        args += ["--revision", model.revision]
+    quantization = explicit_quantization(model.quantization)
+    if quantization:
+        args += ["--quantization", quantization]
+    if serving.kv_cache_dtype in KV_CACHE_DTYPES:
+        args += ["--kv-cache-dtype", KV_CACHE_DTYPES[serving.kv_cache_dtype]]
+    if inputs.speculating:
+        args += ["--speculative-config", compact_json(speculative_config(spec))]
+    args += spec.engine.extra_args
+    return EngineCommand(
+        command=COMMAND,
+        args=tuple(args),
+        env=user_env(spec),
+        port=serving.port,
+        health_path=HEALTH_PATH,
+        metrics_path=METRICS_PATH,
+        metrics=METRICS,
+    )
