@@ -7,46 +7,24 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from specdeploy.api.spec import Architecture, EngineKind, Method, Quantization, SpeculativeDeploymentSpec
+from model_fixtures import (
+    EAGLE1_8B,
+    EAGLE3_8B,
+    LLAMA2_7B,
+    LLAMA_1B,
+    LLAMA_8B,
+    LLAMA_70B,
+    MIMO_7B,
+    MISTRAL_7B,
+    QWEN_05B,
+    QWEN_7B,
+    arch,
+)
+from specdeploy.api.spec import EngineKind, Method, Quantization, SpeculativeDeploymentSpec
 from specdeploy.api.status import Severity
 from specdeploy.planning.compat import MANAGED_FLAGS, SUPPORTED_METHODS, check_compatibility, draft_size_ratio
 from specdeploy.planning.managed_flags import REMOVED_VLLM_FLAGS, find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
-
-
-def arch(layers: int, hidden: int, inter: int, heads: int, kv: int, head_dim: int, vocab: int, params: float,
-         maxpos: int = 131072, nextn: int = 0) -> Architecture:
-    return Architecture(
-        num_layers=layers, hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
-        num_key_value_heads=kv, head_dim=head_dim, vocab_size=vocab, num_parameters=int(params),
-        max_position_embeddings=maxpos, num_nextn_predict_layers=nextn,
-    )
-
-
-# config.json numbers (FACTS.md, Hugging Face model cards).
-LLAMA_8B = ModelInfo("meta-llama/Llama-3.1-8B-Instruct", arch(32, 4096, 14336, 32, 8, 128, 128256, 8.03e9),
-                     family="llama3")
-LLAMA_70B = ModelInfo("meta-llama/Llama-3.1-70B-Instruct", arch(80, 8192, 28672, 64, 8, 128, 128256, 70.6e9),
-                      family="llama3")
-LLAMA_1B = ModelInfo("meta-llama/Llama-3.2-1B-Instruct", arch(16, 2048, 8192, 32, 8, 64, 128256, 1.24e9),
-                     family="llama3")
-QWEN_05B = ModelInfo("Qwen/Qwen2.5-0.5B-Instruct", arch(24, 896, 4864, 14, 2, 64, 151936, 0.49e9),
-                     family="qwen2")
-QWEN_7B = ModelInfo("Qwen/Qwen2.5-7B-Instruct", arch(28, 3584, 18944, 28, 4, 128, 152064, 7.61e9),
-                    family="qwen2")
-MISTRAL_7B = ModelInfo("mistralai/Mistral-7B-v0.1", arch(32, 4096, 14336, 32, 8, 128, 32000, 7.24e9),
-                       family="mistral")
-LLAMA2_7B = ModelInfo("meta-llama/Llama-2-7b-hf", arch(32, 4096, 11008, 32, 32, 128, 32000, 6.74e9),
-                      family="llama2")
-MIMO_7B = ModelInfo("XiaomiMiMo/MiMo-7B-RL", arch(36, 4096, 11008, 32, 8, 128, 151680, 7.8e9, nextn=1),
-                    family="mimo")
-# yuhuili/EAGLE3-LLaMA3.1-Instruct-8B config.json: one layer, vocab 128256, draft_vocab_size 32000.
-EAGLE3_8B = ModelInfo("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", arch(1, 4096, 14336, 32, 8, 128, 128256, 0.4e9),
-                      kind=ModelKind.EAGLE3, family="llama3", targets=("meta-llama/Llama-3.1-8B-Instruct",),
-                      draft_vocab_size=32000)
-# yuhuili/EAGLE-LLaMA3-Instruct-8B: an EAGLE-1 head for Llama-3-8B-Instruct.
-EAGLE1_8B = ModelInfo("yuhuili/EAGLE-LLaMA3-Instruct-8B", arch(1, 4096, 14336, 32, 8, 128, 128256, 0.25e9),
-                      kind=ModelKind.EAGLE, family="llama3", targets=("meta-llama/Meta-Llama-3-8B-Instruct",))
 
 
 def make_spec(method: str = "draft_model", draft: str | None = "meta-llama/Llama-3.2-1B-Instruct", *,

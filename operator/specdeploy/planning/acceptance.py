@@ -1,0 +1,125 @@
+"""Acceptance: Leviathan's α, vLLM's acceptance rate, and the α assumed for each method.
+
+Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding", arXiv:2211.17192)
+model each drafted token as accepted with the same probability α, independently, until the first
+rejection. A step that drafts k tokens then yields on average
+
+    E[tokens] = (1 − α^(k+1)) / (1 − α)        (k + 1 when α = 1)
+
+tokens: the accepted prefix plus the one token the target always adds. vLLM's acceptance rate is not α:
+it counts accepted ÷ drafted tokens (vllm:spec_decode_num_accepted_tokens_total ÷
+vllm:spec_decode_num_draft_tokens_total), and a token after the first rejection is never accepted, so
+
+    rate = (E[tokens] − 1) / k
+
+which is below α for every k > 1 (α = 0.8, k = 5: rate 0.54). Its mean acceptance length is E[tokens].
+"""
+
+from __future__ import annotations
+
+from specdeploy.api.spec import Method, Quantization
+
+# α assumed per method when nothing was measured (greedy or low-temperature chat; higher temperature
+# lowers every one of them). Each is solved from a published mean acceptance length with
+# `alpha_from_acceptance_length`, or says why it is a prior.
+DEFAULT_ALPHA: dict[Method, float] = {
+    # A same-family draft at 1:8-1:12 of the target. vLLM's 2024-10-17 blog measured 1.5x for Llama3-70B
+    # with a 0.5B vocabulary-transplanted draft (turboderp/Qwama-0.5B-Instruct), which this model
+    # reproduces with α ≈ 0.5 (test_speedup.py); a draft of the target's own family agrees more often
+    # (vLLM PR #24322: "acceptance rates in greedy decoding are great for Qwen3 models").
+    Method.DRAFT_MODEL: 0.6,
+    # EAGLE-1 head for Llama-3-8B-Instruct in vLLM V1 (vLLM PR #16035, MT-Bench): mean acceptance length
+    # 1.89 at k=2 and 2.08 at k=4, i.e. α ≈ 0.52-0.56; later V1 fixes (issue #17812) raised it.
+    Method.EAGLE: 0.6,
+    # EAGLE-3 head yuhuili/EAGLE3-LLaMA3.1-Instruct-8B in vLLM (issue #26191, MT-Bench, T=0): mean
+    # acceptance length 3.53 at k=7, i.e. α ≈ 0.745.
+    Method.EAGLE3: 0.75,
+    # DeepSeek-V3 technical report (arXiv:2412.19437, §5.4.3): "the acceptance rate of the second token
+    # prediction ranges between 85% and 90%" with its one MTP module at k=1.
+    Method.MTP: 0.85,
+    # Prompt lookup accepts what the output copies from the prompt: 0.66-0.81 per position on code editing
+    # (vLLM PR #24344), about 0.7 on summarisation (the 2.8x of vLLM's blog on CNN/DailyMail), much less
+    # on open chat. 0.4 is a prior for chat, not a measurement.
+    Method.NGRAM: 0.4,
+    # Suffix decoding (Arctic Inference) drafts from prompt and earlier outputs alike; the same prior.
+    Method.SUFFIX: 0.4,
+}
+
+# The same MTP module reused for later positions it was not trained for (vLLM warns: lower acceptance).
+# nebius/MTP-DeepSeek-V3-0324 model card: the original module reused at K=7 reaches a mean acceptance
+# length of 3.20 (MT-Bench, HumanEval, GSM8K, T=0), i.e. α ≈ 0.705.
+MTP_REUSED_ALPHA = 0.70
+
+# Multiplier on α for a quantised target or draft. Direction from public reports (a draft quantised
+# to lower precision "will cause a drop in acceptance rate", TensorRT Edge-LLM docs; an int8 QuaRot
+# target dropped EAGLE-3 acceptance, vllm-ascend issue #5974); the sizes are assumptions, not
+# measurements: 8-bit weights keep the target's choices nearly intact, 4-bit ones less so.
+QUANTIZATION_ALPHA_FACTOR: dict[Quantization, float] = {
+    Quantization.NONE: 1.0,
+    Quantization.FP8: 0.98,
+    Quantization.INT8: 0.98,
+    Quantization.AWQ: 0.93,
+    Quantization.GPTQ: 0.93,
+    Quantization.INT4: 0.93,
+}
+
+_BISECTION_STEPS = 60
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Leviathan's E[tokens] for one step drafting `k` tokens accepted with probability `alpha` each."""
+    _check_alpha(alpha)
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def acceptance_rate_from_alpha(alpha: float, k: int) -> float:
+    """vLLM's accepted ÷ drafted tokens for a per-token acceptance `alpha` at `k` drafted tokens."""
+    return (expected_tokens_per_step(alpha, k) - 1.0) / k
+
+
+def alpha_from_acceptance_length(length: float, k: int) -> float:
+    """The α whose E[tokens] at `k` is `length` (a mean acceptance length in [1, k+1]); by bisection.
+
+    E[tokens] rises strictly with α on [0, 1], from 1 to k+1, so the root is unique.
+    """
+    if not 1.0 <= length <= k + 1:
+        raise ValueError(f"a mean acceptance length at k={k} must be between 1 and {k + 1}, got {length!r}")
+    low, high = 0.0, 1.0
+    for _ in range(_BISECTION_STEPS):
+        middle = (low + high) / 2
+        if expected_tokens_per_step(middle, k) < length:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def alpha_from_acceptance_rate(rate: float, k: int) -> float:
+    """The α behind a measured vLLM acceptance rate (accepted ÷ drafted) at `k` drafted tokens."""
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"an acceptance rate must be between 0 and 1, got {rate!r}")
+    return alpha_from_acceptance_length(1.0 + rate * k, k)
+
+
+def default_alpha(
+    method: Method,
+    k: int,
+    *,
+    target_quantization: Quantization = Quantization.NONE,
+    draft_quantization: Quantization = Quantization.NONE,
+    mtp_layers: int = 1,
+) -> float:
+    """The α assumed for `method` when no acceptance rate was measured (see DEFAULT_ALPHA)."""
+    alpha = DEFAULT_ALPHA[method]
+    if method == Method.MTP and k > max(mtp_layers, 1):
+        alpha = MTP_REUSED_ALPHA
+    if method != Method.NGRAM and method != Method.SUFFIX:
+        alpha *= QUANTIZATION_ALPHA_FACTOR[target_quantization] * QUANTIZATION_ALPHA_FACTOR[draft_quantization]
+    return alpha
+
+
+def _check_alpha(alpha: float) -> None:
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"an acceptance probability must be between 0 and 1, got {alpha!r}")

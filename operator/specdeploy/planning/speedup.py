@@ -1,0 +1,276 @@
+"""Will speculation pay, and up to what batch size? Leviathan's model on top of a roofline.
+
+    estimate = estimate_speedup(spec, target, draft, find_gpu("H100-80GB"))
+    estimate.speedup_at_batch_1, estimate.breakeven_batch_size, estimate.to_wire()
+
+Leviathan et al. 2023 (arXiv:2211.17192): with acceptance α, k drafted tokens and a draft that costs c
+target steps per drafted token, the speedup is
+
+    speedup = (1 − α^(k+1)) / ((1 − α)(k·c + 1))
+
+which assumes verifying k+1 tokens costs one ordinary step. That holds while a step is memory-bound
+(small batches) and fails once it is compute-bound: the verify pass then costs k+1 steps and
+speculation slows the engine down (vLLM's blog, 2024-10-17: 1.4x-1.8x slower at high QPS). So the
+estimate times both kinds of step with planning.roofline at each batch size instead, and reports the
+batch size above which the speedup falls below 1. See docs/speedup-model.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from specdeploy.api.spec import KvCacheDtype, Method, Quantization, SpeculativeDeploymentSpec
+from specdeploy.planning.acceptance import (
+    acceptance_rate_from_alpha,
+    alpha_from_acceptance_rate,
+    default_alpha,
+    expected_tokens_per_step,
+)
+from specdeploy.planning.gpus import GPU_PRODUCTS, GpuProduct
+from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.roofline import (
+    DEFAULT_CONTEXT_TOKENS,
+    ENGINE_STEP_OVERHEAD_S,
+    ForwardCost,
+    forward_seconds,
+    model_forward_cost,
+    mtp_forward_cost,
+)
+
+K_MAX = 16
+KNEE = 0.01
+# Fixed cost of one drafting pass beyond its roofline time: choosing the drafted token over the draft's
+# vocabulary and the proposer's bookkeeping between passes. Calibrated so that the EAGLE-3 and draft-model
+# measurements in test_speedup.py are reproduced.
+DRAFT_PASS_OVERHEAD_S = 0.25e-3
+# Where no GPU product is known the estimate is made for this one, and says so.
+REFERENCE_GPU = "H100-80GB"
+_KV_ELEMENT_BYTES = {KvCacheDtype.AUTO: 2.0}  # every fp8 variant stores one byte
+
+
+def speedup(alpha: float, k: int, c: float) -> float:
+    """Leviathan's speedup of one step drafting `k` tokens at `c` target steps each (verify = 1 step)."""
+    return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
+
+
+def best_k(alpha: float, c: float, k_max: int = K_MAX) -> int:
+    """The k in 1..k_max with the highest Leviathan speedup, or the smallest k within 1% of it."""
+    return _knee(lambda k: speedup(alpha, k, c), k_max)
+
+
+def _knee(speedup_at: Callable[[int], float], k_max: int) -> int:
+    """The smallest k whose speedup is within KNEE of the best: more drafted tokens for under 1% more
+    speed are not worth the compute they add once the engine is busy (a free drafter such as ngram
+    would otherwise always ask for k_max)."""
+    speedups = [speedup_at(k) for k in range(1, k_max + 1)]
+    best = max(speedups)
+    return next(k for k, value in enumerate(speedups, start=1) if value >= best * (1 - KNEE))
+
+
+@dataclass(frozen=True)
+class SpeculationCost:
+    """What a target step, a drafting pass and a verify step cost on one GPU product."""
+
+    target: ForwardCost
+    draft: ForwardCost | None               # None: drafting takes no GPU time (ngram, suffix)
+    gpu: GpuProduct
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    draft_pass_overhead_s: float = DRAFT_PASS_OVERHEAD_S
+
+    def baseline_step_seconds(self, batch: int) -> float:
+        """One engine step without speculation: one token per sequence."""
+        return self._target(batch, 1) + ENGINE_STEP_OVERHEAD_S
+
+    def draft_pass_seconds(self, batch: int) -> float:
+        """One drafting pass: one proposed token per sequence."""
+        if self.draft is None:
+            return 0.0
+        pass_s = forward_seconds(self.draft, self.gpu, batch=batch, context_tokens=self.context_tokens)
+        return pass_s + self.draft_pass_overhead_s
+
+    def speculative_step_seconds(self, batch: int, k: int) -> float:
+        """k drafting passes, then one target pass verifying k+1 tokens per sequence."""
+        return k * self.draft_pass_seconds(batch) + self._target(batch, k + 1) + ENGINE_STEP_OVERHEAD_S
+
+    def draft_cost_ratio(self, batch: int = 1) -> float:
+        """Leviathan's c: one drafting pass in target steps."""
+        return self.draft_pass_seconds(batch) / self.baseline_step_seconds(batch)
+
+    def speedup(self, batch: int, alpha: float, k: int) -> float:
+        """Tokens per second with speculation ÷ without, at `batch` running sequences."""
+        tokens = expected_tokens_per_step(alpha, k)
+        return tokens * self.baseline_step_seconds(batch) / self.speculative_step_seconds(batch, k)
+
+    def _target(self, batch: int, tokens_per_sequence: int) -> float:
+        return forward_seconds(
+            self.target, self.gpu, batch=batch, tokens_per_sequence=tokens_per_sequence,
+            context_tokens=self.context_tokens,
+        )
+
+
+def _batch_grid(max_batch: int) -> list[int]:
+    """1, 2, 3 … then about 25% apart, ending at max_batch."""
+    grid, batch = [], 1
+    while batch < max_batch:
+        grid.append(batch)
+        batch = max(batch + 1, int(batch * 1.25))
+    grid.append(max_batch)
+    return grid
+
+
+def speculation_breakeven_batch_size(
+    cost: SpeculationCost, alpha: float, k: int, max_batch: int
+) -> int | None:
+    """The smallest batch size in 1..max_batch at which speculation is slower than none; None if none is.
+
+    Scans a grid about 25% apart, then bisects between the last paying and the first losing point, so the
+    answer is exact wherever the speedup falls monotonically with the batch (dense models; MoE models can
+    recover a little once every expert is read anyway).
+    """
+    paying = 0
+    for batch in _batch_grid(max_batch):
+        if cost.speedup(batch, alpha, k) < 1.0:
+            losing = batch
+            break
+        paying = batch
+    else:
+        return None
+    while losing - paying > 1:
+        middle = (paying + losing) // 2
+        if cost.speedup(middle, alpha, k) < 1.0:
+            losing = middle
+        else:
+            paying = middle
+    return losing
+
+
+@dataclass(frozen=True)
+class SpeedupEstimate:
+    """The predicted effect of speculation, for `specdeploy plan` and status."""
+
+    method: Method
+    k: int
+    assumed_acceptance_rate: float          # vLLM's accepted ÷ drafted at k, measured or assumed
+    acceptance_rate_measured: bool          # False: the method's documented default α
+    alpha: float                            # Leviathan's per-token acceptance behind it
+    expected_tokens_per_step: float         # = vLLM's mean acceptance length
+    draft_cost_ratio: float                 # c: one drafting pass in target steps, at batch 1
+    speedup_at_batch_1: float
+    speedup_at_max_batch: float             # at spec.serving.maxNumSeqs running sequences
+    max_batch_size: int
+    breakeven_batch_size: int | None        # None: speculation pays at every batch up to max_batch_size
+    best_k: int                             # the k with the highest speedup at batch 1 (see best_k)
+    gpu: str
+    context_tokens: int
+
+    def to_wire(self) -> dict[str, Any]:
+        """The `speedup` object of `specdeploy plan -o json` (camelCase, floats to 3 decimals)."""
+        return {
+            "method": self.method.value,
+            "k": self.k,
+            "assumedAcceptanceRate": round(self.assumed_acceptance_rate, 3),
+            "acceptanceRateSource": "measured" if self.acceptance_rate_measured else "assumed",
+            "alpha": round(self.alpha, 3),
+            "expectedTokensPerStep": round(self.expected_tokens_per_step, 3),
+            "draftCostRatio": round(self.draft_cost_ratio, 3),
+            "speedupAtBatch1": round(self.speedup_at_batch_1, 3),
+            "speedupAtMaxBatch": round(self.speedup_at_max_batch, 3),
+            "maxBatchSize": self.max_batch_size,
+            "breakevenBatchSize": self.breakeven_batch_size,
+            "bestK": self.best_k,
+            "gpu": self.gpu,
+            "contextTokens": self.context_tokens,
+        }
+
+
+def speculation_cost(
+    spec: SpeculativeDeploymentSpec,
+    target: ModelInfo,
+    draft: ModelInfo | None,
+    gpu: GpuProduct,
+    *,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+) -> SpeculationCost:
+    """The target's and the drafter's pass costs for `spec` on `gpu`."""
+    tp = spec.resources.tensor_parallel_size
+    kv_bytes = _KV_ELEMENT_BYTES.get(spec.serving.kv_cache_dtype, 1.0)
+    target_cost = model_forward_cost(
+        target, tensor_parallel_size=tp, quantization=spec.model.quantization, kv_element_bytes=kv_bytes
+    )
+    method = spec.speculation.method
+    draft_spec = spec.speculation.draft
+    draft_quantization = draft_spec.quantization if draft_spec is not None else spec.model.quantization
+    drafter: ForwardCost | None
+    if method in (Method.NGRAM, Method.SUFFIX):
+        drafter = None
+    elif method == Method.MTP or draft is None:
+        drafter = mtp_forward_cost(target, tensor_parallel_size=tp, quantization=spec.model.quantization,
+                                   kv_element_bytes=kv_bytes)
+    else:
+        draft_tp = draft_spec.tensor_parallel_size if draft_spec and draft_spec.tensor_parallel_size else tp
+        # An EAGLE-1/2 head has no lm_head of its own: it reads the target's on every pass.
+        borrowed = target.architecture.vocab_size * target.architecture.hidden_size if draft.kind == ModelKind.EAGLE else 0
+        drafter = model_forward_cost(
+            draft, tensor_parallel_size=draft_tp, quantization=draft_quantization, kv_element_bytes=kv_bytes,
+            extra_parameters=borrowed, counts_input_embedding=method == Method.DRAFT_MODEL,
+        )
+    return SpeculationCost(target_cost, drafter, gpu, context_tokens)
+
+
+def estimate_speedup(
+    spec: SpeculativeDeploymentSpec,
+    target: ModelInfo,
+    draft: ModelInfo | None,
+    gpu: GpuProduct | None,
+    *,
+    acceptance_rate: float | None = None,
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+) -> SpeedupEstimate:
+    """The predicted speedup of `spec`'s speculation over the same target without it.
+
+    `acceptance_rate` is a measured vLLM acceptance rate (accepted ÷ drafted, as in
+    status.analysis.acceptanceRate) at the spec's k; without one the method's default α is assumed,
+    lowered for a quantised target or draft. `gpu` None means the product is unknown: the estimate is
+    made for REFERENCE_GPU and names it.
+    """
+    product = gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU]
+    method, k = spec.speculation.method, spec.speculation.num_speculative_tokens
+    cost = speculation_cost(spec, target, draft, product, context_tokens=context_tokens)
+    alpha_at = _alpha_for(spec, target, acceptance_rate)
+    alpha = alpha_at(k)
+    max_batch = spec.serving.max_num_seqs
+    return SpeedupEstimate(
+        method=method,
+        k=k,
+        assumed_acceptance_rate=acceptance_rate if acceptance_rate is not None else acceptance_rate_from_alpha(alpha, k),
+        acceptance_rate_measured=acceptance_rate is not None,
+        alpha=alpha,
+        expected_tokens_per_step=expected_tokens_per_step(alpha, k),
+        draft_cost_ratio=cost.draft_cost_ratio(),
+        speedup_at_batch_1=cost.speedup(1, alpha, k),
+        speedup_at_max_batch=cost.speedup(max_batch, alpha, k),
+        max_batch_size=max_batch,
+        breakeven_batch_size=speculation_breakeven_batch_size(cost, alpha, k, max_batch),
+        best_k=_knee(lambda n: cost.speedup(1, alpha_at(n), n), K_MAX),
+        gpu=product.name,
+        context_tokens=context_tokens,
+    )
+
+
+def _alpha_for(
+    spec: SpeculativeDeploymentSpec, target: ModelInfo, acceptance_rate: float | None
+) -> Callable[[int], float]:
+    """α as a function of k: measured at the spec's k and held, or the method's default for each k."""
+    if acceptance_rate is not None:
+        measured = alpha_from_acceptance_rate(acceptance_rate, spec.speculation.num_speculative_tokens)
+        return lambda _k: measured
+    draft_spec = spec.speculation.draft
+    return lambda k: default_alpha(
+        spec.speculation.method,
+        k,
+        target_quantization=spec.model.quantization,
+        draft_quantization=draft_spec.quantization if draft_spec is not None else Quantization.NONE,
+        mtp_layers=target.architecture.num_nextn_predict_layers,
+    )
