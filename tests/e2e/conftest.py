@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 from specdeploy.devcluster import DevCluster, wait_for
@@ -30,12 +32,22 @@ def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster
     state_dir = Path(reuse) if reuse else tmp_path_factory.mktemp("dev-cluster")
     cluster = DevCluster(state_dir, nodes=4, monitoring=True, progress=_progress)
     owned = not cluster.running()
+    # SIGTERM (CI stopping the run, `timeout`) would skip finalizers; as SystemExit they run.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         cluster.up()
         yield cluster
     finally:
-        if owned:
-            cluster.down(keep_logs=True)  # logs stay in pytest's tmp dir for a post-mortem
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut `down` short
+        try:
+            if owned:
+                cluster.down(keep_logs=True)  # logs stay in pytest's tmp dir for a post-mortem
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 @pytest.fixture

@@ -204,11 +204,11 @@ def ensure_binaries(progress: Progress | None = None, names: Iterable[str] = NAM
     for index, binary in enumerate(missing, start=1):
         if binary.group not in prepared:
             say(f"  preparing wrapper module for {binary.module}@{binary.version} (go get)")
-            _prepare_wrapper(go, binary, [b for b in missing if b.group == binary.group])
+            _prepare_wrapper(go, binary, [b for b in missing if b.group == binary.group], say)
             prepared.add(binary.group)
         say(f"[{index}/{len(missing)}] building {binary.name} ({binary.module}@{binary.version}) ...")
         started = time.monotonic()
-        found[binary.name] = _build(go, binary)
+        found[binary.name] = _build(go, binary, say)
         manifest.record(binary)
         say(f"  {binary.name:<24} built in {time.monotonic() - started:.0f}s -> {found[binary.name]}")
     return found
@@ -221,17 +221,26 @@ def _go_env() -> dict[str, str]:
     return env
 
 
-def _run_go(go: Path, args: list[str], cwd: Path, log: Path, what: str) -> str:
+def _run_go(go: Path, args: list[str], cwd: Path, log: Path, what: str, say: Progress | None = None) -> str:
+    """Run `go args` in `cwd`, stderr to `log`; return stdout. With `say`, report every minute it runs."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     with log.open("a") as handle:
         handle.write(f"$ go {' '.join(args)}  (in {cwd})\n")
         handle.flush()
-        proc = subprocess.run([str(go), *args], cwd=cwd, env=_go_env(), stdout=subprocess.PIPE,
-                              stderr=handle, text=True)
+        proc = subprocess.Popen([str(go), *args], cwd=cwd, env=_go_env(), stdout=subprocess.PIPE,
+                                stderr=handle, text=True)
+        while True:
+            try:
+                stdout, _ = proc.communicate(timeout=60)
+                break
+            except subprocess.TimeoutExpired:
+                if say:
+                    say(f"    ... {what}: {time.monotonic() - started:.0f}s so far (log: {log})")
     if proc.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
         raise BuildError(f"{what} failed (exit {proc.returncode}); full log: {log}\n{tail}")
-    return proc.stdout
+    return stdout
 
 
 def _staging_replaces(go: Path, kubernetes: str, cwd: Path, log: Path) -> list[str]:
@@ -245,7 +254,7 @@ def _staging_replaces(go: Path, kubernetes: str, cwd: Path, log: Path) -> list[s
     return [f"\t{module} => {module} {staging}" for module in modules]
 
 
-def _prepare_wrapper(go: Path, binary: Binary, members: list[Binary]) -> None:
+def _prepare_wrapper(go: Path, binary: Binary, members: list[Binary], say: Progress) -> None:
     """Write the wrapper go.mod and resolve it (`go get`), unless an identical one is resolved already."""
     src = cache_dir() / "src" / f"{binary.group}-{binary.version}"
     src.mkdir(parents=True, exist_ok=True)
@@ -261,11 +270,11 @@ def _prepare_wrapper(go: Path, binary: Binary, members: list[Binary]) -> None:
     (src / "go.mod").write_text(wanted)
     (src / "go.sum").unlink(missing_ok=True)
     packages = sorted({f"{b.package}@{b.version}" for b in BINARIES if b.group == binary.group})
-    _run_go(go, ["get", *packages], src, log, f"go get {' '.join(packages)}")
+    _run_go(go, ["get", *packages], src, log, f"go get {' '.join(packages)}", say)
     stamp.write_text(digest)
 
 
-def _build(go: Path, binary: Binary) -> Path:
+def _build(go: Path, binary: Binary, say: Progress) -> Path:
     src = cache_dir() / "src" / f"{binary.group}-{binary.version}"
     out = bin_dir() / binary.name
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -273,7 +282,7 @@ def _build(go: Path, binary: Binary) -> Path:
     log = cache_dir() / "logs" / f"build-{binary.name}.log"
     ldflags = " ".join(("-s", "-w", *binary.ldflags))
     _run_go(go, ["build", "-trimpath", "-ldflags", ldflags, "-o", str(tmp), binary.package], src, log,
-            f"go build {binary.package}@{binary.version}")
+            f"go build {binary.package}@{binary.version}", say)
     tmp.replace(out)
     return out
 

@@ -201,7 +201,13 @@ class DevCluster:
         """Stop every recorded process (by pid, whole process group) and remove the state directory."""
         state = ClusterState.load(self.state_file)
         if state is not None:
-            processes.stop_all([(r.pid, r.started) for r in state.components.values()])
+            # Clients first, then the apiserver, then etcd: an apiserver whose etcd vanished under it
+            # takes its whole grace period to stop, a drained one about a second.
+            last = ("kube-apiserver", "etcd")
+            tiers = [[n for n in state.components if n not in last], ["kube-apiserver"], ["etcd"]]
+            for tier in tiers:
+                processes.stop_all([(state.components[n].pid, state.components[n].started)
+                                    for n in tier if n in state.components])
         if not self.state_dir.exists():
             return
         # Only what `up` creates is removed: a --state-dir pointing somewhere unlucky loses nothing else.
@@ -309,7 +315,7 @@ class DevCluster:
             wait_for(ready, max(deadline - time.monotonic(), 1.0), what, interval=0.1, fatal=(ProcessFailed,))
         except TimeoutError as exc:
             raise processes.failure(record.name, log, f"was not ready in time ({exc})") from exc
-        self._say(f"  {record.name:<24} ready ({time.monotonic() - began:.1f}s) {record.address}")
+        self._say(f"  {record.name:<24} {what}: ok ({time.monotonic() - began:.1f}s)")
 
     def _start_all(self, state: ClusterState, binaries: build.Binaries, stage_dir: Path, deadline: float) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
