@@ -22,6 +22,7 @@ from model_fixtures import (
 )
 from specdeploy.api.spec import EngineKind, Method, Quantization, SpeculativeDeploymentSpec
 from specdeploy.api.status import Severity
+from specdeploy.engines import EngineInputs, render_engine
 from specdeploy.planning.compat import MANAGED_FLAGS, SUPPORTED_METHODS, check_compatibility, draft_size_ratio
 from specdeploy.planning.managed_flags import REMOVED_VLLM_FLAGS, find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
@@ -329,17 +330,19 @@ def test_sglang_speculative_flags_and_aliases() -> None:
 def test_trtllm_flags_are_exact_because_click_has_no_abbreviations() -> None:
     finding = only(extra("trtllm", "--extra_llm_api_options", "x.yaml"), LLAMA_8B, None, "ManagedFlagInExtraArgs")
     assert "`spec.speculation`" in finding.message
-    assert find_managed_flags(EngineKind.TRTLLM, ["--max_seq", "9", "--backend", "pytorch"]) == []
+    assert find_managed_flags(EngineKind.TRTLLM, ["--max_seq", "9", "--log_level", "info"]) == []
     assert find_managed_flags(EngineKind.TRTLLM, ["--max_seq_len", "9"])[0].owner == "spec.serving.maxModelLen"
 
 
 def test_host_is_owned_by_the_operator() -> None:
     finding = only(extra("vllm", "--host", "127.0.0.1"), LLAMA_8B, None, "ManagedFlagInExtraArgs")
-    assert "the operator sets it for every pod" in finding.message
+    assert "the operator sets it for every pod (the pod must listen on all interfaces" in finding.message
+    finding = only(extra("trtllm", "--backend", "tensorrt"), LLAMA_8B, None, "ManagedFlagInExtraArgs")
+    assert "PyTorch backend" in finding.message
 
 
 def test_free_flags_values_and_ambiguous_abbreviations_pass() -> None:
-    args = ["--enable-prefix-caching", "--seed", "-1", "--served-model-name", "chat", "--max-num", "4"]
+    args = ["--enable-prefix-caching", "--seed", "-1", "--swap-space", "4", "--max-num", "4"]
     assert find_managed_flags(EngineKind.VLLM, args) == []
 
 
@@ -357,7 +360,25 @@ def test_managed_flag_table_covers_every_engine_with_spec_fields() -> None:
     assert set(MANAGED_FLAGS) == set(EngineKind)
     for table in MANAGED_FLAGS.values():
         assert table["--port"] == "spec.serving.port"
-        assert all(owner.startswith("spec.") or owner.startswith("the operator") for owner in table.values())
+        assert all(owner for owner in table.values())
+
+
+@pytest.mark.parametrize("engine", list(EngineKind))
+@pytest.mark.parametrize("method", ["draft_model", "eagle3", "ngram", "mtp"])
+def test_every_flag_the_renderers_emit_is_managed(engine: EngineKind, method: str) -> None:
+    # The other direction of the contract: a flag the operator renders must never be free for extraArgs.
+    if method == "mtp" or (method, engine) == ("eagle3", EngineKind.TRTLLM):
+        target = "deepseek-ai/DeepSeek-V3" if method == "mtp" else LLAMA_8B.name
+    else:
+        target = LLAMA_8B.name
+    draft = {"draft_model": LLAMA_1B.name, "eagle3": EAGLE3_8B.name}.get(method)
+    spec = make_spec(method, draft, model=target, engine=engine.value,
+                     extra={"serving.kvCacheDtype": "fp8", "serving.maxModelLen": 4096})
+    command = render_engine(EngineInputs(spec, served_model_name="chat", max_model_len=4096))
+    rendered = [arg for arg in command.args if arg.startswith("--")]
+    assert rendered
+    unmanaged = [arg for arg in rendered if not find_managed_flags(engine, [arg])]
+    assert unmanaged == [] or set(unmanaged) <= {"--enable-metrics"}, unmanaged
 
 
 @given(st.lists(st.sampled_from(["--seed", "1", "--enable-prefix-caching", "--max-model-len", "--port=9",

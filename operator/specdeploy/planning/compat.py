@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 
 from specdeploy.api.spec import EngineKind, Method, Quantization, SpeculativeDeploymentSpec
 from specdeploy.api.status import Compatibility, Finding, Severity
-from specdeploy.planning.managed_flags import MANAGED_FLAGS, OPERATOR_OWNED, find_managed_flags
+from specdeploy.planning.managed_flags import MANAGED_FLAGS, find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
 
 # MANAGED_FLAGS is re-exported for the renderers; it lives in planning.managed_flags with its parsing.
@@ -374,11 +374,11 @@ def extra_args(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelI
                 f"speculation is configured with --speculative-config ({use.replacement}), which the "
                 "operator renders from `spec.speculation`; set that and remove the argument",
             )
-        elif use.owner == OPERATOR_OWNED:
+        elif not use.owner.startswith("spec."):
             yield _error(
                 "ManagedFlagInExtraArgs",
-                f"{where} must not set {named}: the operator sets it for every pod (the engine must listen on "
-                "all interfaces for its Service and probes); remove the argument",
+                f"{where} must not set {named}: the operator sets it for every pod ({use.owner}); "
+                "remove the argument",
             )
         else:
             yield _error(

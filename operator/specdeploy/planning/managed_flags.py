@@ -32,8 +32,10 @@ _MAX_BATCHED = "spec.serving.maxNumBatchedTokens"
 _KV_DTYPE = "spec.serving.kvCacheDtype"
 _KV_MEMORY = "spec.serving.kvCacheMemoryGiB"
 _PORT = "spec.serving.port"
-# Not a spec field: the pod must listen on all interfaces for its Service and probes.
-OPERATOR_OWNED = "the operator (the pod listens on all interfaces for its Service and probes)"
+# Flags the operator sets from no spec field: the reason is the "owner" in the tables.
+_HOST = "the pod must listen on all interfaces for its Service and probes"
+_SERVED_NAME = "clients and the engine's metrics use one model name the operator chooses"
+_BACKEND = "speculation runs on TensorRT-LLM's PyTorch backend only"
 
 MANAGED_FLAGS: dict[EngineKind, dict[str, str]] = {
     EngineKind.VLLM: {
@@ -53,7 +55,8 @@ MANAGED_FLAGS: dict[EngineKind, dict[str, str]] = {
         "--kv-cache-memory-bytes": _KV_MEMORY,
         "--kv-cache-memory": _KV_MEMORY,
         "--port": _PORT,
-        "--host": OPERATOR_OWNED,
+        "--host": _HOST,
+        "--served-model-name": _SERVED_NAME,
     },
     EngineKind.SGLANG: {
         "--model-path": _MODEL,
@@ -65,11 +68,13 @@ MANAGED_FLAGS: dict[EngineKind, dict[str, str]] = {
         "--mem-fraction-static": _UTILIZATION,
         "--context-length": _MAX_MODEL_LEN,
         "--max-running-requests": _MAX_NUM_SEQS,
+        "--chunked-prefill-size": _MAX_BATCHED,
         "--quantization": _QUANTIZATION,
         "--dtype": _DTYPE,
         "--kv-cache-dtype": _KV_DTYPE,
         "--port": _PORT,
-        "--host": OPERATOR_OWNED,
+        "--host": _HOST,
+        "--served-model-name": _SERVED_NAME,
     },
     EngineKind.TRTLLM: {
         # The operator passes its own YAML (speculative_config and the KV cache settings) with --config.
@@ -84,10 +89,12 @@ MANAGED_FLAGS: dict[EngineKind, dict[str, str]] = {
         "--max_num_tokens": _MAX_BATCHED,
         "--revision": _REVISION,
         "--port": _PORT,
-        "--host": OPERATOR_OWNED,
+        "--host": _HOST,
+        "--backend": _BACKEND,
     },
 }
-"""Per engine: flag → the spec field (or owner) that sets it. Exact spellings, both aliases listed."""
+"""Per engine: flag → the spec field that sets it (a `spec.` path), or why the operator sets it itself.
+Exact spellings, aliases listed."""
 
 MANAGED_FLAG_PREFIXES: dict[EngineKind, dict[str, str]] = {
     # Every SGLang speculative flag (--speculative-algorithm, -num-steps, -eagle-topk, -draft-model-path …)
@@ -130,7 +137,7 @@ class FlagUse:
     position: int       # index in spec.engine.extraArgs
     written: str        # the flag as the user wrote it (without any =value)
     flag: str           # the engine's own spelling that it resolves to
-    owner: str          # spec field path (or OPERATOR_OWNED) that sets it; "" for a removed flag
+    owner: str          # spec field path, or why the operator sets it; "" for a removed flag
     replacement: str    # for a removed vLLM flag: what replaced it; "" otherwise
 
 
