@@ -24,6 +24,7 @@ from typing import Any
 from specdeploy.api.spec import KvCacheDtype, Method, Quantization, SpeculativeDeploymentSpec
 from specdeploy.planning.acceptance import (
     acceptance_rate_from_alpha,
+    alpha_from_acceptance_length,
     alpha_from_acceptance_rate,
     default_alpha,
     expected_tokens_per_step,
@@ -34,10 +35,28 @@ from specdeploy.planning.roofline import (
     DEFAULT_CONTEXT_TOKENS,
     ENGINE_STEP_OVERHEAD_S,
     ForwardCost,
+    decode_step_seconds,
     forward_seconds,
     model_forward_cost,
     mtp_forward_cost,
 )
+
+# The Leviathan and acceptance functions live in planning.acceptance and the step times in
+# planning.roofline; they are re-exported here so that one import gives the whole model.
+__all__ = [
+    "SpeculationCost",
+    "SpeedupEstimate",
+    "acceptance_rate_from_alpha",
+    "alpha_from_acceptance_length",
+    "alpha_from_acceptance_rate",
+    "best_k",
+    "decode_step_seconds",
+    "estimate_speedup",
+    "expected_tokens_per_step",
+    "speculation_breakeven_batch_size",
+    "speculation_cost",
+    "speedup",
+]
 
 K_MAX = 16
 KNEE = 0.01
