@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, Self
 
 from pydantic import BaseModel, ConfigDict, GetJsonSchemaHandler, model_validator
+from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
-from pydantic.alias_generators import to_camel
 
 
 def wire_name(field_name: str) -> str:

@@ -41,8 +41,8 @@ class ObjectMeta(BaseModel):
 class SpeculativeDeployment(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    api_version: Literal["specdeploy.io/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
-    kind: Literal["SpeculativeDeployment"] = KIND
+    api_version: Literal["specdeploy.io/v1alpha1"] = Field("specdeploy.io/v1alpha1", alias="apiVersion")
+    kind: Literal["SpeculativeDeployment"] = "SpeculativeDeployment"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: SpeculativeDeploymentSpec
     status: SpeculativeDeploymentStatus | None = None
