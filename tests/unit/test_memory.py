@@ -158,6 +158,13 @@ def test_activation_peak_matches_vllm_on_an_h100(model: str, measured: float) ->
     assert plan(spec, speculate=False).per_gpu.activation_peak_gib == pytest.approx(measured, abs=0.05)
 
 
+def test_activation_peak_with_256_sequences_matches_vllms_log() -> None:
+    # vLLM PR #10511: Meta-Llama-3-8B (the shape of Llama-3.1-8B), 256 sequences, 8192 batched tokens:
+    # "PyTorch activation peak memory 1.26GiB".
+    spec = make_spec(LLAMA_8B, serving={"maxNumSeqs": 256, "maxNumBatchedTokens": 8192, "maxModelLen": 8192})
+    assert plan(spec, speculate=False).per_gpu.activation_peak_gib == pytest.approx(1.26, abs=0.05)
+
+
 def test_llama_70b_fp8_tp2_matches_vllm_on_two_h100s() -> None:
     # Same source: weights 33.88 GiB, activation 4.84 GiB, non-torch 0.55 GiB per GPU.
     spec = make_spec({"name": "meta-llama/Llama-3.3-70B-Instruct", "quantization": "fp8"},

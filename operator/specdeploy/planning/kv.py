@@ -10,8 +10,9 @@ A sliding-window layer holds at most min(window - 1 + max_num_batched_tokens, ma
 per request (`SlidingWindowSpec.max_memory_usage_bytes`). The plan folds that into one per-token cost
 at maxModelLen: full-attention bytes plus the sliding layers' bytes scaled by the share of the
 request they hold. Tokens ÷ maxModelLen is then exactly the number of maxModelLen requests that fit,
-which is what vLLM prints as "Maximum concurrency"; vLLM's own "GPU KV cache size: N tokens" line
-counts sliding layers at full cost and so prints fewer tokens for those models.
+vLLM's "Maximum concurrency"; current vLLM prints "GPU KV cache size" as that concurrency × max_model_len
+too (`kv_cache_utils.py`: the naive num_blocks ÷ groups count "underestimates capacity" of sliding-window
+models, which older releases printed).
 """
 
 from __future__ import annotations

@@ -47,8 +47,7 @@ fractions apply to the memory free after it."""
 MAX_CUDA_GRAPH_SIZE = 512
 CUDA_GRAPH_BYTES_PER_LAYER_CAPTURE = 0.65 * GIB / ((51 + 51) * 34)
 """CUDA graph memory per captured graph per decoder layer (gemma-3-4b-it: 0.65 GiB for 102 captures
-of 34 layers). Dense models land within about 15%; hybrid and MoE models run up to 3x higher
-(Qwen3.5-9B: 1.58 GiB for 86 captures of 32 layers)."""
+of 34 layers). Hybrid models run about 3x higher (Qwen3.5-9B: 1.58 GiB for 86 captures of 32 layers)."""
 
 
 def forward_peak_bytes(arch: Architecture, tokens: int, tensor_parallel_size: int, dtype_bytes: float) -> float:

@@ -83,22 +83,24 @@ def _kv_cache_dtype(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candi
 
 
 def _tensor_parallel(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candidate]:
+    """The smallest of 2×, 4× and 8× the tensor parallelism that fits, else 2× with how far it gets."""
     tp = inputs.tensor_parallel_size
-    tried: list[_Candidate] = []
+    first: _Candidate | None = None
     size = tp * 2
     while size <= min(tp * 8, MAX_TENSOR_PARALLEL):
         draft_tp = size if inputs.draft_tensor_parallel_size == tp else inputs.draft_tensor_parallel_size
         variant = replace(inputs, tensor_parallel_size=size, draft_tensor_parallel_size=draft_tp)
         count = inputs.gpu_count
         also = f"; also set `spec.resources.gpu.count` to {size}" if count is not None and count < size else ""
-        tried.append(_Candidate("spec.resources.tensorParallelSize", str(size), variant,
-                                f"shard the model over {size} GPUs per pod{also}"))
+        candidate = _Candidate("spec.resources.tensorParallelSize", str(size), variant,
+                               f"shard the model over {size} GPUs per pod{also}")
         if compute(variant).fits:
-            break
+            yield candidate
+            return
+        first = first or candidate
         size *= 2
-    if tried:
-        fitting = [candidate for candidate in tried if compute(candidate.inputs).fits]
-        yield fitting[0] if fitting else tried[0]
+    if first is not None:
+        yield first
 
 
 def _max_model_len(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candidate]:
