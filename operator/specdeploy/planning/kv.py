@@ -3,7 +3,8 @@
 vLLM's page for one layer (`vllm/v1/kv_cache_interface.py`, `AttentionSpec.page_size_bytes`) is
 2 × block_size × kv_heads × head_size × dtype bytes; MLA layers (`MLAAttentionSpec`) store one latent
 head of kv_lora_rank + qk_rope_head_dim with no factor 2, and the latent cache is replicated on every
-tensor-parallel rank (vLLM shards MLA attention by query heads only). Grouped-query KV heads are
+tensor-parallel rank (vLLM shards MLA attention by query heads only; vllm-project/vllm#51454 measures
+7.7x more KV cache with DP 8 than with TP 8). Grouped-query KV heads are
 split over tensor parallelism, at least one per GPU (`ModelConfig.get_num_kv_heads`).
 
 A sliding-window layer holds at most min(window - 1 + max_num_batched_tokens, max_model_len) tokens

@@ -56,8 +56,8 @@ def _target_quantization(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_
     if eight_bit:
         variant = replace(inputs, target_quantization=Quantization.FP8)
         yield _Candidate("spec.model.quantization", "fp8", variant,
-                         f"FP8 target weights ({_gib(numbers.target_weights_gib)} per GPU now; vLLM quantises "
-                         "a 16-bit checkpoint when it loads; acceptance drops slightly)")
+                         f"FP8 target weights ({_gib(numbers.target_weights_gib)} per GPU now; vLLM and SGLang "
+                         "quantise a 16-bit checkpoint as they load it; acceptance drops slightly)")
     elif current in (Quantization.FP8, Quantization.INT8) and not numbers.weights_fit:
         variant = replace(inputs, target_quantization=Quantization.AWQ)
         yield _Candidate("spec.model.quantization", "awq", variant,
