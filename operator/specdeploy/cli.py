@@ -1,16 +1,83 @@
-"""The `specdeploy` command: plan, render, crd, dev-cluster (and later run, demo)."""
+"""The `specdeploy` command: plan, render, crd, dev-cluster (and later run, demo).
+
+Exit codes of `plan` and `render`: 0 the spec fits, 1 it is rejected, 2 the input is bad (YAML error,
+unknown field, unknown model) — always with the field path and a hint, never a traceback.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+from typing import NoReturn
+
 import click
+from rich.console import Console
 
 from specdeploy.api.crd import crd_yaml
+from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, load_resource
 from specdeploy.devcluster.cli import dev_cluster
+from specdeploy.planning.catalog import UnknownModel
+from specdeploy.planning.plan import Plan, make_plan, plan_document
+from specdeploy.reconcile.children import Variant, desired_children, engine_command
+from specdeploy.report import render_plan
+from specdeploy.yamltext import dump_documents
+
+EXIT_FITS, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _load(path: str) -> tuple[SpeculativeDeployment, Plan]:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as error:
+        _fail(f"cannot read {path}: {error.strerror}")
+    try:
+        resource = load_resource(text)
+        return resource, make_plan(resource.spec)
+    except (InvalidResource, UnknownModel) as error:
+        _fail(f"{path}:\n{error}")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Speculative decoding on Kubernetes: plan it, render it, run it, roll it back."""
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def plan(file: str, output: str) -> None:
+    """Will FILE's SpeculativeDeployment fit on its GPUs, and what will run?"""
+    resource, the_plan = _load(file)
+    command = engine_command(the_plan, Variant.SPECULATIVE, resource.spec.speculation.enabled)
+    if output == "json":
+        document = plan_document(the_plan, {"command": list(command.command), "args": list(command.args),
+                                             "configFiles": dict(command.config_files)})
+        click.echo(json.dumps(document, indent=2))
+    else:
+        render_plan(resource.metadata.name, the_plan, command, Console(highlight=False))
+    sys.exit(EXIT_FITS if the_plan.accepted else EXIT_REJECTED)
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--pod-monitor/--no-pod-monitor", default=False, help="Also render the PodMonitor.")
+def render(file: str, pod_monitor: bool) -> None:
+    """Print the child manifests (Deployments, Service, ConfigMap) FILE would run, as YAML."""
+    resource, the_plan = _load(file)
+    if not the_plan.accepted:
+        findings = the_plan.memory.reasons + the_plan.compatibility.findings
+        click.echo(f"{resource.metadata.name} is rejected; nothing would run:", err=True)
+        for finding in findings:
+            click.echo(f"  {finding.severity.value} {finding.code}: {finding.message}", err=True)
+        sys.exit(EXIT_REJECTED)
+    children = desired_children(resource, the_plan, pod_monitor=pod_monitor)
+    click.echo(dump_documents(children.all()), nl=False)
 
 
 @main.command()

@@ -20,6 +20,7 @@ from model_fixtures import (
     QWEN_7B,
     arch,
 )
+
 from specdeploy.api.spec import EngineKind, Method, Quantization, SpeculativeDeploymentSpec
 from specdeploy.api.status import Severity
 from specdeploy.engines import EngineInputs, render_engine

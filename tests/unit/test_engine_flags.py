@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
 from specdeploy.engines import DEFAULT_IMAGES, EngineCommand, EngineInputs, render_engine
 

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+
 from specdeploy.api.spec import EngineKind, Method, SpeculativeDeploymentSpec
 from specdeploy.engines import (
     CONFIG_MOUNT_PATH,

@@ -17,6 +17,7 @@ from model_fixtures import (
     MIMO_7B,
     QWAMA_05B,
 )
+
 from specdeploy.api.spec import Method, SpeculativeDeploymentSpec
 from specdeploy.planning.acceptance import (
     DEFAULT_ALPHA,

@@ -1,0 +1,224 @@
+"""`desired_children`: the one function that decides what a SpeculativeDeployment runs.
+
+Create, update, resume and rollback all render through here, from the resource (spec + status) and
+its plan; nothing else builds a Deployment. Pure: manifests out, no API calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from specdeploy.api import names
+from specdeploy.api.resource import API_VERSION, KIND, SpeculativeDeployment
+from specdeploy.api.spec import BaselineMode
+from specdeploy.engines import CONFIG_MOUNT_PATH, EngineCommand, EngineInputs, image_for, render_engine
+from specdeploy.planning.gpus import find_gpu
+from specdeploy.planning.plan import Plan
+
+LABEL_NAME = "specdeploy.io/name"
+LABEL_VARIANT = "specdeploy.io/variant"
+ANNOTATION_CONFIG_HASH = "specdeploy.io/config-hash"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+PLAN_FILE = "plan.json"
+
+
+class Variant(StrEnum):
+    SPECULATIVE = "speculative"
+    CONTROL = "control"
+
+
+@dataclass(frozen=True)
+class Children:
+    """Manifests to apply; `deployments` keyed by variant. Children not listed are deleted."""
+
+    config_map: dict[str, Any]
+    deployments: dict[Variant, dict[str, Any]]
+    service: dict[str, Any]
+    pod_monitor: dict[str, Any] | None
+
+    def all(self) -> list[dict[str, Any]]:
+        manifests = [self.config_map, *self.deployments.values(), self.service]
+        return manifests + ([self.pod_monitor] if self.pod_monitor else [])
+
+
+def speculation_active(resource: SpeculativeDeployment) -> bool:
+    """Speculation runs unless the spec turns it off or a rollback (in status) took it away."""
+    if not resource.spec.speculation.enabled:
+        return False
+    status = resource.status
+    if status is not None and status.speculation is not None:
+        return status.speculation.active
+    return True
+
+
+def common_labels(resource: SpeculativeDeployment, component: str) -> dict[str, str]:
+    name = resource.metadata.name
+    return {
+        "app.kubernetes.io/name": "specdeploy-engine",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "specdeploy",
+        "app.kubernetes.io/component": component,
+        LABEL_NAME: name,
+    }
+
+
+def owner_references(resource: SpeculativeDeployment) -> list[dict[str, Any]]:
+    if not resource.metadata.uid:
+        return []  # rendered offline (`specdeploy render`): no owner yet
+    return [{
+        "apiVersion": API_VERSION, "kind": KIND, "name": resource.metadata.name,
+        "uid": resource.metadata.uid, "controller": True, "blockOwnerDeletion": True,
+    }]
+
+
+def _metadata(resource: SpeculativeDeployment, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "labels": labels}
+    if resource.metadata.namespace:
+        metadata["namespace"] = resource.metadata.namespace
+    references = owner_references(resource)
+    if references:
+        metadata["ownerReferences"] = references
+    return metadata
+
+
+def variant_speculates(plan: Plan, variant: Variant, speculate: bool) -> bool:
+    """Whether `variant`'s pods speculate; Control never does."""
+    return speculate and variant == Variant.SPECULATIVE and plan.spec.speculation.enabled
+
+
+def engine_command(plan: Plan, variant: Variant, speculate: bool) -> EngineCommand:
+    """The engine command line of one variant."""
+    speculating = variant_speculates(plan, variant, speculate)
+    return render_engine(EngineInputs(
+        spec=plan.spec,
+        served_model_name=plan.spec.model.name,
+        max_model_len=plan.max_model_len,
+        speculate=speculating,
+        trtllm_free_gpu_memory_fraction=plan.trtllm_free_gpu_memory_fraction(speculating),
+    ))
+
+
+def _config_key(variant: Variant, file_name: str) -> str:
+    return f"{variant.value}.{file_name}"
+
+
+def _variant_files(plan: Plan, command: EngineCommand, speculating: bool) -> dict[str, str]:
+    """The files a variant's pods mount: the engine's config files and the plan its preflight checks."""
+    memory = plan.memory if speculating else plan.memory_without_speculation
+    files = dict(command.config_files)
+    files[PLAN_FILE] = json.dumps({"memoryPlan": memory.to_wire(), "argv": command.argv()}, indent=1) + "\n"
+    return files
+
+
+def _config_hash(files: dict[str, str]) -> str:
+    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return digest[:16]
+
+
+def _deployment(
+    resource: SpeculativeDeployment, plan: Plan, variant: Variant, command: EngineCommand, files: dict[str, str]
+) -> dict[str, Any]:
+    spec = resource.spec
+    name = (names.engine_deployment_name if variant == Variant.SPECULATIVE else names.control_deployment_name)(
+        resource.metadata.name
+    )
+    selector = {LABEL_NAME: resource.metadata.name, LABEL_VARIANT: variant.value}
+    labels = {**common_labels(resource, "engine"), LABEL_VARIANT: variant.value}
+    replicas = spec.replicas if variant == Variant.SPECULATIVE else spec.analysis.baseline.control_replicas
+    gpu = find_gpu(spec.resources.gpu.product)
+    gpus = str(spec.resources.gpu_count)
+    container = {
+        "name": "engine",
+        "image": image_for(spec),
+        "command": list(command.command),
+        "args": list(command.args),
+        "env": [{"name": k, "value": v} for k, v in command.env] + [e.to_wire() for e in spec.engine.env],
+        "ports": [{"name": "http", "containerPort": command.port, "protocol": "TCP"}],
+        "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
+        **command.probes(),
+        "volumeMounts": [
+            {"name": "engine-config", "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "nodeSelector": {GPU_PRODUCT_LABEL: gpu.node_label if gpu else spec.resources.gpu.product},
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "volumes": [
+            {"name": "engine-config", "configMap": {
+                "name": names.config_map_name(resource.metadata.name),
+                "items": [{"key": _config_key(variant, f), "path": f} for f in sorted(files)],
+            }},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ],
+        "terminationGracePeriodSeconds": 60,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(resource, name, labels),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {ANNOTATION_CONFIG_HASH: _config_hash(files)}},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor: bool = False) -> Children:
+    """The manifests `resource` should run, given its plan (which must be accepted)."""
+    spec = resource.spec
+    name = resource.metadata.name
+    speculate = speculation_active(resource)
+    variants = [Variant.SPECULATIVE]
+    if spec.analysis.baseline.mode == BaselineMode.CONTROL and spec.speculation.enabled:
+        variants.append(Variant.CONTROL)
+    deployments: dict[Variant, dict[str, Any]] = {}
+    config_data: dict[str, str] = {}
+    first_command: EngineCommand | None = None
+    for variant in variants:
+        command = engine_command(plan, variant, speculate)
+        first_command = first_command or command
+        files = _variant_files(plan, command, variant_speculates(plan, variant, speculate))
+        config_data.update({_config_key(variant, f): content for f, content in files.items()})
+        deployments[variant] = _deployment(resource, plan, variant, command, files)
+    assert first_command is not None
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(resource, names.config_map_name(name), common_labels(resource, "engine-config")),
+        "data": dict(sorted(config_data.items())),
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(resource, names.service_name(name), common_labels(resource, "service")),
+        "spec": {
+            "selector": {LABEL_NAME: name},
+            "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    monitor = None
+    if pod_monitor:
+        monitor = {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PodMonitor",
+            "metadata": _metadata(resource, names.service_name(name), common_labels(resource, "monitoring")),
+            "spec": {
+                "selector": {"matchLabels": {LABEL_NAME: name}},
+                "podTargetLabels": [LABEL_NAME, LABEL_VARIANT],
+                "podMetricsEndpoints": [{"port": "http", "path": first_command.metrics_path, "interval": "15s"}],
+            },
+        }
+    return Children(config_map, deployments, service, monitor)

@@ -1,0 +1,126 @@
+"""The plan as a platform engineer reads it: verdict first, memory per GPU, what the draft costs,
+findings and fixes, predicted speedup, and the engine command that will run."""
+
+from __future__ import annotations
+
+import shlex
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from specdeploy.api.status import Finding, Severity, Verdict
+from specdeploy.engines.base import EngineCommand
+from specdeploy.planning.plan import Plan
+
+_VERDICT_STYLE = {Verdict.FITS: "bold green", Verdict.FITS_WITH_WARNINGS: "bold yellow", Verdict.REJECTED: "bold red"}
+_SEVERITY_MARK = {Severity.ERROR: ("✗", "red"), Severity.WARNING: ("!", "yellow"), Severity.INFO: ("i", "cyan")}
+
+
+def _headline(name: str, plan: Plan) -> Text:
+    spec = plan.spec
+    speculation = spec.speculation
+    method = speculation.method.value if speculation.enabled else "off"
+    if speculation.enabled and speculation.draft is not None:
+        method += f" ({speculation.draft.name})"
+    if speculation.enabled:
+        method += f", k={speculation.num_speculative_tokens}"
+    gpus = f"{spec.resources.gpu_count}× {spec.resources.gpu.product}, TP {spec.resources.tensor_parallel_size}"
+    quantization = "" if spec.model.quantization.value == "none" else f" [{spec.model.quantization.value}]"
+    text = Text()
+    text.append(name, style="bold")
+    text.append(f"  {spec.engine.kind.value} · {spec.model.name}{quantization} · {method} · {gpus}")
+    return text
+
+
+def _memory_table(plan: Plan) -> Table:
+    memory = plan.memory
+    per_gpu = memory.per_gpu
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="dim")
+    table.add_column(justify="right")
+    table.add_column(style="dim")
+    table.add_row("budget", f"{per_gpu.budget_gib:.2f} GiB",
+                  f"gpuMemoryUtilization {plan.spec.resources.gpu_memory_utilization:g}")
+    table.add_row("target weights", f"{per_gpu.target_weights_gib:.2f} GiB", "")
+    table.add_row("draft weights", f"{per_gpu.draft_weights_gib:.2f} GiB", "")
+    table.add_row("overhead", f"{per_gpu.overhead_gib:.2f} GiB",
+                  f"activations {per_gpu.activation_peak_gib:.2f} + non-torch {per_gpu.non_torch_gib:.2f}"
+                  f" + CUDA graphs {per_gpu.cuda_graph_gib:.2f}")
+    table.add_row("KV cache", f"{per_gpu.kv_cache_gib:.2f} GiB",
+                  f"{memory.kv_cache_tokens:,} tokens × {memory.kv_bytes_per_token:,} B")
+    table.add_row("concurrency", f"{memory.max_concurrency:.2f}",
+                  f"sequences of maxModelLen {memory.max_model_len:,} (maxNumSeqs {plan.spec.serving.max_num_seqs})")
+    cost = memory.draft_cost
+    table.add_row("speculation costs", f"{cost.kv_cache_gib:.2f} GiB",
+                  f"{cost.kv_cache_tokens:,} KV tokens, {cost.concurrent_sequences:.2f} sequences")
+    return table
+
+
+def _findings(findings: list[Finding]) -> Text:
+    text = Text()
+    for finding in findings:
+        mark, style = _SEVERITY_MARK[finding.severity]
+        text.append(f" {mark} ", style=style)
+        text.append(f"{finding.code}: ", style="bold")
+        text.append(finding.message + "\n")
+    return text
+
+
+def _speedup(plan: Plan) -> Text | None:
+    estimate = plan.speedup
+    if estimate is None:
+        return None
+    source = "measured" if estimate.acceptance_rate_measured else "assumed for the method"
+    pays = (
+        f"pays up to maxNumSeqs {estimate.max_batch_size}"
+        if estimate.breakeven_batch_size is None
+        else f"stops paying at batch {estimate.breakeven_batch_size} (maxNumSeqs {estimate.max_batch_size})"
+    )
+    text = Text()
+    text.append(f" {estimate.speedup_at_batch_1:.2f}× at batch 1", style="bold")
+    text.append(f", {estimate.speedup_at_max_batch:.2f}× at batch {estimate.max_batch_size}; {pays}\n")
+    text.append(
+        f" acceptance rate {estimate.assumed_acceptance_rate:.2f} ({source}; α {estimate.alpha:.2f}), "
+        f"{estimate.expected_tokens_per_step:.2f} tokens per step, draft cost {estimate.draft_cost_ratio:.3f} "
+        f"of a target step; best k {estimate.best_k} (now {estimate.k}) on {estimate.gpu}"
+    )
+    return text
+
+
+def _command_lines(argv: list[str]) -> str:
+    """The program and its positional words on the first line, then one flag (with its value) per line."""
+    lines: list[str] = [""]
+    for word in argv:
+        quoted = shlex.quote(word)
+        if word.startswith("-"):
+            lines.append("    " + quoted)
+        else:
+            lines[-1] = f"{lines[-1]} {quoted}".lstrip() if len(lines) == 1 else f"{lines[-1]} {quoted}"
+    return " \\\n".join(lines)
+
+
+def render_plan(name: str, plan: Plan, command: EngineCommand | None, console: Console) -> None:
+    """Print `plan` for a person."""
+    verdict = plan.verdict
+    console.print(_headline(name, plan))
+    console.print(Text(f"Verdict: {verdict.value}", style=_VERDICT_STYLE[verdict]))
+    console.print(Panel(_memory_table(plan), title="memory per GPU", title_align="left"))
+    findings = list(plan.memory.reasons) + list(plan.compatibility.findings)
+    if findings:
+        console.print(Panel(_findings(findings), title="findings", title_align="left"))
+    if plan.memory.suggestions:
+        text = Text()
+        for suggestion in plan.memory.suggestions:
+            text.append(" → ", style="green")
+            text.append(f"{suggestion.field}: {suggestion.value}", style="bold")
+            text.append(f"  {suggestion.message}\n")
+        console.print(Panel(text, title="what would fit", title_align="left"))
+    speedup = _speedup(plan)
+    if speedup is not None:
+        console.print(Panel(speedup, title="predicted speedup", title_align="left"))
+    if command is not None:
+        console.print(Panel(Text(_command_lines(command.argv())), title="engine command", title_align="left"))
+        for file_name, content in sorted(command.config_files.items()):
+            console.print(Panel(Text(content.rstrip()), title=f"/etc/specdeploy/{file_name}", title_align="left"))

@@ -1,0 +1,84 @@
+"""`specdeploy plan | render | crd`: exit codes, JSON shape, and errors as sentences."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from specdeploy.cli import main
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+REJECTED = {"llama-70b-bf16-h100-rejected"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_plan_every_example(path: Path) -> None:
+    result = CliRunner().invoke(main, ["plan", str(path)])
+    assert result.exit_code == (1 if path.stem in REJECTED else 0), result.output
+    assert "Verdict:" in result.output
+    assert "memory per GPU" in result.output
+    if path.stem in REJECTED:
+        assert "what would fit" in result.output
+    else:
+        assert "engine command" in result.output
+
+
+def test_plan_json_is_the_memory_plan_with_command_and_speedup() -> None:
+    result = CliRunner().invoke(main, ["plan", "-o", "json", str(EXAMPLES[0].parent / "llama-70b-fp8-tp2.yaml")])
+    document = json.loads(result.output)
+    assert {"verdict", "fits", "perGpu", "kvBytesPerToken", "kvCacheTokens", "maxConcurrency", "draftCost",
+            "reasons", "suggestions", "engineCommand", "speedup"} <= document.keys()
+    assert {"budgetGiB", "targetWeightsGiB", "draftWeightsGiB", "overheadGiB", "kvCacheGiB"} <= document["perGpu"].keys()
+    assert {"kvCacheGiB", "kvCacheTokens", "concurrentSequences"} <= document["draftCost"].keys()
+    assert document["maxConcurrency"] == pytest.approx(document["kvCacheTokens"] / 32768, abs=0.01)
+
+
+def test_rejected_plan_json_has_reasons_and_suggestions() -> None:
+    result = CliRunner().invoke(main, ["plan", "-o", "json", str(EXAMPLES[0].parent / "llama-70b-bf16-h100-rejected.yaml")])
+    assert result.exit_code == 1
+    document = json.loads(result.output)
+    assert document["verdict"] == "Rejected"
+    assert document["reasons"] and document["suggestions"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("kind: SpeculativeDeployment\nspec: [unclosed", "not valid YAML"),
+        ("kind: SpeculativeDeployment\nspec:\n  model: {name: x, quantisation: fp8}\n  speculation: {method: ngram}\n",
+         "`spec.model.quantisation`: unknown field"),
+        ("kind: SpeculativeDeployment\nspec:\n  model: {name: acme/secret-model}\n  speculation: {method: ngram}\n",
+         "spec.model.architecture"),
+        ("kind: Deployment\n", "no document of kind SpeculativeDeployment"),
+    ],
+)
+def test_bad_input_exits_2_with_a_sentence(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "sd.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["plan", str(path)])
+    assert result.exit_code == 2
+    assert expected in result.output
+    assert "Traceback" not in result.output
+
+
+def test_missing_file_exits_2() -> None:
+    result = CliRunner().invoke(main, ["plan", "/nonexistent/sd.yaml"])
+    assert result.exit_code == 2
+    assert "cannot read" in result.output
+
+
+def test_render_prints_children_and_refuses_rejected() -> None:
+    ok = CliRunner().invoke(main, ["render", str(EXAMPLES[0].parent / "llama-70b-fp8-tp2.yaml")])
+    assert ok.exit_code == 0
+    kinds = [d["kind"] for d in yaml.safe_load_all(ok.output)]
+    assert kinds == ["ConfigMap", "Deployment", "Deployment", "Service"]
+    rejected = CliRunner().invoke(main, ["render", str(EXAMPLES[0].parent / "llama-70b-bf16-h100-rejected.yaml")])
+    assert rejected.exit_code == 1
+    assert "WeightsDoNotFit" in rejected.output
+
+
+def test_crd_command_prints_the_crd() -> None:
+    result = CliRunner().invoke(main, ["crd"])
+    assert yaml.safe_load(result.output)["kind"] == "CustomResourceDefinition"
