@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 
 import pytest
+
 from specdeploy.devcluster import DevCluster, wait_for
 
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import yaml
 from click.testing import CliRunner
+
 from specdeploy.devcluster import DevCluster, processes, versions, wait_for
 from specdeploy.devcluster.cli import dev_cluster as dev_cluster_cli
 from specdeploy.devcluster.waiters import condition, get_json, wait_for_absent, wait_for_object, wait_for_pods
