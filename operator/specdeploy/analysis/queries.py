@@ -1,0 +1,165 @@
+"""The PromQL the analysis sends: one query per signal per engine and window, for every SD at once.
+
+    for query in queries_for(EngineKind.VLLM, 300.0):
+        query.signal, query.promql
+    # acceptance_rate  sum by (namespace, specdeploy_io_name, specdeploy_io_variant)
+    #                  (rate(vllm:spec_decode_num_accepted_tokens_total{specdeploy_io_name!=""}[5m])) / sum by (…) (…)
+
+Every query groups by `namespace, specdeploy_io_name, specdeploy_io_variant` — the labels the operator's
+PodMonitor (podTargetLabels) puts on engine series — so the number of queries per cycle depends on the
+engines and windows in use, never on the number of SDs. Templates are rendered strictly (as Flagger's
+`missingkey=error`): a variable the template names but the caller does not give, or one the caller gives
+that the template does not use, raises TemplateError; values are checked to be metric names or
+durations, so nothing else can be spliced into a query.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from string import Template
+
+from specdeploy.analysis.samples import QueryGroup, Signal
+from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
+from specdeploy.engines import MetricNames, metric_names
+
+GROUP_LABELS = "namespace, specdeploy_io_name, specdeploy_io_variant"
+SELECTOR = '{specdeploy_io_name!=""}'    # only series scraped from an SD's pods
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_DURATION = re.compile(r"[0-9]+(ms|s|m|h)")
+
+
+class TemplateError(ValueError):
+    """A query template and its variables do not match, or a value is not what the variable holds."""
+
+
+# Counters (vLLM, TensorRT-LLM): acceptance rate = rate(accepted) / rate(draft tokens), FACTS.md "vLLM
+# metrics"; vllm/v1/spec_decode/metrics.py logs the same ratio as "Avg Draft acceptance rate".
+ACCEPTANCE_RATE_FROM_COUNTERS = (
+    "sum by ($by) (rate(${accepted}${selector}[$window]))"
+    " / sum by ($by) (rate(${draft_tokens}${selector}[$window]))"
+)
+# Mean acceptance length = 1 + rate(accepted) / rate(drafts): each draft step emits its accepted tokens
+# plus the one the target samples itself (vLLM's "Mean acceptance length").
+MEAN_ACCEPTANCE_LENGTH_FROM_COUNTERS = (
+    "1 + sum by ($by) (rate(${accepted}${selector}[$window]))"
+    " / sum by ($by) (rate(${drafts}${selector}[$window]))"
+)
+# Gauges (SGLang's sglang:spec_accept_rate / sglang:spec_accept_length, TensorRT-LLM's acceptance length):
+# the engine already averages; the window averages over time, then over pods (and tensor-parallel ranks).
+GAUGE_MEAN = "avg by ($by) (avg_over_time(${gauge}${selector}[$window]))"
+# Running / waiting requests: the SD's total, averaged over the window.
+GAUGE_TOTAL = "sum by ($by) (avg_over_time(${gauge}${selector}[$window]))"
+# P99 of a Prometheus histogram, merged over pods: NaN when nothing was observed in the window.
+P99_FROM_HISTOGRAM = "histogram_quantile(0.99, sum by (le, $by) (rate(${histogram}_bucket${selector}[$window])))"
+# Finished requests in the window (extrapolated by increase(), so not always a whole number).
+REQUESTS_FROM_COUNTER = "sum by ($by) (increase(${counter}${selector}[$window]))"
+
+_FIXED = {"by": GROUP_LABELS, "selector": SELECTOR}
+
+
+def render(template: str, **variables: str) -> str:
+    """`template` with `$name` / `${name}` replaced; raises TemplateError on any mismatch.
+
+    `by` and `selector` are filled in by this module; `window` must be a PromQL duration and every other
+    variable a metric name.
+    """
+    if not Template(template).is_valid():
+        raise TemplateError(f"query template {template!r} has a `$` that is not a variable")
+    names = set(Template(template).get_identifiers())
+    given = {**_FIXED, **variables}
+    missing = sorted(names - set(given))
+    unused = sorted(set(variables) - names)
+    if missing or unused:
+        raise TemplateError(
+            f"query template {template!r} and its variables do not match: "
+            f"missing {missing or 'none'}, not used {unused or 'none'}; given {sorted(variables)}"
+        )
+    for key, value in variables.items():
+        pattern = _DURATION if key == "window" else _METRIC_NAME
+        if not pattern.fullmatch(value):
+            what = "a PromQL duration such as 5m" if key == "window" else "a Prometheus metric name"
+            raise TemplateError(f"query variable {key!r} must be {what}, got {value!r}")
+    return Template(template).substitute(given)
+
+
+def promql_duration(seconds: float) -> str:
+    """A window in seconds as a one-unit PromQL duration: 300 → "5m", 3600 → "1h", 90 → "90s", 1.5 → "1500ms"."""
+    if seconds <= 0:
+        raise ValueError(f"a query window must be longer than 0 seconds, got {seconds!r}")
+    millis = round(seconds * 1000)
+    if millis % 1000:
+        return f"{millis}ms"
+    whole = millis // 1000
+    for unit, size in (("h", 3600), ("m", 60)):
+        if whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL query: the signal it measures for every SD of `engine` over `window_seconds`."""
+
+    signal: Signal
+    engine: EngineKind
+    window_seconds: float
+    promql: str
+
+
+def _acceptance_rate(names: MetricNames, window: str) -> str | None:
+    if names.accepted_tokens_total and names.draft_tokens_total:
+        return render(ACCEPTANCE_RATE_FROM_COUNTERS, accepted=names.accepted_tokens_total,
+                      draft_tokens=names.draft_tokens_total, window=window)
+    if names.acceptance_rate_gauge:
+        return render(GAUGE_MEAN, gauge=names.acceptance_rate_gauge, window=window)
+    return None
+
+
+def _mean_acceptance_length(names: MetricNames, window: str) -> str | None:
+    if names.accepted_tokens_total and names.drafts_total:
+        return render(MEAN_ACCEPTANCE_LENGTH_FROM_COUNTERS, accepted=names.accepted_tokens_total,
+                      drafts=names.drafts_total, window=window)
+    if names.acceptance_length_gauge:
+        return render(GAUGE_MEAN, gauge=names.acceptance_length_gauge, window=window)
+    return None
+
+
+def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | None:
+    """The query for `signal` on `engine`'s metric names; None when the engine exports nothing for it."""
+    names = metric_names(engine)
+    window = promql_duration(window_seconds)
+    match signal:
+        case Signal.ACCEPTANCE_RATE:
+            return _acceptance_rate(names, window)
+        case Signal.MEAN_ACCEPTANCE_LENGTH:
+            return _mean_acceptance_length(names, window)
+        case Signal.P99_INTER_TOKEN_LATENCY:
+            # TensorRT-LLM has no inter-token histogram; its table names time per output token instead.
+            return render(P99_FROM_HISTOGRAM, histogram=names.inter_token_latency, window=window)
+        case Signal.P99_E2E_LATENCY:
+            return render(P99_FROM_HISTOGRAM, histogram=names.e2e_request_latency, window=window)
+        case Signal.P99_TIME_TO_FIRST_TOKEN:
+            return render(P99_FROM_HISTOGRAM, histogram=names.time_to_first_token, window=window)
+        case Signal.REQUESTS:
+            return render(REQUESTS_FROM_COUNTER, counter=names.request_success_total, window=window)
+        case Signal.RUNNING:
+            return render(GAUGE_TOTAL, gauge=names.requests_running, window=window)
+        case Signal.WAITING:
+            return render(GAUGE_TOTAL, gauge=names.requests_waiting, window=window)
+
+
+def queries_for(engine: EngineKind, window_seconds: float) -> list[Query]:
+    """Every query of one engine and window, one per signal the engine can answer."""
+    result = []
+    for signal in Signal:
+        text = promql(signal, engine, window_seconds)
+        if text is not None:
+            result.append(Query(signal, engine, window_seconds, text))
+    return result
+
+
+def query_group(spec: SpeculativeDeploymentSpec) -> QueryGroup:
+    """The queries an SD's sample comes from: its engine's metric names over its window."""
+    return QueryGroup(spec.engine.kind, spec.analysis.window)

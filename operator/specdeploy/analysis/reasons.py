@@ -1,0 +1,56 @@
+"""Every reason the analysis gives, in one place: why a sample fails, why it says nothing, why speculation
+was rolled back or comes back.
+
+Reasons are one CamelCase word and stable: status, Events, alert labels and the operator's metrics carry
+them, and dashboards and alert routes match on them. Add new ones; never rename one.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FailureReason(StrEnum):
+    """A check broke on valid numbers: the sample is Failing."""
+
+    ACCEPTANCE_BELOW_MINIMUM = "AcceptanceBelowMinimum"
+    INTER_TOKEN_LATENCY_REGRESSED = "InterTokenLatencyRegressed"
+    E2E_LATENCY_REGRESSED = "E2ELatencyRegressed"
+    TIME_TO_FIRST_TOKEN_REGRESSED = "TimeToFirstTokenRegressed"
+    E2E_LATENCY_ABOVE_SLO = "E2ELatencyAboveSLO"
+
+
+class InconclusiveReason(StrEnum):
+    """Nothing can be concluded from the sample; never a failure."""
+
+    NO_DATA = "NoData"
+    NOT_A_NUMBER = "NotANumber"
+    TOO_FEW_REQUESTS = "TooFewRequests"
+    CONTROL_TOO_FEW_REQUESTS = "ControlTooFewRequests"
+    NO_CONTROL_DATA = "NoControlData"
+    NO_PREVIOUS_BASELINE = "NoPreviousBaseline"
+    LOAD_DIFFERS_FROM_PREVIOUS = "LoadDiffersFromPrevious"
+    PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
+    PROMETHEUS_REFUSED = "PrometheusRefused"
+    PROMETHEUS_BAD_QUERY = "PrometheusBadQuery"
+    PROMETHEUS_BAD_RESPONSE = "PrometheusBadResponse"
+
+
+class RollbackReason(StrEnum):
+    """Why speculation was taken away: a failure reason, or one of the two that are not about a sample."""
+
+    ACCEPTANCE_BELOW_MINIMUM = FailureReason.ACCEPTANCE_BELOW_MINIMUM.value
+    INTER_TOKEN_LATENCY_REGRESSED = FailureReason.INTER_TOKEN_LATENCY_REGRESSED.value
+    E2E_LATENCY_REGRESSED = FailureReason.E2E_LATENCY_REGRESSED.value
+    TIME_TO_FIRST_TOKEN_REGRESSED = FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED.value
+    E2E_LATENCY_ABOVE_SLO = FailureReason.E2E_LATENCY_ABOVE_SLO.value
+    SPECULATIVE_POD_OUT_OF_MEMORY = "SpeculativePodOutOfMemory"
+    INCONCLUSIVE_TOO_LONG = "InconclusiveTooLong"
+
+
+class ReenableReason(StrEnum):
+    """Why speculation comes back after a rollback."""
+
+    SPECULATION_SPEC_CHANGED = "SpeculationSpecChanged"
+    RETRY_REQUESTED = "RetryRequested"
+    COOLDOWN_ELAPSED = "CooldownElapsed"

@@ -1,0 +1,140 @@
+"""What one analysis cycle measured: the signals per (namespace, SD, variant) and the queries that failed.
+
+    samples = await query_all(client, [QueryGroup(EngineKind.VLLM, 300.0)])
+    sample = samples.for_deployment("prod", "llama", EngineKind.VLLM, 300.0)
+    sample.speculative.acceptance_rate      # 0.71, NaN, or None when Prometheus had no series
+
+Pure data: the Prometheus client fills it, the verdict reads it. A value is None when Prometheus returned
+no series for it and NaN (or ±Inf) when it returned one without a usable number (0/0 rates, quantiles of
+empty histograms); the verdict treats both as "nothing known", never as a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+
+from specdeploy.api.spec import EngineKind
+
+
+class Signal(StrEnum):
+    """One measured quantity; the value is the SignalValues field that holds it."""
+
+    ACCEPTANCE_RATE = "acceptance_rate"
+    MEAN_ACCEPTANCE_LENGTH = "mean_acceptance_length"
+    P99_INTER_TOKEN_LATENCY = "p99_inter_token_latency_seconds"
+    P99_E2E_LATENCY = "p99_e2e_latency_seconds"
+    P99_TIME_TO_FIRST_TOKEN = "p99_time_to_first_token_seconds"
+    REQUESTS = "requests"
+    RUNNING = "running"
+    WAITING = "waiting"
+
+
+class Variant(StrEnum):
+    """The `specdeploy.io/variant` pod label, as `specdeploy_io_variant` on the engines' series."""
+
+    SPECULATIVE = "speculative"
+    CONTROL = "control"
+
+
+class SeriesKey(NamedTuple):
+    """The labels every analysis query groups by."""
+
+    namespace: str
+    name: str
+    variant: str
+
+
+class QueryGroup(NamedTuple):
+    """SDs that share one set of queries: the same engine (metric names) and the same window."""
+
+    engine: EngineKind
+    window_seconds: float
+
+
+@dataclass(frozen=True)
+class SignalValues:
+    """The signals of one variant of one SD over the window (None: no series)."""
+
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    p99_inter_token_latency_seconds: float | None = None
+    p99_e2e_latency_seconds: float | None = None
+    p99_time_to_first_token_seconds: float | None = None
+    requests: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+
+    def get(self, signal: Signal) -> float | None:
+        value: float | None = getattr(self, signal.value)
+        return value
+
+    def with_value(self, signal: Signal, value: float) -> SignalValues:
+        return dataclasses.replace(self, **{signal.value: value})
+
+
+class QueryErrorKind(StrEnum):
+    """Why a query gave no answer (the PrometheusError subclass, without importing the client)."""
+
+    UNAVAILABLE = "Unavailable"      # connection refused, timeout, HTTP 5xx or 429
+    REFUSED = "Refused"              # HTTP 401/403/404 and other 4xx: wrong URL or credentials
+    BAD_QUERY = "BadQuery"           # HTTP 400/422: Prometheus rejected the PromQL
+    BAD_RESPONSE = "BadResponse"     # an answer that is not the JSON the API documents
+
+
+@dataclass(frozen=True)
+class QueryError:
+    """One failed query: which signal, what kind of failure, and Prometheus' own words."""
+
+    signal: Signal
+    kind: QueryErrorKind
+    message: str
+
+
+@dataclass(frozen=True)
+class GroupSamples:
+    """The answers to one QueryGroup's queries."""
+
+    values: Mapping[SeriesKey, SignalValues] = field(default_factory=dict)
+    errors: Mapping[Signal, QueryError] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeploymentSample:
+    """Everything the verdict needs about one SD in one cycle."""
+
+    window_seconds: float
+    speculative: SignalValues = field(default_factory=SignalValues)
+    control: SignalValues = field(default_factory=SignalValues)
+    errors: Mapping[Signal, QueryError] = field(default_factory=dict)
+
+    @property
+    def requests_per_second(self) -> float | None:
+        """The speculative pods' load: finished requests per second over the window."""
+        requests = self.speculative.requests
+        if requests is None or not math.isfinite(requests) or self.window_seconds <= 0:
+            return None
+        return requests / self.window_seconds
+
+
+@dataclass(frozen=True)
+class Samples:
+    """One cycle's measurements for every SD the operator watches, and what the cycle cost."""
+
+    groups: Mapping[QueryGroup, GroupSamples] = field(default_factory=dict)
+    query_seconds: tuple[float, ...] = ()
+
+    @property
+    def query_count(self) -> int:
+        return len(self.query_seconds)
+
+    def for_deployment(self, namespace: str, name: str, engine: EngineKind, window_seconds: float) -> DeploymentSample:
+        """The sample of SD `namespace/name`; empty values (and no errors) when its group was not queried."""
+        group = self.groups.get(QueryGroup(engine, window_seconds), GroupSamples())
+        speculative = group.values.get(SeriesKey(namespace, name, Variant.SPECULATIVE.value), SignalValues())
+        control = group.values.get(SeriesKey(namespace, name, Variant.CONTROL.value), SignalValues())
+        return DeploymentSample(window_seconds, speculative, control, group.errors)
