@@ -1,0 +1,243 @@
+"""The Prometheus HTTP API client of the analysis loop: async (httpx), with timeouts, errors made ours.
+
+    async with PrometheusClient("http://prometheus.monitoring:9090", headers=secret_headers) as client:
+        samples = await query_all(client, {QueryGroup(EngineKind.VLLM, 300.0)})
+
+The only module in `analysis/` that does I/O. Every failure becomes one of these, so a verdict can say
+why it is Inconclusive (the tree mirrors samples.QueryErrorKind):
+
+    PrometheusError
+    ├── PrometheusUnavailable   connection refused or reset, timeout, HTTP 5xx or 429: try next cycle
+    ├── PrometheusRefused       HTTP 401, 403, 404 or another 4xx: the URL or the headers are wrong
+    ├── PrometheusBadQuery      HTTP 400 or 422: Prometheus rejected the PromQL
+    └── PrometheusBadResponse   not the JSON envelope the API documents, or not an instant vector
+
+Status codes and the envelope `{status, data: {resultType, result}, errorType, error}` are those of the
+Prometheus HTTP API (prometheus.io/docs/prometheus/latest/querying/api: 400 for bad parameters, 422 for
+an expression that cannot be executed, 503 for a query that timed out or was aborted). NaN and ±Inf
+values are kept as the floats they are; the verdict handles them. Header values (tokens from
+`spec.analysis.prometheus.headersSecretRef`) are never logged nor shown in repr or error messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from specdeploy.analysis.queries import Query, queries_for
+from specdeploy.analysis.samples import (
+    GroupSamples,
+    QueryError,
+    QueryErrorKind,
+    QueryGroup,
+    Samples,
+    SeriesKey,
+    Signal,
+    SignalValues,
+)
+
+log = logging.getLogger(__name__)
+
+QUERY_PATH = "/api/v1/query"
+_ERROR_TEXT_LIMIT = 300
+
+
+class PrometheusError(Exception):
+    """A query got no usable answer; `kind` says which branch of the tree above."""
+
+    kind: QueryErrorKind = QueryErrorKind.BAD_RESPONSE
+
+
+class PrometheusUnavailable(PrometheusError):
+    kind = QueryErrorKind.UNAVAILABLE
+
+
+class PrometheusRefused(PrometheusError):
+    kind = QueryErrorKind.REFUSED
+
+
+class PrometheusBadQuery(PrometheusError):
+    kind = QueryErrorKind.BAD_QUERY
+
+
+class PrometheusBadResponse(PrometheusError):
+    kind = QueryErrorKind.BAD_RESPONSE
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One element of an instant vector: the series' labels and its value at the query time."""
+
+    labels: Mapping[str, str]
+    value: float
+
+
+def _timeout_param(seconds: float) -> str:
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _ERROR_TEXT_LIMIT else text[:_ERROR_TEXT_LIMIT] + "…"
+
+
+class PrometheusClient:
+    """Instant queries against one Prometheus (or anything that speaks its HTTP API: Thanos, Mimir …).
+
+    base_url: e.g. http://prometheus.monitoring:9090 (a path prefix such as …/prometheus is kept).
+    headers: sent with every request (e.g. Authorization); never logged.
+    timeout: seconds for connecting, the whole request, and Prometheus' own evaluation (`timeout=`).
+    transport: for tests (httpx.MockTransport).
+    """
+
+    def __init__(self, base_url: str, headers: Mapping[str, str] | None = None, timeout: float = 10.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._client = httpx.AsyncClient(headers=dict(headers or {}), timeout=httpx.Timeout(timeout),
+                                         transport=transport)
+
+    def __repr__(self) -> str:
+        return f"PrometheusClient({self.base_url!r}, timeout={self.timeout})"
+
+    async def __aenter__(self) -> PrometheusClient:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def query(self, promql: str, at: float | None = None) -> list[Sample]:
+        """The instant vector `promql` evaluates to, now or at Unix time `at`; raises PrometheusError."""
+        form = {"query": promql, "timeout": _timeout_param(self.timeout)}
+        if at is not None:
+            form["time"] = f"{at:.3f}"
+        url = self.base_url + QUERY_PATH
+        try:
+            response = await self._client.post(url, data=form)
+        except httpx.TimeoutException as exc:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.base_url} did not answer within {self.timeout:g}s ({type(exc).__name__})"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise PrometheusUnavailable(
+                f"cannot reach Prometheus at {self.base_url}: {type(exc).__name__}: {_short(str(exc))}"
+            ) from exc
+        return _vector(self.base_url, response)
+
+
+def _envelope_error(response: httpx.Response) -> str:
+    """Prometheus' own `errorType: error` when the body has it, else the start of the body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return _short(response.text) or "(empty body)"
+    if isinstance(body, dict) and "error" in body:
+        return _short(f"{body.get('errorType', 'error')}: {body['error']}")
+    return _short(response.text)
+
+
+def _vector(base_url: str, response: httpx.Response) -> list[Sample]:
+    code = response.status_code
+    if code >= 400:
+        detail = _envelope_error(response)
+        if code in (400, 422):
+            raise PrometheusBadQuery(f"Prometheus at {base_url} rejected the query (HTTP {code}): {detail}")
+        if code >= 500 or code == 429:
+            raise PrometheusUnavailable(f"Prometheus at {base_url} failed (HTTP {code}): {detail}")
+        hint = "check `spec.analysis.prometheus.url`" if code == 404 else \
+            "check the headers in `spec.analysis.prometheus.headersSecretRef`"
+        raise PrometheusRefused(f"Prometheus at {base_url} refused the query (HTTP {code}): {detail}; {hint}")
+    try:
+        body: Any = response.json()
+    except ValueError as exc:
+        raise PrometheusBadResponse(
+            f"expected JSON from {base_url}{QUERY_PATH}, got {_short(response.text)!r} (HTTP {code}); "
+            "is `spec.analysis.prometheus.url` a Prometheus?"
+        ) from exc
+    if not isinstance(body, dict) or body.get("status") != "success":
+        detail = _short(f"{body.get('errorType', '')}: {body.get('error', '')}") if isinstance(body, dict) else ""
+        raise PrometheusBadResponse(f"expected status 'success' from {base_url}, got {_short(str(body))!r} {detail}")
+    data = body.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        seen = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+        raise PrometheusBadResponse(f"expected an instant vector from {base_url}, got resultType {seen!r}")
+    return [_sample(base_url, item) for item in data["result"]]
+
+
+def _sample(base_url: str, item: Any) -> Sample:
+    try:
+        labels = item["metric"]
+        _, text = item["value"]
+        if not isinstance(labels, dict) or not isinstance(text, str):
+            raise TypeError("metric must be an object and value a string")
+        return Sample({str(k): str(v) for k, v in labels.items()}, float(text))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PrometheusBadResponse(
+            f"expected {{metric: {{…}}, value: [time, \"number\"]}} from {base_url}, got {_short(repr(item))}"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class _Answer:
+    query: Query
+    samples: list[Sample] | None
+    error: PrometheusError | None
+    seconds: float
+
+
+async def _ask(client: PrometheusClient, query: Query, at: float | None) -> _Answer:
+    started = time.perf_counter()
+    try:
+        samples = await client.query(query.promql, at)
+    except PrometheusError as exc:
+        log.warning("analysis query %s for %s failed: %s", query.signal.value, query.engine.value, exc)
+        return _Answer(query, None, exc, time.perf_counter() - started)
+    return _Answer(query, samples, None, time.perf_counter() - started)
+
+
+def _key(labels: Mapping[str, str]) -> SeriesKey | None:
+    namespace = labels.get("namespace")
+    name = labels.get("specdeploy_io_name")
+    variant = labels.get("specdeploy_io_variant")
+    if not namespace or not name or not variant:
+        return None
+    return SeriesKey(namespace, name, variant)
+
+
+async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: float | None = None) -> Samples:
+    """Every signal for every SD in `groups`, the queries sent concurrently, evaluated at one instant.
+
+    `at` defaults to now (one timestamp for all queries, so the signals of a cycle describe the same
+    window). Failed queries are recorded per signal, never raised: the verdict decides what they mean.
+    """
+    instant = time.time() if at is None else at
+    queries = [q for group in dict.fromkeys(groups) for q in queries_for(group.engine, group.window_seconds)]
+    answers = await asyncio.gather(*(_ask(client, q, instant) for q in queries))
+    values: dict[QueryGroup, dict[SeriesKey, SignalValues]] = {}
+    errors: dict[QueryGroup, dict[Signal, QueryError]] = {}
+    for answer in answers:
+        group = QueryGroup(answer.query.engine, answer.query.window_seconds)
+        series = values.setdefault(group, {})
+        errors.setdefault(group, {})
+        if answer.error is not None:
+            errors[group][answer.query.signal] = QueryError(answer.query.signal, answer.error.kind, str(answer.error))
+            continue
+        for sample in answer.samples or ():
+            key = _key(sample.labels)
+            if key is not None:
+                series[key] = series.get(key, SignalValues()).with_value(answer.query.signal, sample.value)
+    return Samples(
+        groups={g: GroupSamples(values[g], errors[g]) for g in values},
+        query_seconds=tuple(a.seconds for a in answers),
+    )
