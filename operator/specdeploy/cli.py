@@ -81,9 +81,46 @@ def render(file: str, pod_monitor: bool) -> None:
 
 
 @main.command()
+@click.option("-n", "--namespace", "namespaces", multiple=True,
+              help="Watch only this namespace (repeatable); all namespaces when none is given.")
+@click.option("--liveness", default="http://0.0.0.0:8080/healthz", show_default=True,
+              help="Liveness endpoint URL; empty to disable.")
+@click.option("--log-format", type=click.Choice(["json", "plain"]), default="json", show_default=True)
+@click.option("--lease-namespace", default=None,
+              help="Namespace of the Lease that keeps one operator active (default: $POD_NAMESPACE or default).")
+@click.option("--resync-seconds", default=30.0, show_default=True, help="Period of the full re-reconcile.")
+@click.option("-v", "--verbose", is_flag=True)
+def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_namespace: str | None,
+        resync_seconds: float, verbose: bool) -> None:
+    """Run the operator against the cluster of $KUBECONFIG (or in-cluster credentials)."""
+    import logging
+    import os
+
+    import kopf
+
+    from specdeploy.reconcile import handlers
+
+    os.environ[handlers.ENV_NAMESPACES] = ",".join(namespaces)
+    os.environ[handlers.ENV_RESYNC_SECONDS] = str(resync_seconds)
+    os.environ[handlers.ENV_LEASE_NAMESPACE] = lease_namespace or os.environ.get("POD_NAMESPACE", "default")
+    kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per API call would drown the decisions
+    kopf.run(
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        liveness_endpoint=liveness or None,
+    )
+
+
+@main.command()
 def crd() -> None:
     """Print the SpeculativeDeployment CustomResourceDefinition (generated from the models)."""
     click.echo(crd_yaml(), nl=False)
 
 
 main.add_command(dev_cluster)
+
+
+if __name__ == "__main__":
+    main()

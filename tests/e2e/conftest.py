@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -61,3 +62,88 @@ def namespace(dev_cluster: DevCluster, request: pytest.FixtureRequest) -> Iterat
              timeout=30, what=f"ServiceAccount {name}/default")
     yield name
     dev_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+# --- the operator -------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def crds(dev_cluster: DevCluster) -> None:
+    """The SpeculativeDeployment CRD, applied as committed."""
+    dev_cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    dev_cluster.kubectl("wait", "--for", "condition=established", "--timeout=30s",
+                        "crd/speculativedeployments.specdeploy.io")
+
+
+def operator_env(dev_cluster: DevCluster, namespace: str) -> dict[str, str]:
+    """What an operator scoped to `namespace` needs: credentials, scope, its Lease, a short resync."""
+    return {
+        "KUBECONFIG": str(dev_cluster.kubeconfig),
+        "SPECDEPLOY_NAMESPACES": namespace,
+        "SPECDEPLOY_LEASE_NAMESPACE": namespace,
+        "SPECDEPLOY_RESYNC_SECONDS": "3",
+    }
+
+
+@pytest.fixture
+def operator(dev_cluster: DevCluster, crds: None, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The operator (kopf, in this process) watching only the test's namespace."""
+    from kopf.testing import KopfRunner
+
+    for key, value in operator_env(dev_cluster, namespace).items():
+        monkeypatch.setenv(key, value)
+    args = ["run", "--standalone", "--namespace", namespace, "-m", "specdeploy.reconcile.handlers"]
+    with KopfRunner(args, timeout=60) as runner:
+        yield
+    assert runner.exception is None, runner.output[-4000:]
+
+
+class OperatorProcess:
+    """`specdeploy run` as a separate process, for tests that kill it or start a second one."""
+
+    def __init__(self, dev_cluster: DevCluster, namespace: str, log: Path) -> None:
+        self.log = log
+        env = {**os.environ, **operator_env(dev_cluster, namespace)}
+        self._file = log.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", namespace, "--lease-namespace", namespace,
+             "--resync-seconds", "3", "--liveness", "", "--log-format", "plain"],
+            env=env, stdout=self._file, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup handlers, no lease release."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        self._file.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._file.close()
+
+
+@pytest.fixture
+def operator_processes(dev_cluster: DevCluster, crds: None, namespace: str,
+                       tmp_path: Path) -> Iterator[Callable[[str], OperatorProcess]]:
+    """A factory of operator processes for the test's namespace; all are stopped afterwards."""
+    started: list[OperatorProcess] = []
+
+    def start(label: str) -> OperatorProcess:
+        process = OperatorProcess(dev_cluster, namespace, tmp_path / f"operator-{label}.log")
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()

@@ -8,10 +8,13 @@ status subresource and the rules that need `metadata`.
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
+from specdeploy.api.base import WireModel
 from specdeploy.api.names import MAX_NAME_LENGTH, name_rule_message
 from specdeploy.api.resource import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from specdeploy.api.spec import SpeculativeDeploymentSpec
@@ -69,9 +72,6 @@ def _structural(node: Any) -> Any:
         del node["default"]
     if node.get("pattern") == DURATION_PATTERN and isinstance(node.get("default"), int | float):
         node["default"] = format_duration(node["default"])
-    if node.get("type") == "object" and isinstance(node.get("default"), dict):
-        # Defaults of nested objects come from their own fields' defaults once the object exists.
-        node["default"] = {}
     node = {key: value for key, value in node.items() if key not in _DROPPED_KEYS}
     if "properties" in node:
         node["properties"] = {name: _structural(schema) for name, schema in node["properties"].items()}
@@ -80,11 +80,41 @@ def _structural(node: Any) -> Any:
     return node
 
 
-def structural(model: type[Any]) -> dict[str, Any]:
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _factory_defaults(model: type[BaseModel], node: dict[str, Any]) -> None:
+    """Write the defaults of `default_factory` fields into the schema, fully populated.
+
+    Pydantic leaves them out of its JSON Schema; the apiserver needs them to fill in an omitted
+    sub-object (so CEL rules find its keys), and validates each default against the schema, so an
+    empty `{}` would not do.
+    """
+    properties = node.get("properties", {})
+    for name, field in model.model_fields.items():
+        wire = field.alias or name
+        child = properties.get(wire)
+        if child is None:
+            continue
+        if field.default_factory is not None:
+            default = field.default_factory()  # type: ignore[call-arg]
+            child["default"] = default.to_wire() if isinstance(default, WireModel) else default
+        nested = _nested_model(field.annotation)
+        if nested is not None:
+            _factory_defaults(nested, child)
+
+
+def structural(model: type[BaseModel]) -> dict[str, Any]:
     """The structural OpenAPI v3 schema of a pydantic model, as the apiserver accepts it."""
     schema = model.model_json_schema(by_alias=True, mode="validation")
     definitions = schema.pop("$defs", {})
-    return _structural(_resolve(schema, definitions))
+    result: dict[str, Any] = _structural(_resolve(schema, definitions))
+    _factory_defaults(model, result)
+    return result
 
 
 def _mark_condition_list(status_schema: dict[str, Any]) -> None:

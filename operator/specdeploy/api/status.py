@@ -39,6 +39,7 @@ class Phase(StrEnum):
     DEPLOYING = "Deploying"
     MEASURING = "Measuring"
     SPECULATING = "Speculating"
+    SERVING = "Serving"          # ready, without speculation because the spec turns it off
     ROLLED_BACK = "RolledBack"
     DEGRADED = "Degraded"
 

@@ -17,7 +17,7 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _DURATION_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 # Kubernetes resource.Quantity suffixes (binary and decimal); a bare number means GiB here.
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|k|M|G|T)?$"
+QUANTITY_PATTERN = r"^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|K|k|M|G|T)?$"
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|K|k|M|G|T)?$")
 _QUANTITY_BYTES = {
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,

@@ -14,7 +14,7 @@ from typing import Any
 
 from specdeploy.api import names
 from specdeploy.api.resource import API_VERSION, KIND, SpeculativeDeployment
-from specdeploy.api.spec import BaselineMode
+from specdeploy.api.spec import BaselineMode, SpeculativeDeploymentSpec
 from specdeploy.engines import CONFIG_MOUNT_PATH, EngineCommand, EngineInputs, image_for, render_engine
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import Plan
@@ -176,18 +176,22 @@ def _deployment(
     }
 
 
+def variants(spec: SpeculativeDeploymentSpec) -> tuple[Variant, ...]:
+    """The Deployments an accepted spec runs: the speculative one, and Control's when there is a baseline."""
+    if spec.analysis.baseline.mode == BaselineMode.CONTROL and spec.speculation.enabled:
+        return (Variant.SPECULATIVE, Variant.CONTROL)
+    return (Variant.SPECULATIVE,)
+
+
 def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor: bool = False) -> Children:
     """The manifests `resource` should run, given its plan (which must be accepted)."""
     spec = resource.spec
     name = resource.metadata.name
     speculate = speculation_active(resource)
-    variants = [Variant.SPECULATIVE]
-    if spec.analysis.baseline.mode == BaselineMode.CONTROL and spec.speculation.enabled:
-        variants.append(Variant.CONTROL)
     deployments: dict[Variant, dict[str, Any]] = {}
     config_data: dict[str, str] = {}
     first_command: EngineCommand | None = None
-    for variant in variants:
+    for variant in variants(spec):
         command = engine_command(plan, variant, speculate)
         first_command = first_command or command
         files = _variant_files(plan, command, variant_speculates(plan, variant, speculate))

@@ -1,0 +1,118 @@
+"""kopf handlers: thin. Each one calls `Reconciler.reconcile` and nothing else.
+
+Triggers: the SD was created, changed or found at start-up (resume); a child Deployment changed (so
+Ready follows the rollout); and a periodic resync of every SD (drift, missed events). There are no
+timers or daemons per object, so kopf puts no finalizer on SpeculativeDeployments: deleting one never
+waits for the operator, and owner references garbage-collect the children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from lightkube import ALL_NS, AsyncClient
+
+from specdeploy.api.resource import GROUP, PLURAL, VERSION
+from specdeploy.reconcile import kube
+from specdeploy.reconcile.children import LABEL_NAME
+from specdeploy.reconcile.leader import LeaderElection
+from specdeploy.reconcile.reconciler import Reconciler
+
+ANNOTATION_PREFIX = "specdeploy.io"
+ENV_LEASE_NAMESPACE = "SPECDEPLOY_LEASE_NAMESPACE"
+ENV_RESYNC_SECONDS = "SPECDEPLOY_RESYNC_SECONDS"
+ENV_NAMESPACES = "SPECDEPLOY_NAMESPACES"   # comma-separated; empty: all namespaces
+
+logger = logging.getLogger(__name__)
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Production settings: own annotation prefix, no kopf peering CRDs, bounded API calls."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
+    settings.peering.standalone = True          # one active instance comes from the Lease instead
+    settings.posting.enabled = False            # the reconciler posts its own, specific Events
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 10
+    settings.queueing.error_delays = [1, 2, 5, 10, 30, 60]
+
+
+def _namespaces() -> list[str]:
+    return [ns for ns in os.environ.get(ENV_NAMESPACES, "").split(",") if ns]
+
+
+def _lost_lease() -> None:
+    logger.error("lost the operator lease; stopping so that only one operator acts")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    configure(settings)
+    client = AsyncClient(field_manager=kube.FIELD_MANAGER)
+    election = LeaderElection(client, namespace=os.environ.get(ENV_LEASE_NAMESPACE, "default"))
+    await election.acquire()
+    memo.election = election
+    memo.lease_task = asyncio.create_task(election.keep(on_lost=_lost_lease))
+    memo.reconciler = Reconciler(client, pod_monitors=await kube.pod_monitors_supported(client))
+    memo.resync_task = asyncio.create_task(
+        _resync_forever(memo.reconciler, float(os.environ.get(ENV_RESYNC_SECONDS, "30")))
+    )
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    for task_name in ("resync_task", "lease_task"):
+        task = getattr(memo, task_name, None)
+        if task is not None:
+            task.cancel()
+    election = getattr(memo, "election", None)
+    if election is not None:
+        await election.release()
+        await election.client.close()
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
+@kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
+@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile")
+async def reconcile_sd(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    await memo.reconciler.reconcile(namespace or "", name)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "specdeploy"})
+async def child_deployment_changed(
+    namespace: str | None, labels: Mapping[str, str], memo: Any, type: str, **_: Any
+) -> None:
+    owner = labels.get(LABEL_NAME)
+    if owner is None or namespace is None or not type:  # no type: the initial listing; resume covers it
+        return
+    try:
+        await memo.reconciler.reconcile(namespace, owner)
+    except Exception:  # the resync retries; one bad event must not stop the watch
+        logger.exception("reconciling %s/%s after a Deployment change failed", namespace, owner)
+
+
+async def _resync_forever(reconciler: Reconciler, interval: float) -> None:
+    """Every `interval`, reconcile every SD in scope: restores hand-edited or deleted children."""
+    while True:
+        await asyncio.sleep(interval)
+        namespaces = _namespaces() or [ALL_NS]
+        for namespace in namespaces:
+            try:
+                async for sd in reconciler.client.list(kube.SpeculativeDeploymentResource, namespace=namespace):
+                    assert sd.metadata is not None
+                    await reconciler.reconcile(sd.metadata.namespace or "", sd.metadata.name or "")
+            except Exception:
+                logger.exception("periodic resync of namespace %s failed", namespace)

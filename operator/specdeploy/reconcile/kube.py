@@ -1,0 +1,176 @@
+"""The operator's side of the Kubernetes API: read an SD and its Deployments, apply and prune children,
+write status, post Events. Async (lightkube's AsyncClient), so the kopf event loop never blocks.
+
+Children are written with server-side apply under the field manager `specdeploy`: fields other
+managers own (a user's annotation, an HPA's replicas) are left alone, and applying what is already
+there changes nothing, so status-only reconciles never restart pods.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+from lightkube import AsyncClient, codecs
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import ConfigMap, Event, Service
+from lightkube.types import PatchType
+
+from specdeploy.api.resource import GROUP, KIND, PLURAL, VERSION
+from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT, Children, Variant
+from specdeploy.reconcile.conditions import Event as SdEvent
+from specdeploy.reconcile.status import DeploymentState
+
+FIELD_MANAGER = "specdeploy"
+ANNOTATION_SD_GENERATION = "specdeploy.io/generation"
+POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
+
+SpeculativeDeploymentResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+PodMonitor = create_namespaced_resource("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors")
+
+logger = logging.getLogger(__name__)
+
+
+async def get_resource(client: AsyncClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The SpeculativeDeployment as the apiserver has it now, or None when it is gone."""
+    try:
+        obj = await client.get(SpeculativeDeploymentResource, name, namespace=namespace)
+    except ApiError as error:
+        if error.status.code == 404:
+            return None
+        raise
+    return obj.to_dict()
+
+
+async def pod_monitors_supported(client: AsyncClient) -> bool:
+    """Whether the cluster has the prometheus-operator PodMonitor CRD."""
+    try:
+        await client.get(CustomResourceDefinition, POD_MONITOR_CRD)
+    except ApiError as error:
+        if error.status.code in (403, 404):
+            return False
+        raise
+    return True
+
+
+def _deployment_state(obj: Deployment) -> DeploymentState | None:
+    labels = obj.metadata.labels or {} if obj.metadata else {}
+    try:
+        variant = Variant(labels.get(LABEL_VARIANT, ""))
+    except ValueError:
+        return None
+    annotations = (obj.metadata.annotations or {}) if obj.metadata else {}
+    status = obj.status
+    sd_generation = annotations.get(ANNOTATION_SD_GENERATION)
+    return DeploymentState(
+        name=obj.metadata.name if obj.metadata and obj.metadata.name else "",
+        variant=variant,
+        replicas=obj.spec.replicas if obj.spec and obj.spec.replicas is not None else 1,
+        updated_replicas=(status.updatedReplicas or 0) if status else 0,
+        available_replicas=(status.availableReplicas or 0) if status else 0,
+        generation=(obj.metadata.generation or 0) if obj.metadata else 0,
+        observed_generation=(status.observedGeneration or 0) if status else 0,
+        sd_generation=int(sd_generation) if sd_generation and sd_generation.isdigit() else None,
+    )
+
+
+async def observe_deployments(client: AsyncClient, namespace: str, name: str) -> list[DeploymentState]:
+    """The child Deployments of SD `name` that exist now."""
+    states = []
+    async for obj in client.list(Deployment, namespace=namespace, labels={LABEL_NAME: name}):
+        state = _deployment_state(obj)
+        if state is not None:
+            states.append(state)
+    return states
+
+
+def _with_generation(manifest: dict[str, Any], generation: int) -> dict[str, Any]:
+    """A Deployment manifest carrying the SD generation it was rendered from (not in the pod template)."""
+    metadata = {**manifest["metadata"]}
+    metadata["annotations"] = {**metadata.get("annotations", {}), ANNOTATION_SD_GENERATION: str(generation)}
+    return {**manifest, "metadata": metadata}
+
+
+async def apply_children(
+    client: AsyncClient, children: Children, generation: int, existing: list[DeploymentState]
+) -> list[SdEvent]:
+    """Server-side apply every child; Events for Deployments created or changed."""
+    events: list[SdEvent] = []
+    before = {state.name: state.generation for state in existing}
+    manifests = [children.config_map]
+    manifests += [_with_generation(d, generation) for d in children.deployments.values()]
+    manifests.append(children.service)
+    if children.pod_monitor is not None:
+        manifests.append(children.pod_monitor)
+    for manifest in manifests:
+        applied = await client.apply(codecs.from_dict(manifest), field_manager=FIELD_MANAGER, force=True)
+        if manifest["kind"] != "Deployment":
+            continue
+        name = manifest["metadata"]["name"]
+        new_generation = applied.metadata.generation if applied.metadata else None
+        if name not in before:
+            events.append(SdEvent.normal("DeploymentCreated", f"created Deployment {name} from generation {generation}"))
+        elif new_generation is not None and new_generation != before[name]:
+            events.append(SdEvent.normal(
+                "DeploymentUpdated", f"updated Deployment {name} to generation {generation}; its pods roll"
+            ))
+    return events
+
+
+async def prune_children(
+    client: AsyncClient, namespace: str, name: str, children: Children, existing: list[DeploymentState],
+    pod_monitors: bool,
+) -> list[SdEvent]:
+    """Delete child Deployments (and a PodMonitor) that `children` no longer has, e.g. Control after the
+    baseline changed."""
+    events: list[SdEvent] = []
+    wanted = {d["metadata"]["name"] for d in children.deployments.values()}
+    for state in existing:
+        if state.name not in wanted:
+            await client.delete(Deployment, state.name, namespace=namespace)
+            events.append(SdEvent.normal("DeploymentDeleted", f"deleted Deployment {state.name}: no longer wanted"))
+    if pod_monitors and children.pod_monitor is None:
+        async for monitor in client.list(PodMonitor, namespace=namespace, labels={LABEL_NAME: name}):
+            if monitor.metadata and monitor.metadata.name:
+                await client.delete(PodMonitor, monitor.metadata.name, namespace=namespace)
+    return events
+
+
+async def write_status(client: AsyncClient, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Merge-patch the status subresource to `new`; keys `old` had and `new` lacks are removed."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    patch.update(new)
+    await client.patch(
+        SpeculativeDeploymentResource.Status, name, {"status": patch}, namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+
+async def post_event(client: AsyncClient, body: dict[str, Any], event: SdEvent) -> None:
+    """A core/v1 Event on the SD, as `kubectl describe sd` lists them. Failures are logged, not raised."""
+    metadata = body["metadata"]
+    now = datetime.datetime.now(datetime.UTC)
+    try:
+        await client.create(Event(
+            metadata=ObjectMeta(generateName=f"{metadata['name']}.", namespace=metadata["namespace"]),
+            involvedObject=ObjectReference(
+                apiVersion=f"{GROUP}/{VERSION}", kind=KIND, name=metadata["name"],
+                namespace=metadata["namespace"], uid=metadata.get("uid"),
+                resourceVersion=metadata.get("resourceVersion"),
+            ),
+            reason=event.reason, message=event.message[:1024], type=event.type.value,
+            source=EventSource(component="specdeploy"), firstTimestamp=now, lastTimestamp=now, count=1,
+            reportingComponent="specdeploy.io/operator", reportingInstance="specdeploy",
+        ))
+    except ApiError as error:
+        logger.warning("could not post Event %s on %s/%s: %s", event.reason, metadata["namespace"],
+                       metadata["name"], error)
+
+
+__all__ = ["ConfigMap", "Deployment", "Service"]

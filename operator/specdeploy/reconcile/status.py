@@ -1,0 +1,205 @@
+"""The next status of a SpeculativeDeployment: a pure function of the plan, the observed Deployments,
+the previous status and the clock. The reconciler is its only caller and the status' only writer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdeploy.api.spec import SpeculativeDeploymentSpec
+from specdeploy.api.status import (
+    Compatibility,
+    Condition,
+    ConditionStatus,
+    Finding,
+    MemoryPlan,
+    Phase,
+    Severity,
+    SpeculationStatus,
+    SpeculativeDeploymentStatus,
+    set_condition,
+)
+from specdeploy.planning.plan import Plan
+from specdeploy.reconcile.children import Variant, variants
+from specdeploy.reconcile.conditions import ConditionType, Reason, condition
+
+
+@dataclass(frozen=True)
+class Planned:
+    """The outcome of planning one generation: a plan, or the finding that stopped planning."""
+
+    plan: Plan | None
+    error: Finding | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.plan is not None and self.plan.accepted
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    """What the apiserver says about one child Deployment."""
+
+    name: str
+    variant: Variant
+    replicas: int
+    updated_replicas: int
+    available_replicas: int
+    generation: int
+    observed_generation: int
+    sd_generation: int | None   # the SpeculativeDeployment generation it was last rendered from
+
+    @property
+    def rolled_out(self) -> bool:
+        return (
+            self.observed_generation >= self.generation
+            and self.updated_replicas >= self.replicas
+            and self.available_replicas >= self.replicas
+        )
+
+    @property
+    def rolling(self) -> bool:
+        return self.observed_generation < self.generation or self.updated_replicas < self.replicas
+
+    def summary(self) -> str:
+        return f"{self.available_replicas}/{self.replicas} {self.variant.value} pods available"
+
+
+def _first_error(findings: list[Finding]) -> Finding | None:
+    return next((f for f in findings if f.severity == Severity.ERROR), None)
+
+
+def _memory_condition(planned: Planned) -> tuple[ConditionStatus, str, str]:
+    if planned.plan is None:
+        error = planned.error
+        assert error is not None
+        return ConditionStatus.UNKNOWN, error.code, error.message
+    memory = planned.plan.memory
+    if not memory.fits:
+        first = _first_error(memory.reasons)
+        fixes = "; ".join(f"set `{s.field}: {s.value}` ({s.message})" for s in memory.suggestions[:3])
+        message = (first.message if first else "the plan does not fit") + (f". What would fit: {fixes}" if fixes else "")
+        return ConditionStatus.FALSE, first.code if first else Reason.REJECTED, message
+    summary = (
+        f"{memory.per_gpu.kv_cache_gib:.2f} GiB KV cache per GPU: {memory.kv_cache_tokens:,} tokens, "
+        f"{memory.max_concurrency:.2f} sequences of {memory.max_model_len:,}; speculation costs "
+        f"{memory.draft_cost.kv_cache_tokens:,} tokens"
+    )
+    warnings = [f.message for f in memory.reasons if f.severity == Severity.WARNING]
+    message = summary + ("; " + "; ".join(warnings) if warnings else "")
+    return ConditionStatus.TRUE, memory.verdict.value, message
+
+
+def _compatible_condition(planned: Planned) -> tuple[ConditionStatus, str, str]:
+    if planned.plan is None:
+        error = planned.error
+        assert error is not None
+        if error.code == Reason.ENGINE_CANNOT_RUN:
+            return ConditionStatus.FALSE, error.code, error.message
+        return ConditionStatus.UNKNOWN, error.code, error.message
+    compatibility = planned.plan.compatibility
+    first = _first_error(compatibility.findings)
+    if first is not None:
+        return ConditionStatus.FALSE, first.code, first.message
+    notes = [f"{f.code}: {f.message}" for f in compatibility.findings]
+    return ConditionStatus.TRUE, Reason.COMPATIBLE, "; ".join(notes) or "target, draft, method and engine work together"
+
+
+def _ready_condition(
+    planned: Planned, expected: tuple[Variant, ...], deployments: list[DeploymentState], generation: int
+) -> tuple[ConditionStatus, str, str]:
+    by_variant = {d.variant: d for d in deployments}
+    if not planned.accepted:
+        running = [d for d in deployments if d.available_replicas > 0]
+        if not running:
+            return ConditionStatus.FALSE, Reason.REJECTED, (
+                f"nothing runs: generation {generation} is rejected (see the MemoryFits and Compatible conditions)"
+            )
+        served = sorted({d.sd_generation for d in running if d.sd_generation is not None})
+        kept = f" of generation {served[-1]}" if served else ""
+        status = ConditionStatus.TRUE if all(d.rolled_out for d in deployments) else ConditionStatus.FALSE
+        summary = ", ".join(d.summary() for d in deployments)
+        return status, Reason.AVAILABLE if status == ConditionStatus.TRUE else Reason.UNAVAILABLE, (
+            f"generation {generation} is rejected, so nothing was changed: the pods{kept} keep serving ({summary})"
+        )
+    missing = [v for v in expected if v not in by_variant]
+    states = [by_variant[v] for v in expected if v in by_variant]
+    summary = ", ".join(d.summary() for d in states)
+    if not missing and all(d.rolled_out for d in states):
+        return ConditionStatus.TRUE, Reason.AVAILABLE, summary
+    if missing or any(d.rolling or d.sd_generation != generation for d in states):
+        created = f"creating the {', '.join(v.value for v in missing)} Deployment" if missing else ""
+        return ConditionStatus.FALSE, Reason.PROGRESSING, (
+            f"rolling out generation {generation}: " + "; ".join(p for p in (summary, created) if p)
+        )
+    names = ", ".join(d.name for d in states if not d.rolled_out)
+    return ConditionStatus.FALSE, Reason.UNAVAILABLE, (
+        f"{summary}; see `kubectl describe deployment {names}` and its pods' events"
+    )
+
+
+def next_speculation(
+    previous: SpeculationStatus | None, spec: SpeculativeDeploymentSpec, planned: Planned, now: str
+) -> SpeculationStatus:
+    """Whether the pods speculate. A rejected generation changes nothing that runs, so nothing here."""
+    if not planned.accepted:
+        return previous if previous is not None else SpeculationStatus(active=False, since=now, rollbacks=0)
+    active = spec.speculation.enabled
+    if previous is None:
+        return SpeculationStatus(active=active, since=now, rollbacks=0)
+    if previous.active == active:
+        return previous
+    return previous.model_copy(update={"active": active, "since": now})
+
+
+def _phase(planned: Planned, ready: ConditionStatus, ready_reason: str, previous_ready: Condition | None,
+           speculation: SpeculationStatus) -> Phase:
+    if not planned.accepted:
+        return Phase.REJECTED
+    if ready != ConditionStatus.TRUE:
+        was_ready = previous_ready is not None and previous_ready.status == ConditionStatus.TRUE
+        return Phase.DEGRADED if was_ready and ready_reason == Reason.UNAVAILABLE else Phase.DEPLOYING
+    if not speculation.active:
+        return Phase.ROLLED_BACK if speculation.last_rollback is not None else Phase.SERVING
+    return Phase.MEASURING
+
+
+def next_status(
+    previous: SpeculativeDeploymentStatus,
+    spec: SpeculativeDeploymentSpec,
+    generation: int,
+    planned: Planned,
+    deployments: list[DeploymentState],
+    now: str,
+) -> SpeculativeDeploymentStatus:
+    """The status to write after reconciling `generation` of `spec`."""
+    speculation = next_speculation(previous.speculation, spec, planned, now)
+    memory_plan: MemoryPlan | None = planned.plan.memory if planned.plan is not None else None
+    compatibility: Compatibility | None = planned.plan.compatibility if planned.plan is not None else None
+    ready = _ready_condition(planned, variants(spec), deployments, generation)
+    speculation_healthy = (
+        (ConditionStatus.UNKNOWN, Reason.NOT_MEASURED, "no analysis sample yet")
+        if speculation.active
+        else (ConditionStatus.UNKNOWN, Reason.SPECULATION_DISABLED, "the pods run without speculation")
+    )
+    rolled_back = (ConditionStatus.FALSE, Reason.NOT_ROLLED_BACK, "speculation has not been rolled back")
+    conditions = list(previous.conditions)
+    for type_, (status, reason, message) in (
+        (ConditionType.MEMORY_FITS, _memory_condition(planned)),
+        (ConditionType.COMPATIBLE, _compatible_condition(planned)),
+        (ConditionType.READY, ready),
+        (ConditionType.SPECULATION_HEALTHY, speculation_healthy),
+        (ConditionType.ROLLED_BACK, rolled_back),
+    ):
+        conditions = set_condition(conditions, condition(type_, status, reason, message, now, generation))
+    previous_ready = next((c for c in previous.conditions if c.type == ConditionType.READY), None)
+    phase = _phase(planned, ready[0], ready[1], previous_ready, speculation)
+    order = {t.value: i for i, t in enumerate(ConditionType)}
+    conditions.sort(key=lambda c: order.get(c.type, len(order)))
+    return previous.model_copy(update={
+        "observed_generation": generation,
+        "phase": phase,
+        "memory_plan": memory_plan,
+        "compatibility": compatibility,
+        "speculation": speculation,
+        "conditions": conditions,
+    })
