@@ -1,0 +1,268 @@
+"""analysis/prometheus against prepared Prometheus HTTP API answers (httpx.MockTransport): a vector, an empty
+result, NaN, errors by status code, timeouts, malformed bodies; and query_all's grouping per SD and variant."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+import pytest
+
+from specdeploy.analysis.prometheus import (
+    PrometheusBadQuery,
+    PrometheusBadResponse,
+    PrometheusClient,
+    PrometheusError,
+    PrometheusRefused,
+    PrometheusUnavailable,
+    Sample,
+    query_all,
+)
+from specdeploy.analysis.queries import queries_for
+from specdeploy.analysis.samples import QueryErrorKind, QueryGroup, SeriesKey, Signal, SignalValues
+from specdeploy.api.spec import EngineKind
+
+BASE = "http://prometheus.test:9090"
+TOKEN = "Bearer s3cr3t-token"
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def vector(*series: tuple[dict[str, str], str]) -> dict[str, Any]:
+    return {"status": "success", "data": {"resultType": "vector",
+                                          "result": [{"metric": m, "value": [1767225600.0, v]} for m, v in series]}}
+
+
+def sd(namespace: str, name: str, variant: str, **more: str) -> dict[str, str]:
+    return {"namespace": namespace, "specdeploy_io_name": name, "specdeploy_io_variant": variant, **more}
+
+
+def query_once(handler: Handler, promql: str = "up", **client: Any) -> list[Sample]:
+    async def go() -> list[Sample]:
+        async with PrometheusClient(BASE, transport=httpx.MockTransport(handler), **client) as prometheus:
+            return await prometheus.query(promql)
+    return asyncio.run(go())
+
+
+def answer(status: int, body: Any = None, text: str | None = None) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if text is not None:
+            return httpx.Response(status, text=text)
+        return httpx.Response(status, json=body)
+    return handler
+
+
+def raising(exc: Exception) -> Handler:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc
+    return handler
+
+
+# -- query ----------------------------------------------------------------------------------------
+
+def test_a_vector() -> None:
+    samples = query_once(answer(200, vector((sd("prod", "llama", "speculative"), "0.71"),
+                                            (sd("prod", "llama", "control"), "0"))))
+    assert samples == [Sample(sd("prod", "llama", "speculative"), 0.71), Sample(sd("prod", "llama", "control"), 0.0)]
+
+
+def test_an_empty_result() -> None:
+    assert query_once(answer(200, vector())) == []
+
+
+@pytest.mark.parametrize(("text", "check"), [
+    ("NaN", math.isnan), ("+Inf", lambda v: v == math.inf), ("-Inf", lambda v: v == -math.inf),
+])
+def test_nan_and_inf_are_kept(text: str, check: Callable[[float], bool]) -> None:
+    [sample] = query_once(answer(200, vector((sd("prod", "llama", "speculative"), text))))
+    assert check(sample.value)
+
+
+def test_the_request_is_a_form_post_with_a_timeout_and_the_headers() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=vector())
+
+    async def go() -> None:
+        async with PrometheusClient(BASE + "/prom/", headers={"Authorization": TOKEN},
+                                    transport=httpx.MockTransport(handler), timeout=2.5) as prometheus:
+            await prometheus.query("sum(up)", at=1767225600.5)
+    asyncio.run(go())
+    [request] = seen
+    assert (request.method, str(request.url)) == ("POST", BASE + "/prom/api/v1/query")
+    assert request.headers["authorization"] == TOKEN
+    assert parse_qs(request.content.decode()) == {"query": ["sum(up)"], "timeout": ["2500ms"],
+                                                  "time": ["1767225600.500"]}
+
+
+@pytest.mark.parametrize(("handler", "error", "text"), [
+    (answer(500, text="internal error"), PrometheusUnavailable, "HTTP 500"),
+    (answer(503, {"status": "error", "errorType": "timeout", "error": "query timed out in expression evaluation"}),
+     PrometheusUnavailable, "timeout: query timed out"),
+    (answer(429, text="too many requests"), PrometheusUnavailable, "HTTP 429"),
+    (answer(400, {"status": "error", "errorType": "bad_data", "error": "1:5: parse error: unexpected \"}\""}),
+     PrometheusBadQuery, "bad_data: 1:5: parse error"),
+    (answer(422, {"status": "error", "errorType": "execution", "error": "vector cannot contain metrics with the "
+                                                                      "same labelset"}),
+     PrometheusBadQuery, "same labelset"),
+    (answer(401, text="Unauthorized"), PrometheusRefused, "headersSecretRef"),
+    (answer(404, text="404 page not found"), PrometheusRefused, r"spec.analysis.prometheus.url"),
+    (answer(200, text="<html>login</html>"), PrometheusBadResponse, "expected JSON"),
+    (answer(200, {"status": "error", "errorType": "internal", "error": "boom"}), PrometheusBadResponse,
+     "expected status 'success'"),
+    (answer(200, {"status": "success", "data": {"resultType": "scalar", "result": [1, "1"]}}),
+     PrometheusBadResponse, "resultType 'scalar'"),
+    (answer(200, {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}}),
+     PrometheusBadResponse, "value"),
+    (answer(200, {"status": "success", "data": {"resultType": "vector",
+                                                "result": [{"metric": {}, "value": [1, "many"]}]}}),
+     PrometheusBadResponse, "many"),
+    (raising(httpx.ConnectError("[Errno 111] Connection refused")), PrometheusUnavailable, "Connection refused"),
+    (raising(httpx.ReadTimeout("timed out")), PrometheusUnavailable, "did not answer within 10s"),
+    (raising(httpx.ConnectTimeout("timed out")), PrometheusUnavailable, "ConnectTimeout"),
+])
+def test_errors_are_translated(handler: Handler, error: type[PrometheusError], text: str) -> None:
+    with pytest.raises(error, match=text) as caught:
+        query_once(handler, headers={"Authorization": TOKEN})
+    assert TOKEN not in str(caught.value)
+
+
+def test_a_silent_prometheus_times_out() -> None:
+    """A real timeout: a loopback server accepts the connection and never answers."""
+    async def go() -> None:
+        stop = asyncio.Event()
+        handlers: list[asyncio.Task[None]] = []
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+            await reader.read(65536)
+            await stop.wait()
+            writer.close()
+            await writer.wait_closed()
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with PrometheusClient(f"http://127.0.0.1:{port}", timeout=0.2) as prometheus:
+                await prometheus.query("up")
+        finally:
+            stop.set()
+            server.close()
+            await server.wait_closed()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+    with pytest.raises(PrometheusUnavailable, match="did not answer within 0.2s"):
+        asyncio.run(asyncio.wait_for(go(), timeout=3))
+
+
+def test_headers_never_show_in_repr() -> None:
+    client = PrometheusClient(BASE, headers={"Authorization": TOKEN})
+    assert TOKEN not in repr(client)
+    asyncio.run(client.aclose())
+
+
+# -- query_all ------------------------------------------------------------------------------------
+
+def prepared(answers: dict[Signal, Handler], engine: EngineKind = EngineKind.VLLM, window: float = 300.0,
+             seen: list[dict[str, list[str]]] | None = None) -> Handler:
+    """A Prometheus that answers each signal's query (recognised by its exact text) with a prepared handler."""
+    by_text = {q.promql: answers.get(q.signal, answer(200, vector())) for q in queries_for(engine, window)}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        form = parse_qs(request.content.decode())
+        if seen is not None:
+            seen.append(form)
+        return by_text[form["query"][0]](request)
+    return handler
+
+
+def run_all(handler: Handler, groups: list[QueryGroup], at: float | None = 1767225600.0) -> Any:
+    async def go() -> Any:
+        async with PrometheusClient(BASE, transport=httpx.MockTransport(handler)) as prometheus:
+            return await query_all(prometheus, groups, at=at)
+    return asyncio.run(go())
+
+
+def test_query_all_groups_values_by_sd_and_variant() -> None:
+    spec, control, other = sd("prod", "llama", "speculative"), sd("prod", "llama", "control"), sd("dev", "q", "speculative")
+    seen: list[dict[str, list[str]]] = []
+    handler = prepared({
+        Signal.ACCEPTANCE_RATE: answer(200, vector((spec, "0.71"), (other, "NaN"))),
+        Signal.REQUESTS: answer(200, vector((spec, "1234"), (control, "410"), (other, "0"))),
+        Signal.P99_INTER_TOKEN_LATENCY: answer(200, vector((spec, "0.031"), (control, "0.030"))),
+        Signal.RUNNING: answer(200, vector(({"namespace": "prod"}, "3"))),    # no SD labels: ignored
+    }, seen=seen)
+    samples = run_all(handler, [QueryGroup(EngineKind.VLLM, 300.0)] * 3)
+    assert samples.query_count == len(Signal) == len(seen)               # duplicates asked once
+    assert {form["time"][0] for form in seen} == {"1767225600.000"}       # one instant for the cycle
+    [group] = samples.groups.values()
+    assert group.errors == {}
+    assert group.values[SeriesKey("prod", "llama", "speculative")] == SignalValues(
+        acceptance_rate=0.71, requests=1234.0, p99_inter_token_latency_seconds=0.031)
+    assert group.values[SeriesKey("prod", "llama", "control")] == SignalValues(
+        requests=410.0, p99_inter_token_latency_seconds=0.030)
+    assert math.isnan(group.values[SeriesKey("dev", "q", "speculative")].acceptance_rate or 0.0)
+
+    sample = samples.for_deployment("prod", "llama", EngineKind.VLLM, 300.0)
+    assert sample.speculative.acceptance_rate == 0.71
+    assert sample.control.requests == 410.0
+    assert sample.requests_per_second == pytest.approx(1234 / 300)
+    missing = samples.for_deployment("prod", "absent", EngineKind.VLLM, 300.0)
+    assert missing.speculative == SignalValues() and missing.errors == {}
+
+
+def test_query_all_records_errors_per_signal_and_keeps_the_rest() -> None:
+    spec = sd("prod", "llama", "speculative")
+    handler = prepared({
+        Signal.REQUESTS: answer(200, vector((spec, "100"))),
+        Signal.P99_INTER_TOKEN_LATENCY: answer(422, {"status": "error", "errorType": "execution", "error": "nope"}),
+        Signal.P99_E2E_LATENCY: raising(httpx.ConnectError("refused")),
+    })
+    samples = run_all(handler, [QueryGroup(EngineKind.VLLM, 300.0)])
+    sample = samples.for_deployment("prod", "llama", EngineKind.VLLM, 300.0)
+    assert sample.speculative.requests == 100.0
+    assert {s: e.kind for s, e in sample.errors.items()} == {
+        Signal.P99_INTER_TOKEN_LATENCY: QueryErrorKind.BAD_QUERY,
+        Signal.P99_E2E_LATENCY: QueryErrorKind.UNAVAILABLE,
+    }
+    assert "execution: nope" in sample.errors[Signal.P99_INTER_TOKEN_LATENCY].message
+
+
+def test_query_all_when_prometheus_is_down_reports_every_signal() -> None:
+    samples = run_all(raising(httpx.ConnectError("refused")),
+                      [QueryGroup(EngineKind.VLLM, 300.0), QueryGroup(EngineKind.SGLANG, 60.0)])
+    assert samples.query_count == 2 * len(Signal)
+    for group in samples.groups.values():
+        assert set(group.errors) == set(Signal)
+        assert group.values == {}
+
+
+def test_query_all_sends_the_queries_concurrently() -> None:
+    """Every query is in flight before any is answered: a cycle costs one round trip, not eight."""
+    in_flight = 0
+    most = 0
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return httpx.Response(200, json=vector())
+
+    async def go() -> None:
+        async with PrometheusClient(BASE, transport=httpx.MockTransport(handler)) as prometheus:
+            await query_all(prometheus, [QueryGroup(EngineKind.VLLM, 300.0), QueryGroup(EngineKind.TRTLLM, 300.0)])
+    asyncio.run(go())
+    assert most == 2 * len(Signal)
+
+
+def test_vector_payload_shape_matches_the_documented_envelope() -> None:
+    body = vector((sd("a", "b", "speculative"), "1"))
+    assert json.loads(json.dumps(body))["data"]["result"][0]["value"][1] == "1"
