@@ -1,0 +1,192 @@
+"""From verdicts to decisions: count them, roll speculation back, and bring it back again. Pure; the clock
+is an argument.
+
+    state = next_analysis_state(status.analysis, sample, result, now, baseline_mode=mode)
+    match decide(state, result, spec.analysis, out_of_memory(pods, since)):
+        case Rollback(reason, evidence): speculation = rolled_back(status.speculation, decision, now)
+        case Keep(): ...
+    if (back := reenable(status.speculation, spec.analysis, ...)) is not None:
+        speculation = reenabled(status.speculation, now)
+
+Counting (docs/analysis.md "Counting"): a Failing sample adds to `consecutiveFailures` and clears
+`consecutiveInconclusive`; an Inconclusive one adds to `consecutiveInconclusive` and leaves the failures
+as they are; a Healthy one clears both. So failing, inconclusive, failing is two failures in a row: a
+Prometheus blip between two bad samples neither erases the first nor counts as a third. This is Argo
+Rollouts' rule for its Error measurements (analysis/analysis.go: an Error touches only
+ConsecutiveError, never Failed); unlike Argo, whose failureLimit counts every failure of the run, ours
+counts consecutive conclusive samples, because an operator that analyses forever has no run to end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from specdeploy.analysis import evidence
+from specdeploy.analysis.oom import OutOfMemory
+from specdeploy.analysis.reasons import ReenableReason, RollbackReason
+from specdeploy.analysis.samples import DeploymentSample
+from specdeploy.analysis.verdict import (
+    Failing,
+    Healthy,
+    Inconclusive,
+    PreviousBaseline,
+    Verdict,
+    baseline_p99_inter_token_latency,
+    label,
+)
+from specdeploy.api.spec import Analysis, BaselineMode, OnInconclusive, Reenable, Speculation
+from specdeploy.api.status import AnalysisStatus, SpeculationStatus
+from specdeploy.api.status import Rollback as RollbackRecord
+
+RETRY_ANNOTATION = "specdeploy.io/retry-speculation"
+MAX_BACKOFF_DOUBLINGS = 10
+"""Auto re-enable waits cooldown × 2^(rollbacks − 1), the exponent capped here (30m → at most ~21 days)."""
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Speculation stays as it is; `message` says how close it came to a rollback."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """Take speculation away; `evidence` is the sentence for status, the Event and the alert."""
+
+    reason: RollbackReason
+    evidence: str
+
+
+Decision = Keep | Rollback
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def next_analysis_state(previous: AnalysisStatus | None, sample: DeploymentSample, result: Verdict,
+                        now: datetime, *, baseline_mode: BaselineMode,
+                        previous_baseline: PreviousBaseline | None = None) -> AnalysisStatus:
+    """status.analysis after one more sample: its numbers (NaN shown as null), verdict and the counters."""
+    before = previous or AnalysisStatus()
+    match result:
+        case Healthy():
+            failures, inconclusive = 0, 0
+        case Failing():
+            failures, inconclusive = before.consecutive_failures + 1, 0
+        case Inconclusive():
+            failures, inconclusive = before.consecutive_failures, before.consecutive_inconclusive + 1
+    values = sample.speculative
+    return AnalysisStatus(
+        last_sample_at=evidence.rfc3339(now),
+        acceptance_rate=_finite(values.acceptance_rate),
+        mean_acceptance_length=_finite(values.mean_acceptance_length),
+        p99_inter_token_latency_seconds=_finite(values.p99_inter_token_latency_seconds),
+        baseline_p99_inter_token_latency_seconds=baseline_p99_inter_token_latency(
+            sample, baseline_mode, previous_baseline),
+        requests=_finite(values.requests),
+        verdict=label(result),
+        consecutive_failures=failures,
+        consecutive_inconclusive=inconclusive,
+    )
+
+
+def decide(state: AnalysisStatus, result: Verdict, analysis: Analysis,
+           out_of_memory: Sequence[OutOfMemory] = ()) -> Decision:
+    """Roll back or keep, given the counters after `result` and the speculative pods' OOM deaths.
+
+    OOM first (at once, when `checks.rollbackOnOOM`); then `failureLimit` consecutive Failing samples
+    (the current one must be Failing: its evidence is what the rollback reports); then, with
+    `onInconclusive: Rollback`, `inconclusiveLimit` consecutive Inconclusive ones.
+    """
+    if out_of_memory and analysis.checks.rollback_on_oom:
+        more = f" (and {len(out_of_memory) - 1} more)" if len(out_of_memory) > 1 else ""
+        return Rollback(RollbackReason.SPECULATIVE_POD_OUT_OF_MEMORY, out_of_memory[0].evidence() + more)
+    failures, limit = state.consecutive_failures, analysis.failure_limit
+    if isinstance(result, Failing) and failures >= limit:
+        return Rollback(RollbackReason(result.reason.value),
+                        f"{failures} consecutive failing samples (failureLimit {limit}); the last: {result.evidence}")
+    inconclusive, inconclusive_limit = state.consecutive_inconclusive, analysis.inconclusive_limit
+    if (isinstance(result, Inconclusive) and analysis.on_inconclusive == OnInconclusive.ROLLBACK
+            and inconclusive >= inconclusive_limit):
+        return Rollback(RollbackReason.INCONCLUSIVE_TOO_LONG,
+                        f"{inconclusive} consecutive inconclusive samples (inconclusiveLimit {inconclusive_limit}, "
+                        f"onInconclusive Rollback); the last: {result.message}")
+    if out_of_memory:
+        return Keep(f"{out_of_memory[0].evidence()}; rollbackOnOOM is false")
+    return Keep(f"{failures} of {limit} failing samples in a row; {inconclusive} inconclusive in a row")
+
+
+def rolled_back(speculation: SpeculationStatus | None, decision: Rollback, now: datetime) -> SpeculationStatus:
+    """status.speculation after a rollback: off since now, one more rollback, and why."""
+    at = evidence.rfc3339(now)
+    rollbacks = (speculation.rollbacks if speculation else 0) + 1
+    record = RollbackRecord(at=at, reason=decision.reason.value, evidence=decision.evidence)
+    return SpeculationStatus(active=False, since=at, rollbacks=rollbacks, last_rollback=record)
+
+
+def reenabled(speculation: SpeculationStatus, now: datetime) -> SpeculationStatus:
+    """status.speculation when speculation comes back: on since now; the rollback count and record stay
+    (they set the next cooldown and tell the story)."""
+    return speculation.model_copy(update={"active": True, "since": evidence.rfc3339(now)})
+
+
+def speculation_hash(speculation: Speculation) -> str:
+    """A digest of spec.speculation as written; recorded at rollback, a new value means the user changed it."""
+    text = json.dumps(speculation.to_wire(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cooldown_seconds(analysis: Analysis, rollbacks: int) -> float:
+    """The wait before Auto re-enables after the `rollbacks`-th rollback: cooldown × 2^(rollbacks − 1)."""
+    doublings = min(max(rollbacks - 1, 0), MAX_BACKOFF_DOUBLINGS)
+    return analysis.cooldown * 2**doublings
+
+
+def auto_reenable_at(speculation: SpeculationStatus, analysis: Analysis) -> datetime | None:
+    """When `reenable: Auto` brings speculation back; None when it will not (Manual, or not rolled back)."""
+    if analysis.reenable != Reenable.AUTO or speculation.active or speculation.last_rollback is None:
+        return None
+    at = evidence.parse_rfc3339(speculation.last_rollback.at)
+    return at + timedelta(seconds=cooldown_seconds(analysis, max(speculation.rollbacks, 1)))
+
+
+@dataclass(frozen=True)
+class Reenabled:
+    """Bring speculation back; `message` is for the Event."""
+
+    reason: ReenableReason
+    message: str
+
+
+def reenable(speculation: SpeculationStatus | None, analysis: Analysis, now: datetime, *,
+             speculation_hash_now: str, speculation_hash_at_rollback: str | None,
+             retry_annotation: str | None, retry_annotation_seen: str | None) -> Reenabled | None:
+    """Whether a rolled-back SD gets speculation back now, and why.
+
+    speculation_hash_at_rollback: `speculation_hash(spec.speculation)` recorded at the rollback; None (not
+        recorded) never counts as a change.
+    retry_annotation / retry_annotation_seen: the `specdeploy.io/retry-speculation` value now and the one
+        recorded at the rollback (or the last retry); any other non-empty value is a request to retry.
+    """
+    if speculation is None or speculation.active or speculation.last_rollback is None:
+        return None
+    if speculation_hash_at_rollback is not None and speculation_hash_now != speculation_hash_at_rollback:
+        return Reenabled(ReenableReason.SPECULATION_SPEC_CHANGED,
+                         "`spec.speculation` changed since the rollback; speculating again")
+    if retry_annotation and retry_annotation != retry_annotation_seen:
+        return Reenabled(ReenableReason.RETRY_REQUESTED,
+                         f"annotation {RETRY_ANNOTATION}={retry_annotation!r} asks to retry; speculating again")
+    due = auto_reenable_at(speculation, analysis)
+    if due is not None and now >= due:
+        waited = evidence.window(cooldown_seconds(analysis, max(speculation.rollbacks, 1)))
+        return Reenabled(ReenableReason.COOLDOWN_ELAPSED,
+                         f"reenable is Auto and the cooldown of {waited} after rollback {speculation.rollbacks} "
+                         f"has passed; speculating again")
+    return None

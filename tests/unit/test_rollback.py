@@ -1,0 +1,268 @@
+"""analysis/rollback and analysis/oom: counting verdicts, deciding, re-enabling; OOM deaths in pod status.
+Tables with the clock passed in; no fakes."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specdeploy.analysis.oom import OutOfMemory, is_out_of_memory, out_of_memory
+from specdeploy.analysis.reasons import FailureReason, InconclusiveReason, ReenableReason, RollbackReason
+from specdeploy.analysis.rollback import (
+    MAX_BACKOFF_DOUBLINGS,
+    Keep,
+    Rollback,
+    auto_reenable_at,
+    cooldown_seconds,
+    decide,
+    next_analysis_state,
+    reenable,
+    reenabled,
+    rolled_back,
+    speculation_hash,
+)
+from specdeploy.analysis.samples import DeploymentSample, SignalValues
+from specdeploy.analysis.verdict import Failing, Healthy, Inconclusive, PreviousBaseline, Verdict
+from specdeploy.api.spec import Analysis, BaselineMode, Speculation
+from specdeploy.api.status import AnalysisStatus, SpeculationStatus
+from specdeploy.api.status import Rollback as RollbackRecord
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+H = Healthy("fine")
+F = Failing(FailureReason.ACCEPTANCE_BELOW_MINIMUM, "acceptance rate 0.31 < minAcceptanceRate 0.50 over 5m (900 requests)")
+I = Inconclusive(InconclusiveReason.PROMETHEUS_UNAVAILABLE, "the request count query failed: connection refused")  # noqa: E741
+SAMPLE = DeploymentSample(300.0, SignalValues(acceptance_rate=0.31, mean_acceptance_length=2.2,
+                                              p99_inter_token_latency_seconds=math.nan, requests=900.0),
+                          SignalValues(p99_inter_token_latency_seconds=0.02, requests=300.0))
+
+
+def analysis(**fields: Any) -> Analysis:
+    return Analysis.model_validate(fields)
+
+
+def run(verdicts: list[Verdict]) -> AnalysisStatus:
+    state = None
+    for result in verdicts:
+        state = next_analysis_state(state, SAMPLE, result, NOW, baseline_mode=BaselineMode.CONTROL)
+    assert state is not None
+    return state
+
+
+# -- counting --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("verdicts", "failures", "inconclusive"), [
+    ([F], 1, 0),
+    ([F, F, F], 3, 0),
+    ([F, F, H], 0, 0),
+    ([F, H, F], 1, 0),
+    ([F, I, F], 2, 0),         # an inconclusive sample between failures neither resets nor adds
+    ([F, I, I, I, F], 2, 0),
+    ([I, I, I], 0, 3),
+    ([I, I, F], 1, 0),         # a conclusive sample ends the inconclusive run
+    ([I, I, H], 0, 0),
+    ([F, F, I], 2, 1),
+    ([H, H], 0, 0),
+])
+def test_consecutive_counters(verdicts: list[Verdict], failures: int, inconclusive: int) -> None:
+    state = run(verdicts)
+    assert (state.consecutive_failures, state.consecutive_inconclusive) == (failures, inconclusive)
+
+
+def test_state_shows_the_last_sample_without_nans() -> None:
+    state = next_analysis_state(None, SAMPLE, F, NOW, baseline_mode=BaselineMode.CONTROL)
+    assert state == AnalysisStatus(
+        last_sample_at="2026-03-01T12:00:00Z", acceptance_rate=0.31, mean_acceptance_length=2.2,
+        p99_inter_token_latency_seconds=None, baseline_p99_inter_token_latency_seconds=0.02, requests=900.0,
+        verdict="Failing: AcceptanceBelowMinimum", consecutive_failures=1, consecutive_inconclusive=0,
+    )
+    previous = PreviousBaseline("2026-01-01T00:00:00Z", 3.0, 0.025, None, None)
+    state = next_analysis_state(state, SAMPLE, I, NOW, baseline_mode=BaselineMode.PREVIOUS,
+                                previous_baseline=previous)
+    assert state.baseline_p99_inter_token_latency_seconds == 0.025
+    assert state.verdict == "Inconclusive: PrometheusUnavailable"
+
+
+# -- deciding --------------------------------------------------------------------------------------
+
+OOM = OutOfMemory("llama-7f9c-x2", "engine", "Error", 1, "2026-03-01T11:59:00Z",
+                  "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+@pytest.mark.parametrize(("verdicts", "spec", "ooms", "expected", "reason"), [
+    ([F, F], {}, [], Keep, None),
+    ([F, F, F], {}, [], Rollback, RollbackReason.ACCEPTANCE_BELOW_MINIMUM),
+    ([F], {"failureLimit": 1}, [], Rollback, RollbackReason.ACCEPTANCE_BELOW_MINIMUM),
+    ([F, I, F], {"failureLimit": 2}, [], Rollback, RollbackReason.ACCEPTANCE_BELOW_MINIMUM),
+    ([F, F, F, I], {}, [], Keep, None),                       # the rollback needs a Failing sample to report
+    ([F, F, H, F], {}, [], Keep, None),
+    ([I] * 20, {}, [], Keep, None),                           # Hold (default): nothing known, nothing done
+    ([I] * 19, {"onInconclusive": "Rollback"}, [], Keep, None),
+    ([I] * 20, {"onInconclusive": "Rollback"}, [], Rollback, RollbackReason.INCONCLUSIVE_TOO_LONG),
+    ([I] * 3, {"onInconclusive": "Rollback", "inconclusiveLimit": 3}, [], Rollback,
+     RollbackReason.INCONCLUSIVE_TOO_LONG),
+    ([H], {}, [OOM], Rollback, RollbackReason.SPECULATIVE_POD_OUT_OF_MEMORY),   # at once
+    ([I], {}, [OOM, OOM], Rollback, RollbackReason.SPECULATIVE_POD_OUT_OF_MEMORY),
+    ([H], {"checks": {"rollbackOnOOM": False}}, [OOM], Keep, None),
+])
+def test_decide(verdicts: list[Verdict], spec: dict[str, Any], ooms: list[OutOfMemory], expected: type,
+                reason: RollbackReason | None) -> None:
+    decision = decide(run(verdicts), verdicts[-1], analysis(**spec), ooms)
+    assert isinstance(decision, expected), decision
+    assert getattr(decision, "reason", None) == reason
+
+
+def test_rollback_evidence_carries_the_count_and_the_numbers() -> None:
+    decision = decide(run([F, F, F]), F, analysis())
+    assert decision == Rollback(
+        RollbackReason.ACCEPTANCE_BELOW_MINIMUM,
+        "3 consecutive failing samples (failureLimit 3); the last: acceptance rate 0.31 < minAcceptanceRate 0.50 "
+        "over 5m (900 requests)")
+    oom = decide(run([H]), H, analysis(), [OOM, OOM])
+    assert oom == Rollback(
+        RollbackReason.SPECULATIVE_POD_OUT_OF_MEMORY,
+        "pod llama-7f9c-x2 container engine ran out of memory (Error, exit code 1) at 2026-03-01T11:59:00Z: "
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (and 1 more)")
+
+
+def test_keep_says_how_close_it_came() -> None:
+    assert decide(run([F, F]), F, analysis()) == Keep("2 of 3 failing samples in a row; 0 inconclusive in a row")
+
+
+@given(st.lists(st.sampled_from([H, F, I]), min_size=1, max_size=40), st.integers(min_value=1, max_value=5))
+def test_no_rollback_without_failure_limit_failures_in_a_row_when_holding(verdicts: list[Verdict],
+                                                                          limit: int) -> None:
+    """Hold: only `limit` Failing samples with no Healthy between them (Inconclusive aside) roll back."""
+    decision = decide(run(verdicts), verdicts[-1], analysis(failureLimit=limit))
+    conclusive = [v for v in verdicts if not isinstance(v, Inconclusive)]
+    tail = 0
+    for result in reversed(conclusive):
+        if not isinstance(result, Failing):
+            break
+        tail += 1
+    assert isinstance(decision, Rollback) == (isinstance(verdicts[-1], Failing) and tail >= limit)
+
+
+# -- rollback and re-enable -------------------------------------------------------------------------
+
+ACTIVE = SpeculationStatus(active=True, since="2026-03-01T10:00:00Z", rollbacks=0)
+
+
+def test_rolled_back_records_why_and_counts() -> None:
+    decision = Rollback(RollbackReason.INTER_TOKEN_LATENCY_REGRESSED, "P99 … 1.37×")
+    after = rolled_back(ACTIVE, decision, NOW)
+    assert after == SpeculationStatus(
+        active=False, since="2026-03-01T12:00:00Z", rollbacks=1,
+        last_rollback=RollbackRecord(at="2026-03-01T12:00:00Z", reason="InterTokenLatencyRegressed",
+                                     evidence="P99 … 1.37×"))
+    assert rolled_back(after, decision, NOW + timedelta(hours=1)).rollbacks == 2
+    assert rolled_back(None, decision, NOW).rollbacks == 1
+    back = reenabled(after, NOW + timedelta(hours=2))
+    assert (back.active, back.since, back.rollbacks, back.last_rollback) == (
+        True, "2026-03-01T14:00:00Z", 1, after.last_rollback)
+
+
+@pytest.mark.parametrize(("rollbacks", "seconds"), [(1, 1800), (2, 3600), (3, 7200), (4, 14400),
+                                                    (100, 1800 * 2**MAX_BACKOFF_DOUBLINGS)])
+def test_cooldown_doubles_with_each_rollback(rollbacks: int, seconds: float) -> None:
+    assert cooldown_seconds(analysis(cooldown="30m"), rollbacks) == seconds
+
+
+def rolled(rollbacks: int, at: datetime = NOW) -> SpeculationStatus:
+    stamp = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return SpeculationStatus(active=False, since=stamp, rollbacks=rollbacks,
+                             last_rollback=RollbackRecord(at=stamp, reason="AcceptanceBelowMinimum", evidence="…"))
+
+
+HASH = speculation_hash(Speculation.model_validate({"method": "ngram"}))
+OTHER_HASH = speculation_hash(Speculation.model_validate({"method": "ngram", "numSpeculativeTokens": 5}))
+
+
+@pytest.mark.parametrize(("speculation", "spec", "later", "hashes", "annotations", "reason"), [
+    # speculation, analysis, time after NOW, (hash now, hash at rollback), (annotation, seen), expected reason
+    (rolled(1), {}, timedelta(days=30), (HASH, HASH), (None, None), None),             # Manual waits forever
+    (rolled(1), {}, timedelta(0), (OTHER_HASH, HASH), (None, None), ReenableReason.SPECULATION_SPEC_CHANGED),
+    (rolled(1), {}, timedelta(0), (OTHER_HASH, None), (None, None), None),             # nothing recorded
+    (rolled(1), {}, timedelta(0), (HASH, HASH), ("1", None), ReenableReason.RETRY_REQUESTED),
+    (rolled(1), {}, timedelta(0), (HASH, HASH), ("2", "1"), ReenableReason.RETRY_REQUESTED),
+    (rolled(1), {}, timedelta(0), (HASH, HASH), ("1", "1"), None),                     # already seen
+    (rolled(1), {}, timedelta(0), (HASH, HASH), ("", None), None),
+    (rolled(1), {"reenable": "Auto"}, timedelta(minutes=29), (HASH, HASH), (None, None), None),
+    (rolled(1), {"reenable": "Auto"}, timedelta(minutes=30), (HASH, HASH), (None, None),
+     ReenableReason.COOLDOWN_ELAPSED),
+    (rolled(3), {"reenable": "Auto"}, timedelta(minutes=119), (HASH, HASH), (None, None), None),
+    (rolled(3), {"reenable": "Auto"}, timedelta(minutes=120), (HASH, HASH), (None, None),
+     ReenableReason.COOLDOWN_ELAPSED),
+    (ACTIVE, {"reenable": "Auto"}, timedelta(days=1), (OTHER_HASH, HASH), ("9", None), None),   # not rolled back
+    (SpeculationStatus(active=False, rollbacks=0), {"reenable": "Auto"}, timedelta(days=1), (OTHER_HASH, HASH),
+     ("9", None), None),                                      # off because the spec says so, not a rollback
+])
+def test_reenable(speculation: SpeculationStatus, spec: dict[str, Any], later: timedelta, hashes: tuple[str, str],
+                  annotations: tuple[str | None, str | None], reason: ReenableReason | None) -> None:
+    result = reenable(speculation, analysis(**spec), NOW + later, speculation_hash_now=hashes[0],
+                      speculation_hash_at_rollback=hashes[1], retry_annotation=annotations[0],
+                      retry_annotation_seen=annotations[1])
+    assert (result.reason if result else None) == reason
+
+
+def test_auto_reenable_time_is_known_in_advance() -> None:
+    assert auto_reenable_at(rolled(2), analysis(reenable="Auto", cooldown="10m")) == NOW + timedelta(minutes=20)
+    assert auto_reenable_at(rolled(2), analysis(reenable="Manual")) is None
+    assert auto_reenable_at(ACTIVE, analysis(reenable="Auto")) is None
+
+
+def test_speculation_hash_changes_only_with_the_speculation_spec() -> None:
+    same = Speculation.model_validate({"method": "ngram", "numSpeculativeTokens": 3})
+    assert speculation_hash(same) == HASH           # defaults written out or not: the same settings
+    assert OTHER_HASH != HASH
+    assert len(HASH) == 16
+
+
+# -- OOM deaths in pod status ------------------------------------------------------------------------
+
+def pod(name: str, variant: str = "speculative", **states: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"specdeploy.io/variant": variant}},
+            "status": {"containerStatuses": [{"name": "engine", "restartCount": 1,
+                                              **{k: {"terminated": v} for k, v in states.items()}}]}}
+
+
+CUDA_LOG = ("INFO loading weights\nTraceback (most recent call last):\n  File \"…\", line 1\n"
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+            "of 79.19 GiB\n")
+
+
+@pytest.mark.parametrize(("reason", "message", "expected"), [
+    ("OOMKilled", "", True),
+    ("Error", CUDA_LOG, True),
+    ("Error", "RuntimeError: CUDA error: out of memory", True),
+    ("Error", "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", True),
+    ("Error", "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.", True),
+    ("Error", "ValueError: some other failure", False),
+    ("Completed", "", False),
+    (None, None, False),
+])
+def test_is_out_of_memory(reason: str | None, message: str | None, expected: bool) -> None:
+    assert is_out_of_memory(reason, message) is expected
+
+
+def test_out_of_memory_reads_speculative_pods_only_and_since_the_speculation_began() -> None:
+    pods = [
+        pod("spec-a", lastState={"reason": "Error", "exitCode": 1, "message": CUDA_LOG,
+                                 "finishedAt": "2026-03-01T11:59:00Z"}),
+        pod("spec-b", lastState={"reason": "OOMKilled", "exitCode": 137, "finishedAt": "2026-03-01T09:00:00Z"}),
+        pod("control-a", "control", lastState={"reason": "OOMKilled", "exitCode": 137,
+                                               "finishedAt": "2026-03-01T11:59:00Z"}),
+        pod("spec-c", state={"reason": "OOMKilled", "exitCode": 137},
+            lastState={"reason": "OOMKilled", "exitCode": 137}),
+        pod("spec-d", lastState={"reason": "Error", "exitCode": 1, "message": "KeyError: 'x'",
+                                 "finishedAt": "2026-03-01T11:59:00Z"}),
+        {"metadata": {"name": "starting", "labels": {"specdeploy.io/variant": "speculative"}}, "status": {}},
+    ]
+    found = out_of_memory(pods, since=datetime(2026, 3, 1, 10, 0, tzinfo=UTC))
+    assert [(o.pod, o.reason, o.exit_code) for o in found] == [("spec-a", "Error", 1), ("spec-c", "OOMKilled", 137)]
+    assert found[0].detail.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert {o.pod for o in out_of_memory(pods)} == {"spec-a", "spec-b", "spec-c"}
