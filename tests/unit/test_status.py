@@ -1,0 +1,103 @@
+"""next_status and transition_events: conditions, phase and Events as pure functions of observations."""
+
+from pathlib import Path
+
+from specdeploy.api.resource import load_resource
+from specdeploy.api.status import Condition, ConditionStatus, Phase, SpeculativeDeploymentStatus
+from specdeploy.planning.plan import make_plan
+from specdeploy.reconcile.children import Variant
+from specdeploy.reconcile.conditions import transition_events
+from specdeploy.reconcile.status import DeploymentState, Planned, next_status
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+T0, T1 = "2026-11-29T10:00:00Z", "2026-11-29T10:05:00Z"
+
+
+def _spec(name: str):  # type: ignore[no-untyped-def]
+    return load_resource((EXAMPLES / name).read_text()).spec
+
+
+def _deployment(variant: Variant, replicas: int, available: int, updated: int | None = None,
+                generation: int = 1, observed: int = 1, sd_generation: int = 1) -> DeploymentState:
+    return DeploymentState(
+        name=f"x-{variant.value}", variant=variant, replicas=replicas,
+        updated_replicas=replicas if updated is None else updated, available_replicas=available,
+        generation=generation, observed_generation=observed, sd_generation=sd_generation,
+    )
+
+
+def _condition(status: SpeculativeDeploymentStatus, type_: str) -> Condition:
+    return next(c for c in status.conditions if c.type == type_)
+
+
+def test_accepted_and_available_is_measuring_and_ready() -> None:
+    spec = _spec("llama-8b-ngram.yaml")
+    deployments = [_deployment(Variant.SPECULATIVE, 2, 2), _deployment(Variant.CONTROL, 1, 1)]
+    status = next_status(SpeculativeDeploymentStatus(), spec, 1, Planned(make_plan(spec)), deployments, T0)
+    assert status.phase == Phase.MEASURING
+    assert _condition(status, "Ready").status == ConditionStatus.TRUE
+    assert _condition(status, "MemoryFits").reason == "Fits"
+    assert status.observed_generation == 1
+    assert status.speculation is not None and status.speculation.active
+
+
+def test_missing_control_is_progressing() -> None:
+    spec = _spec("llama-8b-ngram.yaml")
+    status = next_status(SpeculativeDeploymentStatus(), spec, 1, Planned(make_plan(spec)),
+                         [_deployment(Variant.SPECULATIVE, 2, 2)], T0)
+    ready = _condition(status, "Ready")
+    assert (ready.status, ready.reason) == (ConditionStatus.FALSE, "Progressing")
+    assert "control" in ready.message
+    assert status.phase == Phase.DEPLOYING
+
+
+def test_rejected_with_nothing_running_says_so_and_does_not_speculate() -> None:
+    spec = _spec("llama-70b-bf16-h100-rejected.yaml")
+    status = next_status(SpeculativeDeploymentStatus(), spec, 1, Planned(make_plan(spec)), [], T0)
+    assert status.phase == Phase.REJECTED
+    assert _condition(status, "MemoryFits").status == ConditionStatus.FALSE
+    assert "What would fit" in _condition(status, "MemoryFits").message
+    assert _condition(status, "Ready").reason == "Rejected"
+    assert status.speculation is not None and not status.speculation.active
+
+
+def test_rejected_update_keeps_serving_and_keeps_speculation_state() -> None:
+    good, bad = _spec("llama-8b-ngram.yaml"), _spec("llama-70b-bf16-h100-rejected.yaml")
+    running = [_deployment(Variant.SPECULATIVE, 2, 2), _deployment(Variant.CONTROL, 1, 1)]
+    first = next_status(SpeculativeDeploymentStatus(), good, 1, Planned(make_plan(good)), running, T0)
+    second = next_status(first, bad, 2, Planned(make_plan(bad)), running, T1)
+    ready = _condition(second, "Ready")
+    assert ready.status == ConditionStatus.TRUE and "keep serving" in ready.message
+    assert second.speculation == first.speculation
+    assert second.phase == Phase.REJECTED
+
+
+def test_transition_time_moves_only_when_status_changes() -> None:
+    spec = _spec("llama-8b-ngram.yaml")
+    running = [_deployment(Variant.SPECULATIVE, 2, 2), _deployment(Variant.CONTROL, 1, 1)]
+    first = next_status(SpeculativeDeploymentStatus(), spec, 1, Planned(make_plan(spec)), running, T0)
+    same = next_status(first, spec, 1, Planned(make_plan(spec)), running, T1)
+    assert same == first, "an unchanged world writes an identical status"
+    degraded = next_status(first, spec, 1, Planned(make_plan(spec)),
+                           [_deployment(Variant.SPECULATIVE, 2, 1), _deployment(Variant.CONTROL, 1, 1)], T1)
+    assert _condition(degraded, "Ready").last_transition_time == T1
+    assert _condition(degraded, "MemoryFits").last_transition_time == T0
+    assert degraded.phase == Phase.DEGRADED
+
+
+def test_events_only_on_transitions() -> None:
+    spec = _spec("llama-8b-ngram.yaml")
+    running = [_deployment(Variant.SPECULATIVE, 2, 2), _deployment(Variant.CONTROL, 1, 1)]
+    progressing = next_status(SpeculativeDeploymentStatus(), spec, 1, Planned(make_plan(spec)), [], T0)
+    assert transition_events([], progressing.conditions) == []
+    ready = next_status(progressing, spec, 1, Planned(make_plan(spec)), running, T1)
+    assert [e.reason for e in transition_events(progressing.conditions, ready.conditions)] == ["Ready"]
+    assert transition_events(ready.conditions, ready.conditions) == []
+    lost = next_status(ready, spec, 1, Planned(make_plan(spec)),
+                       [_deployment(Variant.SPECULATIVE, 2, 0), _deployment(Variant.CONTROL, 1, 1)], T1)
+    assert [(e.type.value, e.reason) for e in transition_events(ready.conditions, lost.conditions)] == [
+        ("Warning", "NotReady")
+    ]
+    bad = _spec("llama-70b-bf16-h100-rejected.yaml")
+    rejected = next_status(SpeculativeDeploymentStatus(), bad, 1, Planned(make_plan(bad)), [], T0)
+    assert [e.reason for e in transition_events([], rejected.conditions)] == ["MemoryPlanRejected"]
