@@ -265,3 +265,43 @@ def test_a_second_operator_waits_and_takes_over(
     _patch(dev_cluster, namespace, name, {"spec": {"replicas": 3}})
     wait_for_object(dev_cluster, ["deployment", name], lambda d: d["spec"]["replicas"] == 3, 30,
                     "replicas 3 applied by the second operator", namespace=namespace)
+
+
+POD_MONITOR_CRD = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: podmonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  names: {kind: PodMonitor, listKind: PodMonitorList, plural: podmonitors, singular: podmonitor}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"""
+
+
+@pytest.fixture
+def pod_monitor_crd(dev_cluster: DevCluster) -> Any:
+    """A stand-in for prometheus-operator's PodMonitor CRD (the operator looks for it at start-up)."""
+    dev_cluster.kubectl("apply", "-f", "-", input=POD_MONITOR_CRD)
+    dev_cluster.kubectl("wait", "--for", "condition=established", "crd/podmonitors.monitoring.coreos.com")
+    yield
+    dev_cluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--wait=false", check=False)
+
+
+def test_pod_monitor_when_prometheus_operator_is_installed(
+    dev_cluster: DevCluster, pod_monitor_crd: None, operator: None, namespace: str
+) -> None:
+    name = _ready_ngram(dev_cluster, namespace)
+    monitor = wait_for_object(dev_cluster, ["podmonitors", name], lambda m: bool(m.get("spec")), 30,
+                              "the PodMonitor", namespace=namespace)
+    assert monitor["spec"]["podTargetLabels"] == ["specdeploy.io/name", "specdeploy.io/variant"]
+    assert monitor["spec"]["selector"] == {"matchLabels": {"specdeploy.io/name": name}}
+    assert monitor["metadata"]["ownerReferences"][0]["kind"] == "SpeculativeDeployment"
