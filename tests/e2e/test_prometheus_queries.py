@@ -93,11 +93,10 @@ def _serve(pages: dict[str, Callable[[], str]]) -> tuple[http.server.ThreadingHT
 def engine_pods(dev_cluster: DevCluster, namespace: str) -> Iterator[str]:
     """Two fake vLLM pods of SD `llama` in `namespace`, scraped by Prometheus; yields the SD name."""
     started = time.time()
-    server, thread = _serve({
-        f"/{variant}/metrics": (lambda speculative=(variant == "speculative"):
-                                _vllm_metrics(time.time() - started, speculative))
-        for variant in ("speculative", "control")
-    })
+    def page(speculative: bool) -> Callable[[], str]:
+        return lambda: _vllm_metrics(time.time() - started, speculative)
+
+    server, thread = _serve({"/speculative/metrics": page(True), "/control/metrics": page(False)})
     address = f"127.0.0.1:{server.server_address[1]}"
     targets = []
     try:
