@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import subprocess
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -250,3 +252,14 @@ def test_baseline_itl_follows_the_mode() -> None:
     assert baseline_p99_inter_token_latency(sample(), PREVIOUS, SNAPSHOT) == 0.030
     assert baseline_p99_inter_token_latency(sample(), PREVIOUS, None) is None
     assert baseline_p99_inter_token_latency(sample(), NONE, SNAPSHOT) is None
+
+
+def test_the_pure_analysis_modules_do_no_io() -> None:
+    """STYLE.md layers: verdicts, decisions, queries and metrics import no HTTP or Kubernetes client."""
+    code = ("import sys\n"
+            "import specdeploy.analysis.verdict, specdeploy.analysis.rollback, specdeploy.analysis.queries\n"
+            "import specdeploy.analysis.oom, specdeploy.analysis.metrics, specdeploy.analysis.samples\n"
+            "print(sorted(m for m in ('httpx', 'kopf', 'lightkube', 'kubernetes', 'prometheus_api_client')"
+            " if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
