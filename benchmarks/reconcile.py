@@ -59,7 +59,7 @@ def run(count: int, nodes: int, timeout: float) -> None:
             log = open(Path(state) / "operator.log", "wb")  # noqa: SIM115 - closed with the process
             operator = subprocess.Popen(
                 [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", NAMESPACE, "--lease-namespace",
-                 NAMESPACE, "--liveness", "", "--log-format", "plain", "--resync-seconds", "300"],
+                 NAMESPACE, "--liveness", "", "--log-format", "plain", "--resync-seconds", "300", "--metrics-port", "0"],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )
             deadline = time.monotonic() + 60

@@ -89,9 +89,17 @@ def render(file: str, pod_monitor: bool) -> None:
 @click.option("--lease-namespace", default=None,
               help="Namespace of the Lease that keeps one operator active (default: $POD_NAMESPACE or default).")
 @click.option("--resync-seconds", default=30.0, show_default=True, help="Period of the full re-reconcile.")
+@click.option("--prometheus-url", envvar="SPECDEPLOY_PROMETHEUS_URL", default=None,
+              help="Prometheus for SDs that set no spec.analysis.prometheus.url.")
+@click.option("--alertmanager-url", envvar="SPECDEPLOY_ALERTMANAGER_URL", default=None,
+              help="Alertmanager for SDs that set no spec.alerting.alertmanagerUrl.")
+@click.option("--analysis-tick-seconds", default=5.0, show_default=True,
+              help="How often the analysis loop looks for SDs whose interval has passed.")
+@click.option("--metrics-port", default=8081, show_default=True, help="Port of the operator's /metrics; 0: off.")
 @click.option("-v", "--verbose", is_flag=True)
 def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_namespace: str | None,
-        resync_seconds: float, verbose: bool) -> None:
+        resync_seconds: float, prometheus_url: str | None, alertmanager_url: str | None,
+        analysis_tick_seconds: float, metrics_port: int, verbose: bool) -> None:
     """Run the operator against the cluster of $KUBECONFIG (or in-cluster credentials)."""
     import logging
     import os
@@ -103,6 +111,10 @@ def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_names
     os.environ[handlers.ENV_NAMESPACES] = ",".join(namespaces)
     os.environ[handlers.ENV_RESYNC_SECONDS] = str(resync_seconds)
     os.environ[handlers.ENV_LEASE_NAMESPACE] = lease_namespace or os.environ.get("POD_NAMESPACE", "default")
+    os.environ[handlers.ENV_PROMETHEUS_URL] = prometheus_url or ""
+    os.environ[handlers.ENV_ALERTMANAGER_URL] = alertmanager_url or ""
+    os.environ[handlers.ENV_ANALYSIS_TICK_SECONDS] = str(analysis_tick_seconds)
+    os.environ[handlers.ENV_METRICS_PORT] = str(metrics_port)
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per API call would drown the decisions
     kopf.run(

@@ -109,7 +109,7 @@ class OperatorProcess:
         self._file = log.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", namespace, "--lease-namespace", namespace,
-             "--resync-seconds", "3", "--liveness", "", "--log-format", "plain"],
+             "--resync-seconds", "3", "--liveness", "", "--log-format", "plain", "--metrics-port", "0"],
             env=env, stdout=self._file, stderr=subprocess.STDOUT, start_new_session=True,
         )
 

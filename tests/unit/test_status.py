@@ -1,19 +1,35 @@
 """next_status and transition_events: conditions, phase and Events as pure functions of observations."""
 
+from datetime import UTC, datetime
 from pathlib import Path
 
-from specdeploy.api.resource import load_resource
+from specdeploy.api.resource import ObjectMeta, SpeculativeDeployment, load_resource
+from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import Condition, ConditionStatus, Phase, SpeculativeDeploymentStatus
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import Variant
 from specdeploy.reconcile.conditions import transition_events
-from specdeploy.reconcile.status import DeploymentState, Planned, next_status
+from specdeploy.reconcile.speculation import step_speculation
+from specdeploy.reconcile.status import DeploymentState, Planned
+from specdeploy.reconcile.status import next_status as next_status_with
+
+T_DATES = {"2026-11-29T10:00:00Z": datetime(2026, 11, 29, 10, 0, tzinfo=UTC),
+           "2026-11-29T10:05:00Z": datetime(2026, 11, 29, 10, 5, tzinfo=UTC)}
+
+
+def next_status(previous: SpeculativeDeploymentStatus, spec: SpeculativeDeploymentSpec, generation: int,
+                planned: Planned, deployments: list[DeploymentState], now: str) -> SpeculativeDeploymentStatus:
+    """The reconciler's composition without a sample: the speculation step, then the status."""
+    resource = SpeculativeDeployment(metadata=ObjectMeta(name="x", namespace="ns"), spec=spec)
+    step = step_speculation(resource, previous.speculation, previous.analysis, planned.accepted, None, [],
+                            T_DATES[now])
+    return next_status_with(previous, spec, generation, planned, deployments, now, step.speculation, step.analysis)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 T0, T1 = "2026-11-29T10:00:00Z", "2026-11-29T10:05:00Z"
 
 
-def _spec(name: str):  # type: ignore[no-untyped-def]
+def _spec(name: str) -> SpeculativeDeploymentSpec:
     return load_resource((EXAMPLES / name).read_text()).spec
 
 

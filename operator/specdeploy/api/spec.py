@@ -276,8 +276,10 @@ class Serving(WireModel):
 
 
 class PrometheusSource(WireModel):
-    url: str = Field(
-        "http://prometheus.monitoring:9090", max_length=2048, description="Prometheus base URL"
+    url: str | None = Field(
+        None, max_length=2048,
+        description="Prometheus base URL, e.g. http://prometheus.monitoring:9090; the operator's --prometheus-url "
+        "when empty",
     )
     headers_secret_ref: str | None = Field(
         None, max_length=253, description="Secret in this namespace whose keys are HTTP headers (e.g. Authorization)"
@@ -359,7 +361,9 @@ class Analysis(WireModel):
 
 class Alerting(WireModel):
     alertmanager_url: str | None = Field(
-        None, max_length=2048, description="Alertmanager base URL; rollbacks raise an alert there"
+        None, max_length=2048,
+        description="Alertmanager base URL; rollbacks raise an alert there. The operator's --alertmanager-url when "
+        "empty; no alert when both are empty",
     )
 
 

@@ -105,8 +105,12 @@ class Compatibility(StatusModel):
 
 class Rollback(StatusModel):
     at: str = Field(description="RFC 3339 time of the rollback")
-    reason: str = Field(description="CamelCase reason, e.g. AcceptanceCollapsed")
+    reason: str = Field(description="CamelCase reason, e.g. AcceptanceBelowMinimum")
     evidence: str = Field(description="The numbers that decided it")
+    speculation_hash: str | None = Field(
+        None, description="Digest of spec.speculation at the rollback; a change re-enables speculation"
+    )
+    notified: bool = Field(False, description="The Event and the alert for this rollback were posted")
 
 
 class SpeculationStatus(StatusModel):
@@ -114,6 +118,19 @@ class SpeculationStatus(StatusModel):
     since: str | None = Field(None, description="When speculation last changed")
     rollbacks: int = 0
     last_rollback: Rollback | None = None
+    retry_annotation_seen: str | None = Field(
+        None, description="The specdeploy.io/retry-speculation value already acted on"
+    )
+
+
+class PreviousBaselineStatus(StatusModel):
+    """What the pods measured without speculation: the yardstick of `baseline.mode: Previous`."""
+
+    taken_at: str
+    requests_per_second: float
+    p99_inter_token_latency_seconds: float | None = None
+    p99_e2e_latency_seconds: float | None = None
+    p99_time_to_first_token_seconds: float | None = None
 
 
 class AnalysisStatus(StatusModel):
@@ -124,8 +141,10 @@ class AnalysisStatus(StatusModel):
     baseline_p99_inter_token_latency_seconds: float | None = None
     requests: float | None = None
     verdict: str | None = Field(None, description="Healthy, Failing or Inconclusive, with the reason")
+    message: str | None = Field(None, description="The verdict in a sentence, with the numbers")
     consecutive_failures: int = 0
     consecutive_inconclusive: int = 0
+    previous_baseline: PreviousBaselineStatus | None = None
 
 
 class ConditionStatus(StrEnum):

@@ -33,11 +33,14 @@ class Reason(StrEnum):
     PROGRESSING = "Progressing"
     UNAVAILABLE = "Unavailable"
     REJECTED = "Rejected"
-    # SpeculationHealthy
+    # SpeculationHealthy (False and Unknown reasons come from the analysis: AcceptanceBelowMinimum, NoData …)
+    HEALTHY = "Healthy"
     NOT_MEASURED = "NotMeasured"
     SPECULATION_DISABLED = "SpeculationDisabled"
-    # RolledBack
+    ROLLED_BACK = "RolledBack"
+    # RolledBack (True reasons are the rollback reasons)
     NOT_ROLLED_BACK = "NotRolledBack"
+    REENABLED = "Reenabled"
 
 
 class EventType(StrEnum):

@@ -20,14 +20,20 @@ from lightkube import ALL_NS, AsyncClient
 
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
 from specdeploy.reconcile import kube
-from specdeploy.reconcile.children import LABEL_NAME
+from specdeploy.reconcile.analysis_loop import analyse_forever
+from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT
 from specdeploy.reconcile.leader import LeaderElection
+from specdeploy.reconcile.metrics_server import serve_metrics
 from specdeploy.reconcile.reconciler import Reconciler
 
 ANNOTATION_PREFIX = "specdeploy.io"
 ENV_LEASE_NAMESPACE = "SPECDEPLOY_LEASE_NAMESPACE"
 ENV_RESYNC_SECONDS = "SPECDEPLOY_RESYNC_SECONDS"
 ENV_NAMESPACES = "SPECDEPLOY_NAMESPACES"   # comma-separated; empty: all namespaces
+ENV_PROMETHEUS_URL = "SPECDEPLOY_PROMETHEUS_URL"
+ENV_ALERTMANAGER_URL = "SPECDEPLOY_ALERTMANAGER_URL"
+ENV_ANALYSIS_TICK_SECONDS = "SPECDEPLOY_ANALYSIS_TICK_SECONDS"
+ENV_METRICS_PORT = "SPECDEPLOY_METRICS_PORT"      # empty or 0: no /metrics server
 
 logger = logging.getLogger(__name__)
 
@@ -66,18 +72,29 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     await election.acquire()
     memo.election = election
     memo.lease_task = asyncio.create_task(election.keep(on_lost=_lost_lease))
-    memo.reconciler = Reconciler(client, pod_monitors=await kube.pod_monitors_supported(client))
+    reconciler = Reconciler(client, pod_monitors=await kube.pod_monitors_supported(client),
+                            alertmanager_url=os.environ.get(ENV_ALERTMANAGER_URL) or None)
+    memo.reconciler = reconciler
     memo.resync_task = asyncio.create_task(
-        _resync_forever(memo.reconciler, float(os.environ.get(ENV_RESYNC_SECONDS, "30")))
+        _resync_forever(reconciler, float(os.environ.get(ENV_RESYNC_SECONDS, "30")))
     )
+    memo.analysis_task = asyncio.create_task(analyse_forever(
+        reconciler, _namespaces() or [ALL_NS], os.environ.get(ENV_PROMETHEUS_URL) or None,
+        float(os.environ.get(ENV_ANALYSIS_TICK_SECONDS, "5")),
+    ))
+    port = int(os.environ.get(ENV_METRICS_PORT) or 0)
+    memo.metrics_server = await serve_metrics(reconciler.metrics, port) if port else None
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    for task_name in ("resync_task", "lease_task"):
+    for task_name in ("analysis_task", "resync_task", "lease_task"):
         task = getattr(memo, task_name, None)
         if task is not None:
             task.cancel()
+    server = getattr(memo, "metrics_server", None)
+    if server is not None:
+        await server.cleanup()
     election = getattr(memo, "election", None)
     if election is not None:
         await election.release()
@@ -102,6 +119,22 @@ async def child_deployment_changed(
         await memo.reconciler.reconcile(namespace, owner)
     except Exception:  # the resync retries; one bad event must not stop the watch
         logger.exception("reconciling %s/%s after a Deployment change failed", namespace, owner)
+
+
+@kopf.on.event("", "v1", "pods", labels={"app.kubernetes.io/managed-by": "specdeploy",
+                                         LABEL_VARIANT: "speculative"})
+async def speculative_pod_changed(
+    namespace: str | None, labels: Mapping[str, str], status: Mapping[str, Any], memo: Any, type: str, **_: Any
+) -> None:
+    """A speculative pod's container restarted: reconcile at once (an OOM death rolls back at once)."""
+    owner = labels.get(LABEL_NAME)
+    restarted = any(c.get("restartCount", 0) > 0 for c in status.get("containerStatuses") or [])
+    if owner is None or namespace is None or not type or not restarted:
+        return
+    try:
+        await memo.reconciler.reconcile(namespace, owner)
+    except Exception:
+        logger.exception("reconciling %s/%s after a pod restart failed", namespace, owner)
 
 
 async def _resync_forever(reconciler: Reconciler, interval: float) -> None:

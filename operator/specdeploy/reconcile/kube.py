@@ -8,6 +8,7 @@ there changes nothing, so status-only reconciles never restart pods.
 
 from __future__ import annotations
 
+import base64
 import datetime
 import logging
 from typing import Any
@@ -19,7 +20,7 @@ from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment
-from lightkube.resources.core_v1 import ConfigMap, Event, Service
+from lightkube.resources.core_v1 import Event, Pod, Secret
 from lightkube.types import PatchType
 
 from specdeploy.api.resource import GROUP, KIND, PLURAL, VERSION
@@ -152,13 +153,31 @@ async def write_status(client: AsyncClient, namespace: str, name: str, old: dict
     )
 
 
-async def post_event(client: AsyncClient, body: dict[str, Any], event: SdEvent) -> None:
-    """A core/v1 Event on the SD, as `kubectl describe sd` lists them. Failures are logged, not raised."""
+async def speculative_pods(client: AsyncClient, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The speculative engine pods of SD `name`, as JSON (their container states tell OOM deaths)."""
+    labels: dict[str, Any] = {LABEL_NAME: name, LABEL_VARIANT: Variant.SPECULATIVE.value}
+    return [pod.to_dict() async for pod in client.list(Pod, namespace=namespace, labels=labels)]
+
+
+async def secret_headers(client: AsyncClient, namespace: str, name: str) -> dict[str, str]:
+    """HTTP headers from a Secret: each key a header name, each value its value. Never logged."""
+    secret = await client.get(Secret, name, namespace=namespace)
+    return {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+
+
+async def post_event(client: AsyncClient, body: dict[str, Any], event: SdEvent, name: str | None = None) -> bool:
+    """A core/v1 Event on the SD, as `kubectl describe sd` lists them; True when it exists afterwards.
+
+    A fixed `name` makes the Event exactly-once: posting it again (after a crash) finds it there.
+    Other failures are logged, not raised.
+    """
     metadata = body["metadata"]
     now = datetime.datetime.now(datetime.UTC)
+    object_meta = (ObjectMeta(name=name, namespace=metadata["namespace"]) if name
+                   else ObjectMeta(generateName=f"{metadata['name']}.", namespace=metadata["namespace"]))
     try:
         await client.create(Event(
-            metadata=ObjectMeta(generateName=f"{metadata['name']}.", namespace=metadata["namespace"]),
+            metadata=object_meta,
             involvedObject=ObjectReference(
                 apiVersion=f"{GROUP}/{VERSION}", kind=KIND, name=metadata["name"],
                 namespace=metadata["namespace"], uid=metadata.get("uid"),
@@ -169,8 +188,10 @@ async def post_event(client: AsyncClient, body: dict[str, Any], event: SdEvent) 
             reportingComponent="specdeploy.io/operator", reportingInstance="specdeploy",
         ))
     except ApiError as error:
+        if error.status.code == 409:
+            return True
         logger.warning("could not post Event %s on %s/%s: %s", event.reason, metadata["namespace"],
                        metadata["name"], error)
+        return False
+    return True
 
-
-__all__ = ["ConfigMap", "Deployment", "Service"]

@@ -1,9 +1,11 @@
-"""`reconcile`: read one SpeculativeDeployment, plan it, apply its children, write its status.
+"""`reconcile`: read one SpeculativeDeployment, plan it, decide on speculation, apply its children,
+write its status, tell people.
 
-Level-based and idempotent: every trigger (the SD changed, a child changed, the periodic resync) runs
-the same function on the object as it is now, under one lock per object, so an operator killed at any
-point and restarted converges to the same children and status. A generation that is rejected changes
-nothing that runs.
+Level-based and idempotent: every trigger (the SD changed, a child changed, an analysis sample, the
+periodic resync) runs the same function on the object as it is now, under one lock per object, so an
+operator killed at any point and restarted converges to the same children and status. A generation
+that is rejected changes nothing that runs. A rollback is written to status before anything acts on
+it, and its Event (fixed name) and alert are sent once, then marked as sent.
 """
 
 from __future__ import annotations
@@ -18,6 +20,12 @@ from typing import Any
 from lightkube import AsyncClient
 from pydantic import ValidationError
 
+from specdeploy.analysis import evidence
+from specdeploy.analysis.alerts import AlertmanagerError, post_alerts, rollback_alert
+from specdeploy.analysis.metrics import OperatorMetrics
+from specdeploy.analysis.oom import out_of_memory
+from specdeploy.analysis.samples import DeploymentSample
+from specdeploy.analysis.verdict import kind
 from specdeploy.api.resource import SpeculativeDeployment, describe_validation_error
 from specdeploy.api.status import Finding, Severity, SpeculativeDeploymentStatus
 from specdeploy.engines import EngineRenderError
@@ -26,13 +34,12 @@ from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile import kube
 from specdeploy.reconcile.children import desired_children, engine_command, variants
 from specdeploy.reconcile.conditions import Event, Reason, transition_events
+from specdeploy.reconcile.speculation import SpeculationStep, step_speculation
 from specdeploy.reconcile.status import Planned, next_status
 
 logger = logging.getLogger(__name__)
 
-
-def rfc3339(moment: datetime.datetime) -> str:
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+ROLLBACK_EVENT_REASON = "SpeculationRolledBack"
 
 
 def plan_resource(resource: SpeculativeDeployment) -> Planned:
@@ -53,22 +60,26 @@ def plan_resource(resource: SpeculativeDeployment) -> Planned:
 
 @dataclass
 class Reconciler:
-    """Operator-wide state (kept in kopf's memo): the API client and one lock per SpeculativeDeployment."""
+    """Operator-wide state (kept in kopf's memo): the API client, defaults, metrics, one lock per SD."""
 
     client: AsyncClient
     pod_monitors: bool = False
+    alertmanager_url: str | None = None     # used when an SD sets no spec.alerting.alertmanagerUrl
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     _locks: defaultdict[tuple[str, str], asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
 
-    async def reconcile(self, namespace: str, name: str) -> None:
-        """Bring SD `namespace/name` and its children to what its spec and status say."""
+    async def reconcile(self, namespace: str, name: str, sample: DeploymentSample | None = None) -> None:
+        """Bring SD `namespace/name` and its children to what its spec and status say; `sample` is an
+        analysis sample taken for it this cycle."""
         async with self._locks[(namespace, name)]:
             body = await kube.get_resource(self.client, namespace, name)
             if body is None:
                 self._locks.pop((namespace, name), None)
+                self.metrics.forget(namespace, name)
                 return
-            await self._reconcile(body)
+            await self._reconcile(body, sample)
 
-    async def _reconcile(self, body: dict[str, Any]) -> None:
+    async def _reconcile(self, body: dict[str, Any], sample: DeploymentSample | None) -> None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         generation = int(body["metadata"].get("generation") or 0)
         old_status: dict[str, Any] = body.get("status") or {}
@@ -80,17 +91,28 @@ class Reconciler:
             logger.warning("%s/%s does not validate: %s", namespace, name, describe_validation_error(error))
             return
         planned = plan_resource(resource)
-        now = rfc3339(datetime.datetime.now(datetime.UTC))
+        moment = datetime.datetime.now(datetime.UTC)
+        now = evidence.rfc3339(moment)
         existing = await kube.observe_deployments(self.client, namespace, name)
-        status = next_status(previous, resource.spec, generation, planned, existing, now)
-        events: list[Event] = []
+        step = await self._step(resource, previous, planned, sample, moment)
+        status = next_status(previous, resource.spec, generation, planned, existing, now,
+                             step.speculation, step.analysis)
+        events: list[Event] = list(step.events)
+        if step.rollback is not None:
+            # Persist the decision before acting on it: after a crash from here on, the status already
+            # says "rolled back", so the decision is never taken twice.
+            await kube.write_status(self.client, namespace, name, old_status, status.to_wire())
+            old_status = status.to_wire()
+            self.metrics.rollback(namespace, name, step.rollback.reason.value)
+            logger.warning("%s/%s rolled back: %s", namespace, name, step.rollback.evidence)
         if planned.plan is not None and planned.accepted:
             children = desired_children(resource.model_copy(update={"status": status}), planned.plan,
                                         pod_monitor=self.pod_monitors)
             events += await kube.apply_children(self.client, children, generation, existing)
             events += await kube.prune_children(self.client, namespace, name, children, existing, self.pod_monitors)
             existing = await kube.observe_deployments(self.client, namespace, name)
-            status = next_status(previous, resource.spec, generation, planned, existing, now)
+            status = next_status(previous, resource.spec, generation, planned, existing, now,
+                                 step.speculation, step.analysis)
         events += transition_events(previous.conditions, status.conditions)
         new_status = status.to_wire()
         if new_status != old_status:
@@ -98,3 +120,63 @@ class Reconciler:
         for event in events:
             logger.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
             await kube.post_event(self.client, body, event)
+        self._observe(namespace, name, status, step)
+        await self._notify(body, resource, status, step, moment, sampled=sample is not None)
+
+    async def _step(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus,
+                    planned: Planned, sample: DeploymentSample | None, now: datetime.datetime) -> SpeculationStep:
+        """The speculation step, with the OOM deaths of the speculative pods since speculation started."""
+        deaths = []
+        speculation = previous.speculation
+        if planned.accepted and speculation is not None and speculation.active:
+            pods = await kube.speculative_pods(self.client, resource.metadata.namespace or "", resource.metadata.name)
+            since = evidence.parse_rfc3339(speculation.since) if speculation.since else None
+            deaths = out_of_memory(pods, since)
+        return step_speculation(resource, previous.speculation, previous.analysis, planned.accepted, sample,
+                                deaths, now)
+
+    def _observe(self, namespace: str, name: str, status: SpeculativeDeploymentStatus, step: SpeculationStep) -> None:
+        if status.speculation is not None:
+            self.metrics.speculation_active(namespace, name, status.speculation.active)
+        if step.verdict is not None:
+            self.metrics.verdict(kind(step.verdict))
+            self.metrics.acceptance_rate(namespace, name, step.analysis.acceptance_rate if step.analysis else None)
+
+    async def _notify(self, body: dict[str, Any], resource: SpeculativeDeployment,
+                      status: SpeculativeDeploymentStatus, step: SpeculationStep, now: datetime.datetime,
+                      sampled: bool) -> None:
+        """The rollback's Event and alert, once; the alert kept firing while rolled back, resolved after."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        speculation = status.speculation
+        record = speculation.last_rollback if speculation is not None else None
+        if speculation is None or record is None:
+            return
+        url = resource.spec.alerting.alertmanager_url or self.alertmanager_url
+        started = evidence.parse_rfc3339(record.at)
+
+        async def alert(ends_at: datetime.datetime | None) -> bool:
+            if not url:
+                return True
+            try:
+                await post_alerts(url, [rollback_alert(namespace, name, record.reason, record.evidence, "",
+                                                       started, ends_at)])
+            except AlertmanagerError as error:
+                logger.warning("%s/%s: could not send the rollback alert to %s: %s", namespace, name, url, error)
+                return False
+            return True
+
+        if step.reenabled is not None:
+            await alert(ends_at=now)
+            return
+        if speculation.active:
+            return
+        if not record.notified:
+            event = Event.warning(ROLLBACK_EVENT_REASON, f"{record.reason}: {record.evidence}")
+            posted = await kube.post_event(self.client, body, event,
+                                           name=f"{name}.speculation-rolled-back-{speculation.rollbacks}")
+            if posted and await alert(ends_at=None):
+                marked = status.model_copy(update={"speculation": speculation.model_copy(update={
+                    "last_rollback": record.model_copy(update={"notified": True})})})
+                await kube.write_status(self.client, namespace, name, status.to_wire(), marked.to_wire())
+        elif sampled:
+            await alert(ends_at=None)  # every analysis cycle: Alertmanager resolves an alert not re-sent

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import (
+    AnalysisStatus,
     Compatibility,
     Condition,
     ConditionStatus,
@@ -137,30 +138,62 @@ def _ready_condition(
     )
 
 
-def next_speculation(
-    previous: SpeculationStatus | None, spec: SpeculativeDeploymentSpec, planned: Planned, now: str
-) -> SpeculationStatus:
-    """Whether the pods speculate. A rejected generation changes nothing that runs, so nothing here."""
-    if not planned.accepted:
-        return previous if previous is not None else SpeculationStatus(active=False, since=now, rollbacks=0)
-    active = spec.speculation.enabled
-    if previous is None:
-        return SpeculationStatus(active=active, since=now, rollbacks=0)
-    if previous.active == active:
-        return previous
-    return previous.model_copy(update={"active": active, "since": now})
+def _verdict_kind(analysis: AnalysisStatus | None) -> str | None:
+    """"Healthy", "Failing" or "Inconclusive" from status.analysis.verdict ("Failing: <Reason>")."""
+    if analysis is None or not analysis.verdict:
+        return None
+    return analysis.verdict.split(":", 1)[0]
+
+
+def _speculation_healthy(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus,
+                         analysis: AnalysisStatus | None) -> tuple[ConditionStatus, str, str]:
+    if not speculation.active:
+        if speculation.last_rollback is not None and spec.speculation.enabled:
+            return ConditionStatus.UNKNOWN, Reason.ROLLED_BACK, "speculation was rolled back; see RolledBack"
+        return ConditionStatus.UNKNOWN, Reason.SPECULATION_DISABLED, "the pods run without speculation"
+    kind = _verdict_kind(analysis)
+    if analysis is None or kind is None or analysis.last_sample_at is None or (
+        speculation.since is not None and analysis.last_sample_at < speculation.since
+    ):
+        return ConditionStatus.UNKNOWN, Reason.NOT_MEASURED, "no analysis sample since speculation started"
+    reason = analysis.verdict.split(": ", 1)[1] if analysis.verdict and ": " in analysis.verdict else kind
+    text = analysis.message or analysis.verdict or ""
+    if kind == "Healthy":
+        return ConditionStatus.TRUE, Reason.HEALTHY, text
+    if kind == "Failing":
+        count = f" ({analysis.consecutive_failures} of failureLimit {spec.analysis.failure_limit} in a row)"
+        return ConditionStatus.FALSE, reason, text + count
+    return ConditionStatus.UNKNOWN, reason, text
+
+
+def _rolled_back(speculation: SpeculationStatus) -> tuple[ConditionStatus, str, str]:
+    record = speculation.last_rollback
+    if record is None:
+        return ConditionStatus.FALSE, Reason.NOT_ROLLED_BACK, "speculation has not been rolled back"
+    if speculation.active:
+        return ConditionStatus.FALSE, Reason.REENABLED, (
+            f"speculating again since {speculation.since}; the last rollback ({record.reason}, {record.at}): "
+            f"{record.evidence}"
+        )
+    return ConditionStatus.TRUE, record.reason, (
+        f"{record.evidence}. Speculation comes back when `spec.speculation` changes, when the annotation "
+        f"specdeploy.io/retry-speculation is set to a new value, or after the cooldown with `reenable: Auto`"
+    )
 
 
 def _phase(planned: Planned, ready: ConditionStatus, ready_reason: str, previous_ready: Condition | None,
-           speculation: SpeculationStatus) -> Phase:
+           speculation: SpeculationStatus, healthy: ConditionStatus) -> Phase:
     if not planned.accepted:
         return Phase.REJECTED
+    if not speculation.active and speculation.last_rollback is not None and planned.plan is not None \
+            and planned.plan.spec.speculation.enabled:
+        return Phase.ROLLED_BACK
     if ready != ConditionStatus.TRUE:
         was_ready = previous_ready is not None and previous_ready.status == ConditionStatus.TRUE
         return Phase.DEGRADED if was_ready and ready_reason == Reason.UNAVAILABLE else Phase.DEPLOYING
     if not speculation.active:
-        return Phase.ROLLED_BACK if speculation.last_rollback is not None else Phase.SERVING
-    return Phase.MEASURING
+        return Phase.SERVING
+    return Phase.SPECULATING if healthy == ConditionStatus.TRUE else Phase.MEASURING
 
 
 def next_status(
@@ -170,18 +203,15 @@ def next_status(
     planned: Planned,
     deployments: list[DeploymentState],
     now: str,
+    speculation: SpeculationStatus,
+    analysis: AnalysisStatus | None,
 ) -> SpeculativeDeploymentStatus:
-    """The status to write after reconciling `generation` of `spec`."""
-    speculation = next_speculation(previous.speculation, spec, planned, now)
+    """The status to write after reconciling `generation` of `spec`, with the speculation step's result."""
     memory_plan: MemoryPlan | None = planned.plan.memory if planned.plan is not None else None
     compatibility: Compatibility | None = planned.plan.compatibility if planned.plan is not None else None
     ready = _ready_condition(planned, variants(spec), deployments, generation)
-    speculation_healthy = (
-        (ConditionStatus.UNKNOWN, Reason.NOT_MEASURED, "no analysis sample yet")
-        if speculation.active
-        else (ConditionStatus.UNKNOWN, Reason.SPECULATION_DISABLED, "the pods run without speculation")
-    )
-    rolled_back = (ConditionStatus.FALSE, Reason.NOT_ROLLED_BACK, "speculation has not been rolled back")
+    speculation_healthy = _speculation_healthy(spec, speculation, analysis)
+    rolled_back = _rolled_back(speculation)
     conditions = list(previous.conditions)
     for type_, (status, reason, message) in (
         (ConditionType.MEMORY_FITS, _memory_condition(planned)),
@@ -192,7 +222,7 @@ def next_status(
     ):
         conditions = set_condition(conditions, condition(type_, status, reason, message, now, generation))
     previous_ready = next((c for c in previous.conditions if c.type == ConditionType.READY), None)
-    phase = _phase(planned, ready[0], ready[1], previous_ready, speculation)
+    phase = _phase(planned, ready[0], ready[1], previous_ready, speculation, speculation_healthy[0])
     order = {t.value: i for i, t in enumerate(ConditionType)}
     conditions.sort(key=lambda c: order.get(c.type, len(order)))
     return previous.model_copy(update={
@@ -201,5 +231,6 @@ def next_status(
         "memory_plan": memory_plan,
         "compatibility": compatibility,
         "speculation": speculation,
+        "analysis": analysis,
         "conditions": conditions,
     })

@@ -1,0 +1,107 @@
+"""The operator's one analysis loop: every tick, the SDs whose `analysis.interval` has passed are
+sampled together — one PromQL query per signal per (engine, window) for each Prometheus, not one per
+SD — and each is reconciled with its sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+
+from specdeploy.analysis import evidence
+from specdeploy.analysis.prometheus import PrometheusClient, query_all
+from specdeploy.analysis.queries import query_group
+from specdeploy.api.resource import SpeculativeDeployment
+from specdeploy.reconcile import kube
+from specdeploy.reconcile.reconciler import Reconciler
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an SD's metrics are: a Prometheus URL and the Secret holding its headers."""
+
+    url: str
+    namespace: str
+    headers_secret: str | None
+
+
+def due(resource: SpeculativeDeployment, now: float) -> bool:
+    """Whether the SD's last sample is at least one `analysis.interval` old (or there is none)."""
+    status = resource.status
+    last = status.analysis.last_sample_at if status is not None and status.analysis is not None else None
+    if last is None:
+        return True
+    return now - evidence.parse_rfc3339(last).timestamp() >= resource.spec.analysis.interval - 0.5
+
+
+def source_of(resource: SpeculativeDeployment, default_url: str | None) -> Source | None:
+    url = resource.spec.analysis.prometheus.url or default_url
+    if not url:
+        return None
+    secret = resource.spec.analysis.prometheus.headers_secret_ref
+    namespace = (resource.metadata.namespace or "") if secret else ""  # headers are per namespace's Secret
+    return Source(url, namespace, secret)
+
+
+async def _list(client: AsyncClient, namespaces: Iterable[str]) -> list[SpeculativeDeployment]:
+    resources = []
+    for namespace in namespaces:
+        async for obj in client.list(kube.SpeculativeDeploymentResource, namespace=namespace):
+            try:
+                resources.append(SpeculativeDeployment.model_validate(obj.to_dict()))
+            except ValueError as error:
+                name = obj.metadata.name if obj.metadata else "?"
+                logger.warning("skipping %s in analysis: %s", name, error)
+    return resources
+
+
+async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], default_url: str | None) -> int:
+    """One cycle: sample every due SD and reconcile it with its sample; returns how many were sampled."""
+    started = time.monotonic()
+    now = time.time()
+    resources = [r for r in await _list(reconciler.client, namespaces) if due(r, now)]
+    by_source: defaultdict[Source, list[SpeculativeDeployment]] = defaultdict(list)
+    for resource in resources:
+        source = source_of(resource, default_url)
+        if source is not None:
+            by_source[source].append(resource)
+    for source, members in by_source.items():
+        headers = None
+        if source.headers_secret:
+            try:
+                headers = await kube.secret_headers(reconciler.client, source.namespace, source.headers_secret)
+            except ApiError as error:
+                logger.warning("cannot read Secret %s/%s for Prometheus headers: %s", source.namespace,
+                               source.headers_secret, error.status.message)
+        async with PrometheusClient(source.url, headers=headers) as prometheus:
+            samples = await query_all(prometheus, {query_group(r.spec) for r in members}, at=now)
+        reconciler.metrics.queries(samples.query_seconds)
+        for resource in members:
+            namespace, name = resource.metadata.namespace or "", resource.metadata.name
+            sample = samples.for_deployment(namespace, name, resource.spec.engine.kind, resource.spec.analysis.window)
+            try:
+                await reconciler.reconcile(namespace, name, sample)
+            except Exception:  # one SD's failure must not stop the others' analysis
+                logger.exception("reconciling %s/%s with its sample failed", namespace, name)
+    reconciler.metrics.cycle(time.monotonic() - started)
+    return sum(len(members) for members in by_source.values())
+
+
+async def analyse_forever(reconciler: Reconciler, namespaces: list[str], default_url: str | None,
+                          tick: float) -> None:
+    """Run `analyse_once` every `tick` seconds until cancelled."""
+    while True:
+        try:
+            await analyse_once(reconciler, namespaces, default_url)
+        except Exception:
+            logger.exception("analysis cycle failed")
+        await asyncio.sleep(tick)
