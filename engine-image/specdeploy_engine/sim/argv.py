@@ -1,0 +1,501 @@
+"""Read an engine container's command line the way the engine would, or refuse it the way it would.
+
+    config = parse_engine_argv(["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct",
+                                "--speculative-config", '{"method":"eagle3","model":"…","num_speculative_tokens":3}'])
+    config.kind, config.speculation.num_speculative_tokens      # EngineKind.VLLM, 3
+
+Exceptions:
+
+    ValueError
+     └── EngineArgvError   the engine would not start: `stderr` is what it prints, `exit_code` its status
+
+The engine is told by the command: `vllm serve …` (or `python3 -m vllm.entrypoints.openai.api_server`),
+`python3 -m sglang.launch_server …`, `trtllm-serve MODEL …`. vLLM and SGLang options are checked against
+their real flag tables (sim/flag_tables.py); TensorRT-LLM's speculative settings come from the YAML named
+by `--config`, read from `config_dir` where the ConfigMap is mounted (`/etc/specdeploy` in a pod).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specdeploy.api.spec import EngineKind, KvCacheDtype, Method, Quantization
+from specdeploy.engines import CONFIG_MOUNT_PATH
+from specdeploy.engines import sglang as sglang_engine
+from specdeploy.engines import trtllm as trtllm_engine
+from specdeploy.engines import vllm as vllm_engine
+from specdeploy.planning.gpus import GpuProduct
+from specdeploy_engine.sim import flag_tables
+from specdeploy_engine.sim.options import OptionError, scan, table
+
+
+class EngineArgvError(ValueError):
+    """The engine refuses this command line. `stderr` is its message, `exit_code` its exit status
+    (2 for argument errors, as argparse and click exit; 1 for errors raised while building the config)."""
+
+    def __init__(self, stderr: str, exit_code: int = 2) -> None:
+        super().__init__(stderr)
+        self.stderr = stderr
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """Speculative decoding as the engine was told to run it."""
+
+    method: Method               # the nearest spec method (the timing model's drafter)
+    engine_method: str           # the engine's own name: "eagle3", "EAGLE3", "Eagle3"
+    num_speculative_tokens: int  # k: tokens drafted per sequence per step
+    verify_tokens: int           # tokens the target checks per sequence per step: k + 1 for a chain
+    draft_model: str | None = None
+    draft_tensor_parallel_size: int | None = None
+    draft_quantization: Quantization = Quantization.NONE
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the engine would run: model, parallelism, scheduler limits, speculation, endpoints."""
+
+    kind: EngineKind
+    model: str
+    served_model_name: str
+    host: str
+    port: int
+    tensor_parallel_size: int
+    max_model_len: int | None            # None: the model's maximum
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    quantization: Quantization
+    kv_cache_dtype: KvCacheDtype
+    speculation: SpeculationConfig | None
+    health_path: str
+    metrics_path: str | None             # None: these flags expose no Prometheus metrics
+
+
+def parse_engine_argv(
+    argv: Sequence[str], *, config_dir: Path | None = None, gpu: GpuProduct | None = None
+) -> EngineConfig:
+    """The engine config of a full container command line (command then args).
+
+    `config_dir` stands in for CONFIG_MOUNT_PATH; `gpu` decides the engines' hardware-dependent defaults.
+    Raises EngineArgvError with the engine's own wording when the engine would refuse to start.
+    """
+    args = list(argv)
+    program = os.path.basename(args[0]) if args else ""
+    if program == "vllm" and args[1:2] == ["serve"]:
+        return _vllm(args[2:], gpu)
+    if program.startswith("python") and args[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
+        return _vllm(args[3:], gpu)
+    if program.startswith("python") and args[1:3] == ["-m", "sglang.launch_server"]:
+        return _sglang(args[3:])
+    if program == "trtllm-serve":
+        rest = args[2:] if args[1:2] == ["serve"] else args[1:]
+        return _trtllm(rest, config_dir)
+    shown = " ".join(args[:3]) or "(empty)"
+    raise EngineArgvError(
+        f"specdeploy-sim: cannot simulate the command {shown!r}: expected `vllm serve MODEL …`, "
+        "`python3 -m sglang.launch_server …` or `trtllm-serve MODEL …`\n",
+        exit_code=2,
+    )
+
+
+# --- shared -----------------------------------------------------------------------------------------------
+
+# Engine --quantization values -> the planner's quantisation (weight bytes). Values that name no single
+# width (compressed-tensors, modelopt …) leave the checkpoint's own, which the planner reads as `none`.
+_QUANTIZATION = {
+    "fp8": Quantization.FP8, "fbgemm_fp8": Quantization.FP8, "fp8_per_tensor": Quantization.FP8,
+    "fp8_per_channel": Quantization.FP8, "fp8_per_block": Quantization.FP8, "w8a8_fp8": Quantization.FP8,
+    "modelopt_fp8": Quantization.FP8, "awq": Quantization.AWQ, "awq_marlin": Quantization.AWQ,
+    "auto_awq": Quantization.AWQ, "gptq": Quantization.GPTQ, "gptq_marlin": Quantization.GPTQ,
+    "auto_gptq": Quantization.GPTQ, "w8a8_int8": Quantization.INT8, "experts_int8": Quantization.INT8,
+}
+
+_KV_CACHE_DTYPES = {
+    "fp8": KvCacheDtype.FP8, "fp8_e4m3": KvCacheDtype.FP8_E4M3, "fp8_e5m2": KvCacheDtype.FP8_E5M2,
+}
+
+
+def _quantization(value: Any) -> Quantization:
+    return _QUANTIZATION.get(str(value), Quantization.NONE) if value else Quantization.NONE
+
+
+def _traceback(final: str, program: str) -> str:
+    """The tail of the Python traceback an engine prints when its config is refused at start-up: from a
+    console script (`vllm`, `trtllm-serve`) or from a module run with -m (`sglang.launch_server`)."""
+    if "." in program:
+        entry = '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
+    else:
+        entry = f'  File "/usr/local/bin/{program}", line 8, in <module>\n    sys.exit(main())\n'
+    return f"Traceback (most recent call last):\n{entry}{final}\n"
+
+
+def _argparse_error(usage: str, prog: str, message: str) -> EngineArgvError:
+    return EngineArgvError(f"usage: {usage}\n{prog}: error: {message}\n", exit_code=2)
+
+
+def _positive(value: int, name: str, program: str) -> int:
+    if value < 1:
+        raise EngineArgvError(_traceback(f"ValueError: {name} must be at least 1, got {value}.", program), 1)
+    return value
+
+
+# --- vLLM -------------------------------------------------------------------------------------------------
+
+_VLLM_USAGE = "vllm serve [model_tag] [options]"
+_VLLM_PROG = "vllm serve"
+# vllm/entrypoints/cli/serve.py: `vllm serve` without a model serves this one.
+VLLM_DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+
+# vllm/config/speculative.py: method names that are one spec method under another name.
+_VLLM_METHODS = {
+    "draft_model": Method.DRAFT_MODEL, "eagle": Method.EAGLE, "eagle3": Method.EAGLE3, "mtp": Method.MTP,
+    "ngram": Method.NGRAM, "ngram_gpu": Method.NGRAM, "suffix": Method.SUFFIX,
+}
+
+
+def _vllm_batch_defaults(gpu: GpuProduct | None) -> tuple[int, int]:
+    """vLLM's max_num_seqs and max_num_batched_tokens for the OpenAI server when not given.
+
+    vllm/engine/arg_utils.py (get_batch_defaults): GPUs with at least 70 GiB that are not A100s get
+    1024 sequences and 8192 tokens; others 256 and 2048.
+    """
+    if gpu is not None and gpu.memory_gib >= 70 and "A100" not in gpu.name.upper():
+        return 1024, 8192
+    if gpu is None:
+        return 1024, 8192       # the simulator's default GPU is an H100
+    return 256, 2048
+
+
+def _vllm(args: list[str], gpu: GpuProduct | None) -> EngineConfig:
+    try:
+        found = scan(args, table("vllm"), underscores_to_dashes=True)
+    except OptionError as error:
+        raise _argparse_error(_VLLM_USAGE, _VLLM_PROG, str(error)) from None
+    extras = found.positionals[1:] + found.unrecognized
+    if extras:
+        raise _argparse_error(_VLLM_USAGE, _VLLM_PROG, "unrecognized arguments: " + " ".join(extras))
+    values = found.values
+    model = found.positionals[0] if found.positionals else values.get("model") or VLLM_DEFAULT_MODEL
+    served = values.get("served_model_name") or [model]
+    seqs_default, tokens_default = _vllm_batch_defaults(gpu)
+    speculation = _vllm_speculation(values)
+    return EngineConfig(
+        kind=EngineKind.VLLM,
+        model=model,
+        served_model_name=served[0],
+        host=values.get("host") or "0.0.0.0",
+        port=values.get("port") or 8000,
+        tensor_parallel_size=_positive(values.get("tensor_parallel_size") or 1, "tensor_parallel_size", "vllm"),
+        max_model_len=values.get("max_model_len"),
+        max_num_seqs=_positive(values.get("max_num_seqs") or seqs_default, "max_num_seqs", "vllm"),
+        max_num_batched_tokens=values.get("max_num_batched_tokens") or tokens_default,
+        gpu_memory_utilization=values.get("gpu_memory_utilization") or 0.9,
+        quantization=_quantization(values.get("quantization")),
+        kv_cache_dtype=_KV_CACHE_DTYPES.get(str(values.get("kv_cache_dtype")), KvCacheDtype.AUTO),
+        speculation=speculation,
+        health_path=vllm_engine.HEALTH_PATH,
+        metrics_path=vllm_engine.METRICS_PATH,
+    )
+
+
+def _pydantic_error(model: str, field: str, message: str, kind: str, value: Any) -> str:
+    return (
+        f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {model}\n{field}\n"
+        f"  {message} [type={kind}, input_value={value!r}, input_type={type(value).__name__}]"
+    )
+
+
+def _vllm_speculation(values: dict[str, Any]) -> SpeculationConfig | None:
+    """--speculative-config (or the --spec-method/--spec-model/--spec-tokens shorthand), validated as
+    vllm/config/speculative.py validates SpeculativeConfig."""
+    text = values.get("speculative_config")
+    if text is None and values.get("spec_method") in (None, "None"):
+        return None
+    if text is not None:
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError:
+            raise _argparse_error(
+                _VLLM_USAGE, _VLLM_PROG, f"argument --speculative-config/-sc: invalid loads value: {text!r}"
+            ) from None
+        if not isinstance(config, dict):
+            raise _argparse_error(
+                _VLLM_USAGE, _VLLM_PROG, f"argument --speculative-config/-sc: invalid loads value: {text!r}"
+            )
+    else:
+        config = {"method": values["spec_method"], "model": values.get("spec_model"),
+                  "num_speculative_tokens": values.get("spec_tokens")}
+        config = {key: value for key, value in config.items() if value is not None}
+    fields = flag_tables.VLLM_SPECULATIVE_CONFIG_FIELDS
+    for key in config:
+        if key not in fields:
+            raise EngineArgvError(_traceback(_pydantic_error(
+                "SpeculativeConfig", key, "Extra inputs are not permitted", "extra_forbidden", config[key]), "vllm"), 1)
+    if "tensor_parallel_size" in config:
+        raise EngineArgvError(_traceback(
+            "ValueError: tensor_parallel_size is not a speculative_config option: pass "
+            "draft_tensor_parallel_size instead.", "vllm"), 1)
+    model = config.get("model")
+    method = config.get("method")
+    if method is None:
+        # SpeculativeConfig.__post_init__: without a method, the draft's name decides.
+        lowered = str(model or "").lower()
+        method = "eagle3" if "eagle3" in lowered else "eagle" if "eagle-" in lowered else "draft_model"
+    methods = flag_tables.VLLM_SPECULATIVE_METHODS
+    if method not in methods:
+        listed = ", ".join(repr(name) for name in methods[:-1]) + f" or {methods[-1]!r}"
+        raise EngineArgvError(_traceback(_pydantic_error(
+            "SpeculativeConfig", "method", f"Input should be {listed}", "literal_error", method), "vllm"), 1)
+    spec_method = _VLLM_METHODS.get(method, Method.MTP if method.endswith("_mtp") else Method.EAGLE3)
+    k = config.get("num_speculative_tokens")
+    if k is None:
+        if spec_method != Method.MTP:
+            raise EngineArgvError(_traceback(
+                "ValueError: num_speculative_tokens must be provided with speculative model unless the draft "
+                "model config contains an n_predict parameter.", "vllm"), 1)
+        k = 1   # the model's own MTP layer count (one for the catalog's MTP models)
+    if not isinstance(k, int) or k < 1:
+        raise EngineArgvError(_traceback(_pydantic_error(
+            "SpeculativeConfig", "num_speculative_tokens", "Input should be greater than 0", "greater_than", k),
+            "vllm"), 1)
+    if model is None and spec_method in (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3):
+        raise EngineArgvError(_traceback(
+            "ValueError: num_speculative_tokens was provided but without speculative model.", "vllm"), 1)
+    return SpeculationConfig(
+        method=spec_method,
+        engine_method=method,
+        num_speculative_tokens=k,
+        verify_tokens=k + 1,
+        draft_model=model if spec_method in (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3) else None,
+        draft_tensor_parallel_size=config.get("draft_tensor_parallel_size"),
+        draft_quantization=_quantization(config.get("quantization")),
+    )
+
+
+# --- SGLang -----------------------------------------------------------------------------------------------
+
+_SGLANG_PROG = "launch_server.py"
+_SGLANG_USAGE = "launch_server.py [-h] --model-path MODEL_PATH [options]"
+# sglang/srt/speculative/spec_info.py names -> the nearest spec method.
+_SGLANG_METHODS = {
+    "EAGLE": Method.EAGLE, "EAGLE3": Method.EAGLE3, "NEXTN": Method.MTP, "FROZEN_KV_MTP": Method.MTP,
+    "STANDALONE": Method.DRAFT_MODEL, "NGRAM": Method.NGRAM,
+}
+# sglang/srt/server_args.py: defaults when the flags are absent. SGLang sizes max_running_requests from the
+# KV pool when unset; 1024 stands in for that. Without --speculative-num-steps/-eagle-topk/-num-draft-tokens
+# SGLang picks (3, 1, 4) for most models (auto_choose_speculative_params).
+SGLANG_DEFAULT_PORT = 30000
+SGLANG_DEFAULT_MAX_RUNNING_REQUESTS = 1024
+SGLANG_DEFAULT_CHUNKED_PREFILL_SIZE = 8192
+SGLANG_DEFAULT_SPECULATIVE = (3, 1, 4)
+
+
+def _sglang(args: list[str]) -> EngineConfig:
+    try:
+        found = scan(args, table("sglang"))
+    except OptionError as error:
+        raise _argparse_error(_SGLANG_USAGE, _SGLANG_PROG, str(error)) from None
+    extras = found.positionals + found.unrecognized
+    if extras:
+        raise _argparse_error(_SGLANG_USAGE, _SGLANG_PROG, "unrecognized arguments: " + " ".join(extras))
+    values = found.values
+    model = values.get("model_path")
+    if not model:
+        raise _argparse_error(_SGLANG_USAGE, _SGLANG_PROG, "the following arguments are required: --model-path/--model")
+    chunk = values.get("chunked_prefill_size") or SGLANG_DEFAULT_CHUNKED_PREFILL_SIZE
+    return EngineConfig(
+        kind=EngineKind.SGLANG,
+        model=model,
+        served_model_name=values.get("served_model_name") or model,
+        host=values.get("host") or "127.0.0.1",
+        port=values.get("port") or SGLANG_DEFAULT_PORT,
+        tensor_parallel_size=_positive(values.get("tp_size") or 1, "tp_size", "sglang.launch_server"),
+        max_model_len=values.get("context_length"),
+        max_num_seqs=_positive(values.get("max_running_requests") or SGLANG_DEFAULT_MAX_RUNNING_REQUESTS,
+                               "max_running_requests", "sglang.launch_server"),
+        max_num_batched_tokens=chunk if chunk > 0 else 1 << 30,   # -1 turns chunking off
+        gpu_memory_utilization=values.get("mem_fraction_static") or 0.9,
+        quantization=_quantization(values.get("quantization")),
+        kv_cache_dtype=_KV_CACHE_DTYPES.get(str(values.get("kv_cache_dtype")), KvCacheDtype.AUTO),
+        speculation=_sglang_speculation(values),
+        health_path=sglang_engine.HEALTH_PATH,
+        metrics_path=sglang_engine.METRICS_PATH if values.get("enable_metrics") else None,
+    )
+
+
+def _sglang_speculation(values: dict[str, Any]) -> SpeculationConfig | None:
+    algorithm = values.get("speculative_algorithm")
+    if algorithm is None:
+        return None
+    if algorithm not in flag_tables.SGLANG_SPECULATIVE_ALGORITHMS:
+        # SpeculativeAlgorithm.from_string in sglang/srt/speculative/spec_info.py.
+        raise EngineArgvError(_traceback(f"ValueError: Unknown speculative algorithm name: {algorithm}", "sglang.launch_server"), 1)
+    method = _SGLANG_METHODS.get(algorithm, Method.EAGLE3)
+    steps_default, topk_default, draft_default = SGLANG_DEFAULT_SPECULATIVE
+    draft_tokens = values.get("speculative_num_draft_tokens")
+    if method == Method.NGRAM:
+        verify = draft_tokens or steps_default + 1
+        steps = verify - 1
+    else:
+        steps = values.get("speculative_num_steps") or steps_default
+        topk = values.get("speculative_eagle_topk") or topk_default
+        verify = draft_tokens or (steps + 1 if topk == 1 else draft_default)
+    draft_model = values.get("speculative_draft_model_path")
+    if method in (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3) and not draft_model:
+        raise EngineArgvError(_traceback(
+            f"ValueError: --speculative-draft-model-path is required for --speculative-algorithm {algorithm}",
+            "sglang.launch_server"), 1)
+    return SpeculationConfig(
+        method=method,
+        engine_method=algorithm,
+        num_speculative_tokens=max(1, steps),
+        verify_tokens=max(2, verify),
+        draft_model=draft_model,
+        draft_quantization=_quantization(values.get("speculative_draft_model_quantization")),
+    )
+
+
+# --- TensorRT-LLM -----------------------------------------------------------------------------------------
+
+_TRTLLM_USAGE = "Usage: trtllm-serve [OPTIONS] MODEL\nTry 'trtllm-serve --help' for help.\n\n"
+# tensorrt_llm/llmapi/llm_args.py: decoding_type names (and aliases) -> the nearest spec method.
+_TRTLLM_METHODS = {
+    "Eagle3": Method.EAGLE3, "Eagle": Method.EAGLE3, "MTP": Method.MTP, "NGram": Method.NGRAM,
+    "DraftTarget": Method.DRAFT_MODEL, "Draft_Target": Method.DRAFT_MODEL, "PARD": Method.DRAFT_MODEL,
+    "DFlash": Method.EAGLE3, "SA": Method.SUFFIX,
+}
+# tensorrt_llm/commands/serve.py defaults (BuildConfig): 2048 sequences, 8192 tokens per step.
+TRTLLM_DEFAULT_MAX_BATCH_SIZE = 2048
+TRTLLM_DEFAULT_MAX_NUM_TOKENS = 8192
+
+
+def _click_error(message: str) -> EngineArgvError:
+    return EngineArgvError(f"{_TRTLLM_USAGE}Error: {message}\n", exit_code=2)
+
+
+def _trtllm_options(args: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """click's reading of trtllm-serve's options: option name -> value, and the positionals."""
+    values: dict[str, Any] = {}
+    positionals: list[str] = []
+    index = 0
+    while index < len(args):
+        token = args[index]
+        index += 1
+        if not token.startswith("--"):
+            positionals.append(token)
+            continue
+        name, has_inline, inline = token.partition("=")
+        flag = flag_tables.TRTLLM_FLAGS.get(name)
+        if flag is None:
+            raise _click_error(f"No such option: {name}")
+        takes_value, kind, choices = flag
+        if not takes_value:
+            values[name] = True
+            continue
+        if has_inline:
+            text = inline
+        elif index < len(args):
+            text, index = args[index], index + 1
+        else:
+            raise _click_error(f"Option '{name}' requires an argument.")
+        if kind == "int":
+            try:
+                values[name] = int(text)
+            except ValueError:
+                raise _click_error(f"Invalid value for '{name}': {text!r} is not a valid integer.") from None
+        elif kind == "float":
+            try:
+                values[name] = float(text)
+            except ValueError:
+                raise _click_error(f"Invalid value for '{name}': {text!r} is not a valid float.") from None
+        else:
+            if choices and text not in choices:
+                listed = ", ".join(repr(choice) for choice in choices)
+                raise _click_error(f"Invalid value for '{name}': {text!r} is not one of {listed}.")
+            values[name] = text
+    return values, positionals
+
+
+def _local_path(path: str, config_dir: Path | None) -> Path:
+    """A path inside the pod, mapped to `config_dir` when it lies under CONFIG_MOUNT_PATH."""
+    if config_dir is not None and (path == CONFIG_MOUNT_PATH or path.startswith(CONFIG_MOUNT_PATH + "/")):
+        return config_dir / path[len(CONFIG_MOUNT_PATH):].lstrip("/")
+    return Path(path)
+
+
+def _trtllm(args: list[str], config_dir: Path | None) -> EngineConfig:
+    values, positionals = _trtllm_options(args)
+    if not positionals:
+        raise _click_error("Missing argument 'MODEL'.")
+    if len(positionals) > 1:
+        raise _click_error(f"Got unexpected extra argument ({positionals[1]})")
+    model = positionals[0]
+    config_path = values.get("--config") or values.get("--extra_llm_api_options")
+    llm_args: dict[str, Any] = {}
+    if config_path:
+        local = _local_path(config_path, config_dir)
+        try:
+            loaded = yaml.safe_load(local.read_text())
+        except FileNotFoundError:
+            raise EngineArgvError(_traceback(
+                f"FileNotFoundError: [Errno 2] No such file or directory: {config_path!r}", "trtllm-serve"), 1) from None
+        llm_args = loaded if isinstance(loaded, dict) else {}
+    tp = llm_args.get("tensor_parallel_size") or values.get("--tp_size") or values.get("--tensor_parallel_size") or 1
+    kv_config = llm_args.get("kv_cache_config") or {}
+    return EngineConfig(
+        kind=EngineKind.TRTLLM,
+        model=model,
+        served_model_name=model,
+        host=values.get("--host") or "localhost",
+        port=values.get("--port") or 8000,
+        tensor_parallel_size=_positive(int(tp), "tensor_parallel_size", "trtllm-serve"),
+        max_model_len=llm_args.get("max_seq_len") or values.get("--max_seq_len"),
+        max_num_seqs=llm_args.get("max_batch_size") or values.get("--max_batch_size") or TRTLLM_DEFAULT_MAX_BATCH_SIZE,
+        max_num_batched_tokens=(llm_args.get("max_num_tokens") or values.get("--max_num_tokens")
+                                or TRTLLM_DEFAULT_MAX_NUM_TOKENS),
+        gpu_memory_utilization=0.9,
+        quantization=Quantization.NONE,
+        kv_cache_dtype=KvCacheDtype.FP8 if kv_config.get("dtype") == "fp8" else KvCacheDtype.AUTO,
+        speculation=_trtllm_speculation(llm_args.get("speculative_config")),
+        health_path=trtllm_engine.HEALTH_PATH,
+        metrics_path=trtllm_engine.METRICS_PATH if llm_args.get("return_perf_metrics") else None,
+    )
+
+
+def _trtllm_speculation(config: Any) -> SpeculationConfig | None:
+    if not config:
+        return None
+    if not isinstance(config, dict):
+        raise EngineArgvError(_traceback(
+            f"ValueError: speculative_config must be a mapping, got {config!r}", "trtllm-serve"), 1)
+    decoding_type = config.get("decoding_type")
+    method = _TRTLLM_METHODS.get(str(decoding_type))
+    if method is None:
+        # DecodingBaseConfig.from_dict looks the name up in its table of config classes.
+        raise EngineArgvError(_traceback(f"ValueError: Invalid decoding type: {decoding_type}", "trtllm-serve"), 1)
+    canonical = "Eagle3" if decoding_type == "Eagle" else "DraftTarget" if decoding_type == "Draft_Target" else str(decoding_type)
+    for field in flag_tables.TRTLLM_REQUIRED.get(canonical, []):
+        present = config.get(field) is not None or (
+            field == "speculative_model" and config.get("speculative_model_dir") is not None)
+        if not present:
+            raise EngineArgvError(_traceback(
+                f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {canonical}DecodingConfig\n"
+                f"{field}\n  Field required [type=missing, input_value={config!r}, input_type=dict]", "trtllm-serve"), 1)
+    k = config.get("max_draft_len") or config.get("num_nextn_predict_layers") or 1
+    draft = config.get("speculative_model") or config.get("speculative_model_dir")
+    return SpeculationConfig(
+        method=method,
+        engine_method=canonical,
+        num_speculative_tokens=int(k),
+        verify_tokens=int(k) + 1,
+        draft_model=str(draft) if draft else None,
+    )
