@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 
 from specdeploy.api.crd import crd_yaml
+from specdeploy.api.reference import reference_markdown
 from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, load_resource
 from specdeploy.devcluster.cli import dev_cluster
 from specdeploy.planning.catalog import UnknownModel
@@ -123,6 +124,12 @@ def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_names
         namespaces=list(namespaces),
         liveness_endpoint=liveness or None,
     )
+
+
+@main.command()
+def reference() -> None:
+    """Print the configuration reference (docs/configuration.md) generated from the models."""
+    click.echo(reference_markdown(), nl=False)
 
 
 @main.command()

@@ -101,3 +101,10 @@ def test_defaults_fill_a_minimal_resource() -> None:
     assert resource.spec.resources.gpu_memory_utilization == 0.9
     assert resource.spec.analysis.interval == 30.0
     assert resource.spec.resources.gpu_count == 1
+
+
+def test_committed_configuration_reference_is_current() -> None:
+    from specdeploy.api.reference import reference_markdown
+
+    committed = ROOT / "docs" / "configuration.md"
+    assert committed.read_text() == reference_markdown(), "run `specdeploy reference > docs/configuration.md`"
