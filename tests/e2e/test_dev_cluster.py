@@ -259,7 +259,8 @@ def test_cli_status_and_env(dev_cluster: DevCluster) -> None:
     data = json.loads(status.output)
     assert data["running"] is True
     assert {c["name"] for c in data["components"]} == {
-        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus", "alertmanager"}
+        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus", "alertmanager",
+        "pod-runner"}
 
 
 def test_down_leaves_no_process_behind_and_up_works_again(tmp_path: Path) -> None:
@@ -271,7 +272,7 @@ def test_down_leaves_no_process_behind_and_up_works_again(tmp_path: Path) -> Non
             print(f"warm up: {time.monotonic() - began:.1f}s")
             assert cluster.kubectl("get", "node", "gpu-node-0").returncode == 0
             pids = [c.pid for c in cluster.status().components]
-            assert len(pids) == 7 and all(processes.alive(pid) for pid in pids)
+            assert len(pids) == 8 and all(processes.alive(pid) for pid in pids)
             cluster.down()
             assert not any(processes.alive(pid) for pid in pids)
             assert not any(processes.group_members(pid) for pid in pids)

@@ -1,16 +1,21 @@
-"""`specdeploy dev-cluster build|up|down|status|env|kubectl|scrape-target`: the harness from a shell.
+"""`specdeploy dev-cluster build|up|down|status|env|kubectl|scrape-target|pod-runner|sim-admin|endpoints`.
 
 Usage::
 
     specdeploy dev-cluster up --monitoring
     eval "$(specdeploy dev-cluster env)"
     specdeploy dev-cluster scrape-target add sim-0 127.0.0.1:8000 -l namespace=demo
+    specdeploy dev-cluster sim-admin --sd demo/llama --variant speculative --set acceptance=0.3
+    specdeploy dev-cluster endpoints --sd demo/llama
     specdeploy dev-cluster down
+
+`sim_admin_cmd` and `endpoints_cmd` are plain click commands, so the top-level CLI can register them too.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from dataclasses import asdict
@@ -18,9 +23,10 @@ from pathlib import Path
 
 import click
 
-from specdeploy.devcluster import build, versions
+from specdeploy.devcluster import build, podrunner, versions
 from specdeploy.devcluster.cluster import DevCluster
 from specdeploy.devcluster.errors import DevClusterError
+from specdeploy.devcluster.simadmin import VARIANTS, endpoints, parse_knob, sim_admin
 
 _state_dir = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                           envvar="SPECDEPLOY_DEV_CLUSTER_DIR", show_envvar=True,
@@ -189,3 +195,78 @@ def scrape_list(state_dir: Path | None) -> None:
     except DevClusterError as exc:
         _fail(exc)
     click.echo(json.dumps(targets, indent=2))
+
+
+@dev_cluster.command("pod-runner")
+@_state_dir
+@click.option("-v", "--verbose", is_flag=True)
+def pod_runner_cmd(state_dir: Path | None, verbose: bool) -> None:
+    """Run the pod runner in the foreground: a simulator for every Running engine pod (until Ctrl-C).
+
+    `up --monitoring` already starts one; use this for a cluster started without it.
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        podrunner.serve(DevCluster(state_dir).state_dir)
+    except DevClusterError as exc:
+        _fail(exc)
+
+
+_sd_option = click.option("--sd", "sd", required=True, metavar="NAMESPACE/NAME",
+                          help="The SpeculativeDeployment whose engine simulators to reach.")
+_variant_option = click.option("--variant", type=click.Choice(list(VARIANTS)), default=None,
+                               help="Only the speculative or only the control pods [default: both].")
+
+
+@click.command("sim-admin")
+@_state_dir
+@_sd_option
+@_variant_option
+@click.option("--set", "assignments", multiple=True, required=True, metavar="KNOB=VALUE",
+              help="A run-time knob, e.g. acceptance=0.3, extraLatencySeconds=0.05, oom=true (repeatable).")
+def sim_admin_cmd(state_dir: Path | None, sd: str, variant: str | None, assignments: tuple[str, ...]) -> None:
+    """Change the run-time knobs of an SD's engine simulators (POST /admin/knobs on each)."""
+    try:
+        knobs = dict(parse_knob(a) for a in assignments)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--set") from exc
+    try:
+        results = sim_admin(DevCluster(state_dir), sd, variant, knobs)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--sd") from exc
+    except DevClusterError as exc:
+        _fail(exc)
+    for result in results:
+        where = f"{result.endpoint.namespace}/{result.endpoint.pod} ({result.endpoint.variant}, {result.endpoint.url})"
+        click.echo(f"{where}: {json.dumps(result.knobs, sort_keys=True) if result.ok else 'FAILED ' + result.error}")
+    if not all(result.ok for result in results):
+        sys.exit(1)
+
+
+@click.command("endpoints")
+@_state_dir
+@_sd_option
+@_variant_option
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def endpoints_cmd(state_dir: Path | None, sd: str, variant: str | None, output: str) -> None:
+    """Base URLs of an SD's ready engine simulators, one a line (what its Service would balance over)."""
+    try:
+        urls = endpoints(DevCluster(state_dir), sd, variant)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--sd") from exc
+    except DevClusterError as exc:
+        _fail(exc)
+    if output == "json":
+        click.echo(json.dumps(urls))
+    else:
+        for url in urls:
+            click.echo(url)
+    if not urls:
+        _echo_err(f"no simulator of {sd} is ready yet")
+        sys.exit(1)
+
+
+dev_cluster.add_command(sim_admin_cmd)
+dev_cluster.add_command(endpoints_cmd)

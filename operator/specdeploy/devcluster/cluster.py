@@ -19,6 +19,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,10 +28,11 @@ from typing import Any
 
 import httpx
 
-from specdeploy.devcluster import build, certs, monitoring, processes, versions
+from specdeploy.devcluster import build, certs, monitoring, processes, simregistry, versions
 from specdeploy.devcluster import nodes as gpu_nodes
 from specdeploy.devcluster.errors import ClusterNotRunning, DevClusterError, KubectlError, ProcessFailed
 from specdeploy.devcluster.kubeconfig import write_cert_kubeconfig, write_token_kubeconfig
+from specdeploy.devcluster.simregistry import SimulatorEndpoint
 from specdeploy.devcluster.state import ClusterState, ComponentRecord, default_state_dir
 from specdeploy.devcluster.wait import wait_for
 
@@ -41,12 +43,15 @@ SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 #: Start order, and the order `status` lists them in.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-              "prometheus", "alertmanager")
+              "prometheus", "alertmanager", "pod-runner")
+
+#: The monitoring components: Prometheus, Alertmanager, and the pod runner whose simulators they scrape.
+MONITORING_COMPONENTS = ("prometheus", "alertmanager", "pod-runner")
 
 
 #: Everything `up` creates inside the state directory (and `down` removes).
 _STATE_ENTRIES = ("state.json", "state.tmp", "kubeconfig", "kubeconfig.tmp", "kubeconfigs", "pki", "etcd",
-                  "kcm-certs", "kwok-home", "monitoring", "logs")
+                  "kcm-certs", "kwok-home", "monitoring", "podrunner", "logs")
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,11 @@ class DevCluster:
     def kubeconfig(self) -> Path:
         """The admin kubeconfig (user `kubernetes-admin`, group `system:masters`)."""
         return self.state_dir / "kubeconfig"
+
+    @property
+    def simulator_registry(self) -> Path:
+        """The pod runner's list of simulators (``<state>/podrunner/sims.json``)."""
+        return self.state_dir / "podrunner" / "sims.json"
 
     @property
     def pki(self) -> certs.Pki:
@@ -194,7 +204,7 @@ class DevCluster:
         return self
 
     def _matches(self, state: ClusterState) -> bool:
-        has_monitoring = "prometheus" in state.components
+        has_monitoring = all(name in state.components for name in MONITORING_COMPONENTS)
         return len(state.nodes) == self.node_count and (has_monitoring or not self.monitoring)
 
     def down(self, keep_logs: bool = False) -> None:
@@ -205,9 +215,11 @@ class DevCluster:
             # takes its whole grace period to stop, a drained one about a second.
             last = ("kube-apiserver", "etcd")
             tiers = [[n for n in state.components if n not in last], ["kube-apiserver"], ["etcd"]]
-            for tier in tiers:
+            for index, tier in enumerate(tiers):
                 processes.stop_all([(state.components[n].pid, state.components[n].started)
                                     for n in tier if n in state.components])
+                if index == 0:
+                    self._stop_simulators()
         if not self.state_dir.exists():
             return
         # Only what `up` creates is removed: a --state-dir pointing somewhere unlucky loses nothing else.
@@ -222,6 +234,12 @@ class DevCluster:
         if not keep_logs:
             with contextlib.suppress(OSError):
                 self.state_dir.rmdir()
+
+    def _stop_simulators(self) -> None:
+        """Stop simulators the pod runner could not stop itself (it was killed): pids from its registry."""
+        left = [(s.pid, s.started) for s in simregistry.load(self.simulator_registry).simulators.values() if s.pid]
+        if left:
+            processes.stop_all(left, grace=5.0)
 
     def status(self) -> ClusterStatus:
         state = ClusterState.load(self.state_file) or ClusterState()
@@ -278,6 +296,11 @@ class DevCluster:
     def scrape_targets(self) -> dict[str, list[dict[str, Any]]]:
         self._require_monitoring()
         return monitoring.list_targets(self.monitoring_paths)
+
+    def simulators(self, namespace: str | None = None, sd: str | None = None,
+                   variant: str | None = None) -> list[SimulatorEndpoint]:
+        """The pod runner's engine simulators matching every filter given (see `SimulatorEndpoint.ready`)."""
+        return simregistry.load(self.simulator_registry).select(namespace, sd, variant)
 
     def add_alert_rules(self, name: str, groups: list[dict[str, Any]]) -> Path:
         """Install Prometheus rule groups as `<name>.yml` and reload Prometheus."""
@@ -379,6 +402,11 @@ class DevCluster:
                         deadline, "ServiceAccount default/default")
         for record, url in monitors:
             self._await(record, functools.partial(_answers, url), deadline, url)
+        if self.monitoring:
+            runner = self._launch(state, "pod-runner", [sys.executable, "-m", "specdeploy.devcluster.podrunner",
+                                                        f"--state-dir={self.state_dir}"], "watching engine pods")
+            self._await(runner, lambda: simregistry.load(self.simulator_registry).synced, deadline,
+                        "pod runner watching pods")
 
     def _start_monitoring(self, state: ClusterState, prometheus_port: int,
                           alertmanager_port: int) -> list[tuple[ComponentRecord, str]]:

@@ -1,0 +1,198 @@
+"""An engine pod as the pod runner sees it: what to run, with which files, scraped where and labelled how.
+
+    engine = engine_pod(pod)          # None for a pod without an engine container to simulate
+    engine.argv                       # the container's command + args, exactly as in the pod spec
+    engine.target_labels()            # {"namespace": …, "pod": …, "specdeploy_io_name": …, …}
+
+Pure functions of the Pod object (JSON as the apiserver returns it), so the runner's decisions can be
+tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdeploy.engines import CONFIG_MOUNT_PATH
+from specdeploy.engines import sglang as sglang_engine
+from specdeploy.engines import trtllm as trtllm_engine
+from specdeploy.engines import vllm as vllm_engine
+
+LABEL_NAME = "specdeploy.io/name"
+LABEL_VARIANT = "specdeploy.io/variant"
+ENGINE_CONTAINER = "engine"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+FALLBACK_TO_LOGS = "FallbackToLogsOnError"
+
+#: Environment variables of the pod that would break the local Python running the simulator.
+_HOST_ENV = frozenset({"PATH", "HOME", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD"})
+_TARGET_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def prometheus_label(kubernetes_label: str) -> str:
+    """A pod label as Prometheus' relabelling writes it (`specdeploy.io/name` → `specdeploy_io_name`)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", kubernetes_label)
+
+
+@dataclass(frozen=True)
+class ConfigVolume:
+    """The ConfigMap mounted at /etc/specdeploy: which keys land at which relative paths."""
+
+    config_map: str
+    items: tuple[tuple[str, str], ...]   # (key, path); empty = every key under its own name
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class EnginePod:
+    """Everything the runner needs from one engine pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    sd: str
+    variant: str
+    container: str
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    config: ConfigVolume | None = None
+    gpu_product: str | None = None
+    health_path: str = "/health"
+    port_name: str = "http"
+    termination_message_policy: str = "File"
+
+    @property
+    def engine(self) -> str:
+        """vllm, sglang or trtllm, told by the command the way the simulator tells it."""
+        return engine_of(self.argv)
+
+    @property
+    def metrics_path(self) -> str:
+        """Where the real engine serves Prometheus text (TRT-LLM: /prometheus/metrics)."""
+        return {"trtllm": trtllm_engine.METRICS_PATH, "sglang": sglang_engine.METRICS_PATH}.get(
+            self.engine, vllm_engine.METRICS_PATH)
+
+    @property
+    def seed(self) -> int:
+        """A seed stable for this pod (same namespace and name, same randomness), below 2**31."""
+        digest = hashlib.sha256(f"{self.namespace}/{self.name}".encode()).hexdigest()
+        return int(digest[:8], 16) & 0x7FFFFFFF
+
+    @property
+    def target_name(self) -> str:
+        """The scrape target's file name: `<namespace>.<pod>`, shortened with the uid when too long."""
+        name = _TARGET_NAME_UNSAFE.sub("-", f"{self.namespace}.{self.name}")
+        if len(name) > 128:
+            name = f"{name[:110]}.{self.uid[:8]}"
+        return name
+
+    def target_labels(self) -> dict[str, str]:
+        """The labels a PodMonitor with podTargetLabels [specdeploy.io/name, specdeploy.io/variant] adds."""
+        labels = {
+            "namespace": self.namespace,
+            "pod": self.name,
+            "container": self.container,
+            "endpoint": self.port_name,
+            prometheus_label(LABEL_NAME): self.sd,
+        }
+        if self.variant:
+            labels[prometheus_label(LABEL_VARIANT)] = self.variant
+        return labels
+
+    @property
+    def kubelet_name(self) -> str:
+        """How the kubelet names a pod in messages (`format.Pod`): name_namespace(uid)."""
+        return f"{self.name}_{self.namespace}({self.uid})"
+
+
+def engine_of(argv: tuple[str, ...] | list[str]) -> str:
+    """The engine a command line starts: trtllm-serve → trtllm, sglang.launch_server → sglang, else vllm."""
+    head = [posixpath.basename(a) for a in argv[:4]]
+    if any(a.startswith("trtllm-serve") for a in head):
+        return "trtllm"
+    if any(a.startswith("sglang") for a in head):
+        return "sglang"
+    return "vllm"
+
+
+def wants_simulator(pod: dict[str, Any]) -> bool:
+    """A labelled pod that kwok has marked Running and that is not being deleted."""
+    metadata = pod.get("metadata") or {}
+    return (LABEL_NAME in (metadata.get("labels") or {}) and not metadata.get("deletionTimestamp")
+            and (pod.get("status") or {}).get("phase") == "Running")
+
+
+def engine_container(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The container named `engine`, else the first one."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    for container in containers:
+        if container.get("name") == ENGINE_CONTAINER:
+            return dict(container)
+    return dict(containers[0]) if containers else None
+
+
+def engine_pod(pod: dict[str, Any]) -> EnginePod | None:
+    """The engine pod described by `pod`, or None when it has no container with a command line."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    labels = metadata.get("labels") or {}
+    container = engine_container(pod)
+    if container is None:
+        return None
+    argv = tuple(str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])])
+    if not argv:
+        return None
+    env = {e["name"]: str(e.get("value", "")) for e in container.get("env") or []
+           if "name" in e and "valueFrom" not in e and e["name"] not in _HOST_ENV}
+    probe = (container.get("readinessProbe") or container.get("startupProbe") or {}).get("httpGet") or {}
+    ports = container.get("ports") or []
+    return EnginePod(
+        namespace=str(metadata.get("namespace", "default")),
+        name=str(metadata["name"]),
+        uid=str(metadata.get("uid", "")),
+        sd=str(labels.get(LABEL_NAME, "")),
+        variant=str(labels.get(LABEL_VARIANT, "")),
+        container=str(container.get("name", ENGINE_CONTAINER)),
+        argv=argv,
+        env=env,
+        config=config_volume(spec, container),
+        gpu_product=(spec.get("nodeSelector") or {}).get(GPU_PRODUCT_LABEL),
+        health_path=str(probe.get("path") or "/health"),
+        port_name=str(ports[0].get("name", "http")) if ports else "http",
+        termination_message_policy=str(container.get("terminationMessagePolicy") or "File"),
+    )
+
+
+def config_volume(spec: dict[str, Any], container: dict[str, Any]) -> ConfigVolume | None:
+    """The configMap volume the container mounts at /etc/specdeploy (what the engine reads there)."""
+    mounted = {m.get("name") for m in container.get("volumeMounts") or []
+               if str(m.get("mountPath", "")).rstrip("/") == CONFIG_MOUNT_PATH}
+    for volume in spec.get("volumes") or []:
+        source = volume.get("configMap")
+        if volume.get("name") in mounted and source:
+            items = tuple((str(i["key"]), str(i["path"])) for i in source.get("items") or [])
+            return ConfigVolume(str(source.get("name", "")), items, bool(source.get("optional", False)))
+    return None
+
+
+def config_files(volume: ConfigVolume, data: dict[str, str]) -> dict[str, str]:
+    """Relative path → content, as the kubelet projects a ConfigMap (listed items only, when listed).
+
+    Raises KeyError naming a listed key the ConfigMap lacks (the kubelet refuses to mount it).
+    """
+    if not volume.items:
+        return dict(data)
+    files = {}
+    for key, path in volume.items:
+        if key not in data:
+            raise KeyError(f"configmap {volume.config_map!r} has no key {key!r}")
+        files[path] = data[key]
+    return files
+
+
+def safe_relative(path: str) -> bool:
+    """A projected path stays inside the mount (the apiserver already refuses `..` and absolute paths)."""
+    return bool(path) and not path.startswith("/") and ".." not in path.split("/")

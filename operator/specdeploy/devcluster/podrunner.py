@@ -1,0 +1,561 @@
+"""The pod runner: engine pods on kwok nodes come alive as simulator processes on loopback.
+
+    python -m specdeploy.devcluster.podrunner --state-dir DIR     # `dev-cluster up --monitoring` starts it
+
+For every pod labelled `specdeploy.io/name` that kwok marks Running, it starts
+`python -m specdeploy_engine.sim --port P --seed S --config-dir D -- <the engine container's command + args>`
+with the pod's ConfigMap files in D, registers it as a Prometheus scrape target with the labels a
+PodMonitor gives, and lists it in ``<state>/podrunner/sims.json``. When the pod is deleted it stops the
+process and removes the target. When the process exits on its own it does what a kubelet does: writes
+the end into the pod's status (restartCount, lastState.terminated with exit code, reason and the log tail
+as message, CrashLoopBackOff) and restarts it after a back-off of 1 s, 2 s, 4 s … at most 10 s.
+
+Why a watch and asyncio: two cores run the whole cluster. One list-then-watch stream tells the runner
+about pods, process exits arrive through `Process.wait()`, and nothing polls while all is quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import ssl
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from specdeploy.devcluster import kubeletstatus, monitoring, processes, simregistry
+from specdeploy.devcluster.enginepod import (
+    LABEL_NAME,
+    EnginePod,
+    config_files,
+    engine_pod,
+    safe_relative,
+    wants_simulator,
+)
+from specdeploy.devcluster.errors import DevClusterError
+from specdeploy.devcluster.simregistry import (
+    BACK_OFF,
+    PENDING,
+    RUNNING,
+    STARTING,
+    Registry,
+    SimulatorEndpoint,
+)
+
+log = logging.getLogger("specdeploy.podrunner")
+
+SIMULATOR_MODULE = "specdeploy_engine.sim"
+WATCH_SECONDS = 300          # the apiserver ends a watch after this; the runner resumes from its last version
+STOP_GRACE_SECONDS = 5.0     # SIGTERM → SIGKILL for a simulator (a pod's 60 s grace is for real engines)
+
+
+class RunnerBusy(DevClusterError):
+    """Another pod runner already serves this state directory."""
+
+
+@dataclass(frozen=True)
+class BackOff:
+    """Crash-loop back-off: the kubelet's 10 s doubling to 5 min, scaled down so tests see several restarts.
+
+    A run that lasted `reset_after` seconds forgives the crashes before it (the kubelet: twice the cap).
+    """
+
+    initial: float = 1.0
+    cap: float = 10.0
+    reset_after: float = 20.0
+
+    def delay(self, crashes: int) -> float:
+        return float(min(self.initial * 2 ** max(crashes - 1, 0), self.cap))
+
+
+@dataclass(frozen=True)
+class RunnerPaths:
+    """Files of the pod runner inside a dev cluster's state directory."""
+
+    state_dir: Path
+
+    @property
+    def directory(self) -> Path:
+        return self.state_dir / "podrunner"
+
+    @property
+    def registry(self) -> Path:
+        return self.directory / "sims.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.directory / "runner.lock"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def targets(self) -> monitoring.MonitoringPaths:
+        return monitoring.MonitoringPaths(self.state_dir / "monitoring")
+
+    def config_dir(self, uid: str) -> Path:
+        """What the pod's container sees at /etc/specdeploy."""
+        return self.directory / "pods" / uid / "etc-specdeploy"
+
+    def log(self, engine: EnginePod) -> Path:
+        """The container's log, kept across restarts like /var/log/pods/<ns>_<pod>_<uid>/<container>/."""
+        return self.state_dir / "logs" / "pods" / f"{engine.namespace}_{engine.name}_{engine.uid}" / f"{engine.container}.log"
+
+
+def api_client(kubeconfig: Path, timeout: float = 10.0) -> httpx.AsyncClient:
+    """An async client for the apiserver in `kubeconfig` (client certificate or bearer token)."""
+    document = yaml.safe_load(kubeconfig.read_text())
+    contexts = {c["name"]: c["context"] for c in document.get("contexts", [])}
+    context = contexts.get(document.get("current-context", ""), {})
+    clusters = {c["name"]: c["cluster"] for c in document.get("clusters", [])}
+    users = {u["name"]: u["user"] for u in document.get("users", [])}
+    cluster = clusters.get(context.get("cluster", ""), next(iter(clusters.values())))
+    user = users.get(context.get("user", ""), next(iter(users.values())))
+    tls = ssl.create_default_context(cafile=cluster.get("certificate-authority"))
+    headers = {}
+    if "client-certificate" in user:
+        tls.load_cert_chain(user["client-certificate"], user["client-key"])
+    if "token" in user:
+        headers["Authorization"] = f"Bearer {user['token']}"
+    return httpx.AsyncClient(base_url=cluster["server"], verify=tls, headers=headers, timeout=timeout)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _port_free(port: int) -> bool:
+    """Whether a server could listen on `port` again (with SO_REUSEADDR, as HTTP servers bind: the old
+    simulator's connections in TIME_WAIT must not move the pod to another port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+class PodRunner:
+    """Watches engine pods and keeps one simulator per Running pod; `run(stop)` until `stop` is set."""
+
+    def __init__(self, state_dir: Path, python: str = sys.executable, back_off: BackOff | None = None,
+                 max_starting: int = 2, simulator_module: str = SIMULATOR_MODULE) -> None:
+        self.paths = RunnerPaths(state_dir)
+        self.python = python
+        self.simulator_module = simulator_module
+        self.back_off = back_off or BackOff()
+        self.registry = Registry(runner_pid=os.getpid())
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._starting = asyncio.Semaphore(max_starting)  # a simulator's start costs about a CPU-second
+        self._api: httpx.AsyncClient | None = None
+
+    # -- the registry -------------------------------------------------------------------------
+
+    def _publish(self, sim: SimulatorEndpoint) -> None:
+        self.registry.simulators[sim.uid] = sim
+        self.registry.save(self.paths.registry)
+
+    def _unpublish(self, uid: str) -> None:
+        if self.registry.simulators.pop(uid, None) is not None:
+            self.registry.save(self.paths.registry)
+
+    def _stop_leftovers(self) -> None:
+        """Stop simulators a previous runner (killed without cleaning up) left running, drop their targets."""
+        previous = simregistry.load(self.paths.registry)
+        leftovers = [(s.pid, s.started) for s in previous.simulators.values() if s.pid]
+        if leftovers:
+            log.info("stopping %d simulators left by a previous runner", len(leftovers))
+            processes.stop_all(leftovers, grace=STOP_GRACE_SECONDS)
+        for sim in previous.simulators.values():
+            self._remove_target(sim.uid, _target_name(sim))
+        self.registry.save(self.paths.registry)
+
+    # -- scrape targets -------------------------------------------------------------------------
+
+    def _monitoring(self) -> bool:
+        return self.paths.targets.targets.is_dir()
+
+    def _add_target(self, engine: EnginePod, address: str) -> None:
+        if self._monitoring():
+            monitoring.write_target(self.paths.targets, engine.target_name, address, engine.target_labels(),
+                                    engine.metrics_path)
+
+    def _remove_target(self, uid: str, name: str) -> None:
+        if self._monitoring() and name:
+            with contextlib.suppress(OSError, ValueError):
+                monitoring.remove_target(self.paths.targets, name)
+
+    # -- main loop ------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._stop_leftovers()
+        async with api_client(self.paths.kubeconfig) as api:
+            self._api = api
+            watcher = asyncio.create_task(self._watch_forever(api), name="watch")
+            stopping = asyncio.create_task(stop.wait(), name="stop")
+            done, _ = await asyncio.wait({watcher, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (watcher, stopping):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            await self._stop_all()
+        self.registry.synced = False
+        self.registry.save(self.paths.registry)
+        log.info("pod runner stopped")
+
+    async def _watch_forever(self, api: httpx.AsyncClient) -> None:
+        """List, then watch from the list's version; on any error or an expired version, list again."""
+        failures = 0
+        while True:
+            try:
+                version = await self._relist(api)
+                failures = 0
+                await self._watch(api, version)
+            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                failures += 1
+                delay = min(0.5 * 2 ** failures, 15.0)
+                log.warning("watching pods failed (%s: %s); listing again in %.1fs", type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+
+    async def _relist(self, api: httpx.AsyncClient) -> str:
+        response = await api.get("/api/v1/pods", params={"labelSelector": LABEL_NAME})
+        response.raise_for_status()
+        listing = response.json()
+        seen = set()
+        for pod in listing.get("items", []):
+            seen.add(pod["metadata"]["uid"])
+            self._observe(pod)
+        for uid in [uid for uid in self._tasks if uid not in seen]:
+            self._forget(uid)
+        if not self.registry.synced:
+            self.registry.synced = True
+            self.registry.save(self.paths.registry)
+            log.info("watching pods labelled %s: %d found", LABEL_NAME, len(seen))
+        return str(listing["metadata"]["resourceVersion"])
+
+    async def _watch(self, api: httpx.AsyncClient, version: str) -> None:
+        """Follow pod events from `version`; return when the apiserver says the version is too old."""
+        params = {"labelSelector": LABEL_NAME, "watch": "true", "allowWatchBookmarks": "true",
+                  "timeoutSeconds": str(WATCH_SECONDS), "resourceVersion": version}
+        timeout = httpx.Timeout(10.0, read=WATCH_SECONDS + 30.0)
+        while True:
+            async with api.stream("GET", "/api/v1/pods", params=params, timeout=timeout) as response:
+                if response.status_code == 410:
+                    return
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        log.info("watch ended by the apiserver: %s", obj.get("message", obj))
+                        return
+                    params["resourceVersion"] = obj.get("metadata", {}).get("resourceVersion") or params["resourceVersion"]
+                    if event.get("type") == "DELETED":
+                        self._forget(obj["metadata"]["uid"])
+                    elif event.get("type") in ("ADDED", "MODIFIED"):
+                        self._observe(obj)
+
+    def _observe(self, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        if uid in self._tasks:
+            if not wants_simulator(pod):
+                self._forget(uid)
+            return
+        if not wants_simulator(pod):
+            return
+        engine = engine_pod(pod)
+        if engine is None:
+            log.warning("pod %s/%s has no container with a command line; not simulated",
+                        pod["metadata"].get("namespace"), pod["metadata"].get("name"))
+            return
+        self._tasks[uid] = asyncio.create_task(self._supervise(engine), name=f"pod {engine.namespace}/{engine.name}")
+
+    def _forget(self, uid: str) -> None:
+        task = self._tasks.pop(uid, None)
+        if task is not None:
+            task.cancel()
+
+    async def _stop_all(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- one pod --------------------------------------------------------------------------------
+
+    async def _supervise(self, engine: EnginePod) -> None:
+        """Run the pod's simulator until the task is cancelled, restarting it with back-off when it dies."""
+        port = processes.free_port()
+        log_path = self.paths.log(engine)
+        sim = SimulatorEndpoint(namespace=engine.namespace, pod=engine.name, uid=engine.uid, sd=engine.sd,
+                                variant=engine.variant, engine=engine.engine, address=f"127.0.0.1:{port}",
+                                metrics_path=engine.metrics_path, health_path=engine.health_path, state=PENDING,
+                                log=str(log_path))
+        self._publish(sim)
+        config_dir = self.paths.config_dir(engine.uid)
+        proc: asyncio.subprocess.Process | None = None
+        try:
+            await self._write_config(engine, config_dir, wait=True)
+            self._add_target(engine, sim.address)
+            crashes = 0
+            while True:
+                if not _port_free(port):   # someone took it while we were backing off
+                    port = processes.free_port()
+                    sim = replace(sim, address=f"127.0.0.1:{port}")
+                    self._add_target(engine, sim.address)
+                await self._write_config(engine, config_dir, wait=False)   # the kubelet keeps the files synced
+                async with self._starting:
+                    proc, offset, started_at = await self._spawn(engine, port, config_dir, log_path)
+                    ran_since = time.monotonic()
+                    sim = replace(sim, pid=proc.pid, started=processes.start_ticks(proc.pid), state=STARTING)
+                    self._publish(sim)
+                    healthy = await self._until_healthy(proc, engine, sim.address, slot_seconds=20.0)
+                if healthy is None:
+                    healthy = await self._until_healthy(proc, engine, sim.address, slot_seconds=None)
+                if healthy:
+                    sim = replace(sim, state=RUNNING)
+                    self._publish(sim)
+                    await self._report(engine, functools.partial(_running_if_needed, engine=engine,
+                                                                 started_at=started_at, pid=proc.pid))
+                returncode = await proc.wait()
+                finished_at = _now()
+                if time.monotonic() - ran_since >= self.back_off.reset_after:
+                    crashes = 0
+                crashes += 1
+                delay = self.back_off.delay(crashes)
+                ended = kubeletstatus.termination(returncode, _read_from(log_path, offset), started_at, finished_at,
+                                                  engine.termination_message_policy)
+                log.info("%s/%s: simulator pid %d exited %d (%s); restarting in %gs", engine.namespace, engine.name,
+                         proc.pid, ended.exit_code, ended.reason, delay)
+                await self._report(engine, functools.partial(
+                    kubeletstatus.crashed_status, container=engine.container, ended=ended, back_off=delay,
+                    container_id=_container_id(proc.pid), now=finished_at))
+                proc = None
+                sim = replace(sim, pid=0, started=None, state=BACK_OFF, restarts=sim.restarts + 1)
+                self._publish(sim)
+                await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            pass
+        except Exception:   # noqa: BLE001 - one pod's trouble must not take the runner down
+            log.exception("%s/%s: supervising the simulator failed", engine.namespace, engine.name)
+        finally:
+            if proc is not None and proc.returncode is None:
+                await _terminate(proc)
+            self._remove_target(engine.uid, engine.target_name)
+            self._unpublish(engine.uid)
+            shutil.rmtree(config_dir.parent, ignore_errors=True)
+            log.info("%s/%s: simulator stopped", engine.namespace, engine.name)
+
+    async def _write_config(self, engine: EnginePod, config_dir: Path, wait: bool) -> None:
+        """Project the pod's ConfigMap into `config_dir`; with `wait`, until the ConfigMap exists (as the
+        kubelet keeps a pod in ContainerCreating), else keep the files as they are when it cannot be read."""
+        config_dir.mkdir(parents=True, exist_ok=True)
+        volume = engine.config
+        if volume is None:
+            return
+        assert self._api is not None
+        delay = 0.5
+        while True:
+            try:
+                response = await self._api.get(f"/api/v1/namespaces/{engine.namespace}/configmaps/{volume.config_map}")
+                if response.status_code == 404 and volume.optional:
+                    return
+                response.raise_for_status()
+                files = config_files(volume, dict(response.json().get("data") or {}))
+            except (httpx.HTTPError, KeyError, ValueError) as exc:
+                if not wait:
+                    return
+                log.info("%s/%s: configmap %s not ready (%s); retrying in %.1fs", engine.namespace, engine.name,
+                         volume.config_map, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            for relative, content in files.items():
+                if not safe_relative(relative):
+                    continue
+                target = config_dir / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(f".{target.name}.tmp")
+                tmp.write_text(content)
+                tmp.replace(target)
+            return
+
+    async def _spawn(self, engine: EnginePod, port: int, config_dir: Path,
+                     log_path: Path) -> tuple[asyncio.subprocess.Process, int, datetime]:
+        argv = [self.python, "-m", self.simulator_module, "--host", "127.0.0.1", "--port", str(port),
+                "--seed", str(engine.seed), "--config-dir", str(config_dir)]
+        if engine.gpu_product:
+            argv += ["--gpu", engine.gpu_product]
+        argv += ["--", *engine.argv]
+        env = {**os.environ, **engine.env, "PYTHONUNBUFFERED": "1"}
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as handle:
+            offset = handle.seek(0, os.SEEK_END)
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=handle, stderr=asyncio.subprocess.STDOUT,
+                env=env, cwd=str(config_dir), start_new_session=True)
+        log.info("%s/%s: simulator pid %d on 127.0.0.1:%d (%s)", engine.namespace, engine.name, proc.pid, port,
+                 engine.engine)
+        return proc, offset, _now()
+
+    async def _until_healthy(self, proc: asyncio.subprocess.Process, engine: EnginePod, address: str,
+                             slot_seconds: float | None) -> bool | None:
+        """True once GET health answers 200, False when the process exits first, None after `slot_seconds`."""
+        url = f"http://{address}{engine.health_path}"
+        deadline = None if slot_seconds is None else time.monotonic() + slot_seconds
+        interval = 0.1
+        exited = asyncio.ensure_future(proc.wait())
+        try:
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                while not exited.done():
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await client.get(url)).status_code == 200:
+                            return True
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return None
+                    await asyncio.wait({exited}, timeout=interval)
+                    interval = min(interval * 1.5, 2.0)
+            return False
+        finally:
+            if not exited.done():
+                exited.cancel()
+
+    async def _report(self, engine: EnginePod, status_for: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
+        """Write `status_for(pod)` to the pod's status subresource, guarded by its resourceVersion."""
+        assert self._api is not None
+        path = f"/api/v1/namespaces/{engine.namespace}/pods/{engine.name}"
+        try:
+            for _attempt in range(5):
+                response = await self._api.get(path)
+                if response.status_code == 404:
+                    return
+                response.raise_for_status()
+                pod = response.json()
+                if pod["metadata"].get("uid") != engine.uid or pod["metadata"].get("deletionTimestamp"):
+                    return
+                status = status_for(pod)
+                if status is None:
+                    return
+                body = {"metadata": {"resourceVersion": pod["metadata"]["resourceVersion"]}, "status": status}
+                response = await self._api.patch(f"{path}/status", content=json.dumps(body),
+                                                 headers={"Content-Type": "application/merge-patch+json"})
+                if response.status_code == 409:
+                    continue
+                if response.status_code != 404:
+                    response.raise_for_status()
+                return
+            log.warning("%s/%s: status kept conflicting; not reported", engine.namespace, engine.name)
+        except httpx.HTTPError as exc:
+            log.warning("%s/%s: reporting status failed: %s", engine.namespace, engine.name, exc)
+
+
+def _running_if_needed(pod: dict[str, Any], engine: EnginePod, started_at: datetime,
+                       pid: int) -> dict[str, Any] | None:
+    """After a restart the container runs and is ready again; nothing to write when the status says so."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == engine.container and status.get("ready") and "running" in (status.get("state") or {}):
+            return None
+    return kubeletstatus.running_status(pod, engine.container, started_at, ready=True,
+                                        container_id=_container_id(pid), now=_now())
+
+
+def _container_id(pid: int) -> str:
+    return f"sim://{pid}"
+
+
+def _target_name(sim: SimulatorEndpoint) -> str:
+    return EnginePod(sim.namespace, sim.pod, sim.uid, sim.sd, sim.variant, "", ()).target_name
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    """What the log gained since `offset`: this run's output only."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            return handle.read()
+    except OSError:
+        return b""
+
+
+async def _terminate(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM the simulator's process group, SIGKILL it after the grace period."""
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            await asyncio.wait_for(proc.wait(), wait)
+            return
+        except TimeoutError:
+            continue
+
+
+@contextlib.contextmanager
+def exclusive(paths: RunnerPaths) -> Iterator[None]:
+    """Hold the runner lock of this state directory: two runners would start every simulator twice."""
+    paths.directory.mkdir(parents=True, exist_ok=True)
+    with paths.lock.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise RunnerBusy(f"a pod runner already serves {paths.state_dir} (lock {paths.lock})") from exc
+        yield
+
+
+def serve(state_dir: Path, back_off: BackOff | None = None, simulator_module: str = SIMULATOR_MODULE) -> None:
+    """Run a pod runner in the foreground until SIGTERM or SIGINT."""
+    paths = RunnerPaths(state_dir)
+    if not paths.kubeconfig.exists():
+        raise DevClusterError(f"no dev cluster kubeconfig at {paths.kubeconfig}; start the cluster first")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await PodRunner(state_dir, back_off=back_off, simulator_module=simulator_module).run(stop)
+
+    with exclusive(paths):
+        asyncio.run(main())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specdeploy.devcluster.podrunner", description=__doc__.split("\n")[0])
+    parser.add_argument("--state-dir", type=Path, required=True, help="The dev cluster's state directory.")
+    parser.add_argument("--simulator-module", default=SIMULATOR_MODULE,
+                        help="The module run with `python -m` for each pod (it takes the simulator's options).")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        serve(args.state_dir, simulator_module=args.simulator_module)
+    except DevClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
