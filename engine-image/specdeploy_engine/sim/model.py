@@ -1,0 +1,270 @@
+"""What the simulator serves: the models behind a command line, how long a step takes, what is accepted.
+
+    served = served_model(config, find_gpu("H100-80GB"))
+    served.timing.step_seconds(StepShape(decode_seqs=8, verify_tokens=4, decode_kv_tokens=8 * 900))
+    alpha_at(served.default_acceptance_rate, served.k, temperature=0.7)
+
+Step times are planning.roofline's, extended to a mixed step: one forward pass over every decoding
+sequence's verify tokens plus the prefill chunks scheduled with them (vLLM V1 and SGLang batch both into
+one pass), then k drafting passes. Acceptance is Leviathan's: each drafted token is accepted with
+probability α, independently, until the first rejection. See docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any
+
+from specdeploy.api.spec import Method, SpeculativeDeploymentSpec
+from specdeploy.planning.acceptance import (
+    acceptance_rate_from_alpha,
+    alpha_from_acceptance_rate,
+    default_alpha,
+)
+from specdeploy.planning.catalog import CATALOG, UnknownModel, resolve_draft, resolve_target
+from specdeploy.planning.gpus import GpuProduct
+from specdeploy.planning.memory import plan_memory
+from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.roofline import (
+    ALLREDUCE_S,
+    BANDWIDTH_EFFICIENCY,
+    COMPUTE_EFFICIENCY,
+    ENGINE_STEP_OVERHEAD_S,
+    LAYER_OVERHEAD_S,
+    ForwardCost,
+)
+from specdeploy.planning.speedup import DRAFT_PASS_OVERHEAD_S, speculation_cost
+from specdeploy_engine.sim.argv import EngineConfig
+
+# α at temperature T is α(0)·exp(−TEMPERATURE_ALPHA_DECAY·T): 15% lower at T=1, 27% lower at T=2. The
+# direction is published (sampling at higher temperature lowers acceptance: Leviathan et al. 2023 report
+# lower α for T=1 than for argmax; vLLM's docs warn that acceptance depends on sampling parameters); the
+# size is an assumption, not a measurement. The `acceptance` knob sets the rate at T=0.
+TEMPERATURE_ALPHA_DECAY = 0.16
+# An EAGLE-3 head's reduced draft vocabulary (yuhuili/EAGLE3-* and RedHatAI speculators: 32000 rows).
+EAGLE3_DRAFT_VOCAB = 32000
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one engine step computes."""
+
+    decode_seqs: int = 0              # sequences producing tokens this step
+    verify_tokens: int = 1            # tokens each of them feeds the target: 1, or k + 1 when speculating
+    decode_kv_tokens: int = 0         # Σ cached tokens they read (full-attention layers)
+    decode_window_kv_tokens: int = 0  # Σ min(window, cached) for sliding-window layers
+    prefill_tokens: int = 0           # prompt tokens of the prefill chunks in the same pass
+    prefill_kv_tokens: int = 0        # cached tokens those chunks attend to (earlier chunks)
+    drafting_seqs: int = 0            # sequences the drafter proposes for (decoding + finishing prefill)
+
+
+def pass_seconds(cost: ForwardCost, gpu: GpuProduct, *, tokens: int, kv_tokens: int = 0,
+                 window_kv_tokens: int = 0) -> float:
+    """One forward pass over `tokens` new tokens that read `kv_tokens` cached tokens: the roofline of
+    planning.roofline.forward_seconds with the batch given as totals (equal to it for a uniform batch)."""
+    if tokens <= 0:
+        return 0.0
+    fraction = cost.expert_fraction_per_token
+    touched = 1.0 - (1.0 - fraction) ** tokens if fraction else 0.0
+    moved = (cost.dense_weight_bytes + cost.expert_weight_bytes * touched
+             + cost.kv_bytes_per_token * kv_tokens + cost.window_kv_bytes_per_token * window_kv_tokens)
+    memory_s = moved / (gpu.hbm_bandwidth_gb_s * 1e9 * BANDWIDTH_EFFICIENCY)
+    compute_s = cost.flops_per_token * tokens / (gpu.bf16_tflops * 1e12 * COMPUTE_EFFICIENCY)
+    allreduce_s = 2 * cost.layers * ALLREDUCE_S if cost.tensor_parallel_size > 1 else 0.0
+    return max(memory_s, compute_s) + cost.layers * LAYER_OVERHEAD_S + allreduce_s
+
+
+@dataclass(frozen=True)
+class TimingModel:
+    """Seconds per engine step for a target, an optional drafter and k."""
+
+    target: ForwardCost
+    draft: ForwardCost | None
+    gpu: GpuProduct
+    num_speculative_tokens: int = 0            # 0: no speculation
+    draft_pass_overhead_s: float = DRAFT_PASS_OVERHEAD_S
+
+    def step_seconds(self, shape: StepShape) -> float:
+        """The target pass over decode and prefill tokens, then k drafting passes (the first one also
+        reads the prefill chunks, as a draft model or EAGLE head must see the prompt)."""
+        tokens = shape.decode_seqs * shape.verify_tokens + shape.prefill_tokens
+        if tokens == 0:
+            return 0.0
+        seconds = pass_seconds(
+            self.target, self.gpu, tokens=tokens, kv_tokens=shape.decode_kv_tokens + shape.prefill_kv_tokens,
+            window_kv_tokens=shape.decode_window_kv_tokens,
+        ) + ENGINE_STEP_OVERHEAD_S
+        k = self.num_speculative_tokens
+        if k and shape.drafting_seqs and self.draft is not None:
+            one = pass_seconds(self.draft, self.gpu, tokens=shape.drafting_seqs, kv_tokens=shape.decode_kv_tokens)
+            first = pass_seconds(self.draft, self.gpu, tokens=shape.drafting_seqs + shape.prefill_tokens,
+                                 kv_tokens=shape.decode_kv_tokens)
+            seconds += first + (k - 1) * one + k * self.draft_pass_overhead_s
+        return seconds
+
+
+@lru_cache(maxsize=4096)
+def _alpha_for_rate(rate: float, k: int) -> float:
+    return alpha_from_acceptance_rate(rate, k)
+
+
+def alpha_at(acceptance_rate: float, k: int, temperature: float = 0.0) -> float:
+    """Leviathan's α for a vLLM acceptance rate (accepted ÷ drafted at `k`, greedy) at `temperature`."""
+    rate = min(1.0, max(0.0, round(acceptance_rate, 4)))
+    return _alpha_for_rate(rate, k) * math.exp(-TEMPERATURE_ALPHA_DECAY * max(0.0, temperature))
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """Everything the engine core needs about what it serves."""
+
+    config: EngineConfig
+    target: ModelInfo
+    draft: ModelInfo | None
+    gpu: GpuProduct
+    timing: TimingModel
+    max_model_len: int
+    kv_cache_tokens: int | None                # None: unknown, not a limit
+    default_acceptance_rate: float | None      # vLLM rate at k for greedy requests; None without speculation
+    startup_error: str | None = None           # what the engine prints when the memory plan does not fit
+    notes: tuple[str, ...] = field(default=())  # assumptions made (unknown models)
+
+    @property
+    def k(self) -> int:
+        """Tokens drafted per sequence per step; 0 without speculation."""
+        return self.timing.num_speculative_tokens
+
+    @property
+    def verify_tokens(self) -> int:
+        speculation = self.config.speculation
+        return speculation.verify_tokens if speculation is not None else 1
+
+
+_SIZE_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])")
+
+
+def _size_from_name(name: str) -> float | None:
+    """The parameter count a name announces ("Llama-3.1-70B" -> 70e9), or None."""
+    found = _SIZE_IN_NAME.findall(name.replace("_", "-").replace("/", "-"))
+    return float(found[-1]) * 1e9 if found else None
+
+
+def _nearest_catalog_model(name: str, fallback: str) -> tuple[ModelInfo, str]:
+    """A catalog base model of about the size the name announces, for a model the catalog lacks."""
+    size = _size_from_name(name)
+    bases = [model for model in CATALOG.values() if model.kind == ModelKind.BASE]
+    if size is None:
+        chosen = CATALOG[fallback]
+    else:
+        chosen = min(bases, key=lambda model: abs(math.log(model.architecture.num_parameters / size)))
+    note = f"{name} is not in the catalog; timed as {chosen.name} ({chosen.architecture.num_parameters / 1e9:.1f}B)"
+    return replace(chosen, name=name), note
+
+
+def eagle_head_for(target: ModelInfo, name: str, kind: ModelKind) -> ModelInfo:
+    """An EAGLE head of `target`'s shape, for a head the catalog lacks: one decoder layer of the target,
+    plus (EAGLE-3) the fc that fuses three hidden states and a 32000-row lm_head."""
+    arch = target.architecture
+    embeddings = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    layer = (arch.num_parameters - embeddings) / arch.num_layers
+    extra = 3 * arch.hidden_size**2 + EAGLE3_DRAFT_VOCAB * arch.hidden_size if kind == ModelKind.EAGLE3 else 0
+    head_arch = arch.model_copy(update={"num_layers": 1, "num_parameters": int(layer + extra)})
+    return ModelInfo(name=name, architecture=head_arch, kind=kind, family=target.family, targets=(target.name,),
+                     draft_vocab_size=EAGLE3_DRAFT_VOCAB if kind == ModelKind.EAGLE3 else None)
+
+
+def spec_for(config: EngineConfig, gpu: GpuProduct) -> SpeculativeDeploymentSpec:
+    """The SpeculativeDeployment spec this command line would have been rendered from (as far as the
+    planner cares: models, quantisation, parallelism, memory and scheduler limits)."""
+    speculation: dict[str, Any] = {"enabled": False, "method": Method.NGRAM.value}
+    if config.speculation is not None:
+        s = config.speculation
+        speculation = {"method": s.method.value, "numSpeculativeTokens": min(16, s.num_speculative_tokens)}
+        if s.draft_model and s.method in (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3):
+            draft: dict[str, Any] = {"name": s.draft_model, "quantization": s.draft_quantization.value}
+            if s.draft_tensor_parallel_size:
+                draft["tensorParallelSize"] = s.draft_tensor_parallel_size
+            speculation["draft"] = draft
+    seqs = max(1, config.max_num_seqs)
+    return SpeculativeDeploymentSpec.model_validate({
+        "engine": {"kind": config.kind.value},
+        "model": {"name": config.model, "quantization": config.quantization.value},
+        "speculation": speculation,
+        "resources": {
+            "tensorParallelSize": config.tensor_parallel_size,
+            "gpu": {"product": gpu.name, "count": config.tensor_parallel_size},
+            "gpuMemoryUtilization": min(1.0, max(0.01, config.gpu_memory_utilization)),
+        },
+        "serving": {
+            "maxModelLen": config.max_model_len,
+            "maxNumSeqs": seqs,
+            "maxNumBatchedTokens": max(seqs, config.max_num_batched_tokens),
+            "kvCacheDtype": config.kv_cache_dtype.value,
+        },
+    })
+
+
+def _resolve(spec: SpeculativeDeploymentSpec) -> tuple[ModelInfo, ModelInfo | None, list[str]]:
+    notes: list[str] = []
+    try:
+        target = resolve_target(spec)
+    except UnknownModel:
+        target, note = _nearest_catalog_model(spec.model.name, "meta-llama/Llama-3.1-8B-Instruct")
+        notes.append(note)
+    try:
+        draft = resolve_draft(spec)
+    except UnknownModel:
+        assert spec.speculation.draft is not None
+        name = spec.speculation.draft.name
+        if spec.speculation.method == Method.DRAFT_MODEL:
+            draft, note = _nearest_catalog_model(name, "Qwen/Qwen3-0.6B")
+            notes.append(note)
+        else:
+            kind = ModelKind.EAGLE3 if spec.speculation.method == Method.EAGLE3 else ModelKind.EAGLE
+            draft = eagle_head_for(target, name, kind)
+            notes.append(f"{name} is not in the catalog; timed as an EAGLE head of {target.name}'s shape "
+                         f"({draft.architecture.num_parameters / 1e9:.2f}B)")
+    return target, draft, notes
+
+
+def _startup_error(config: EngineConfig, kv_cache_tokens: int, max_model_len: int, weights_fit: bool) -> str:
+    """What vLLM prints when the memory plan does not fit (vllm/v1/core/kv_cache_utils.py wording)."""
+    if not weights_fit:
+        return ("torch.OutOfMemoryError: CUDA out of memory while loading the model weights: the weights of "
+                f"{config.model} do not fit in the GPU memory the engine may use.")
+    return (f"ValueError: To serve at least one request with the models's max seq len ({max_model_len}), "
+            f"the KV cache needs {max_model_len} tokens, which is larger than the available KV cache "
+            f"({kv_cache_tokens} tokens). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
+            "when initializing the engine.")
+
+
+def served_model(config: EngineConfig, gpu: GpuProduct) -> ServedModel:
+    """Resolve the models of `config`, time them on `gpu`, and size the KV cache with the memory planner."""
+    spec = spec_for(config, gpu)
+    target, draft, notes = _resolve(spec)
+    speculating = config.speculation is not None
+    cost = speculation_cost(spec, target, draft, gpu)
+    k = config.speculation.num_speculative_tokens if config.speculation is not None else 0
+    timing = TimingModel(cost.target, cost.draft if speculating else None, gpu, k, cost.draft_pass_overhead_s)
+    max_model_len = config.max_model_len or target.architecture.max_position_embeddings
+    memory = plan_memory(spec, target, draft, speculate=speculating)
+    kv_tokens = memory.kv_cache_tokens if memory.kv_cache_tokens and memory.kv_cache_tokens > 0 else None
+    startup_error = None
+    if not memory.fits:
+        weights_fit = not any(reason.code == "WeightsDoNotFit" for reason in memory.reasons)
+        startup_error = _startup_error(config, memory.kv_cache_tokens or 0, max_model_len, weights_fit)
+    rate = None
+    if config.speculation is not None:
+        s = config.speculation
+        alpha = default_alpha(
+            s.method, k, target_quantization=spec.model.quantization, draft_quantization=s.draft_quantization,
+            mtp_layers=target.architecture.num_nextn_predict_layers,
+        )
+        rate = acceptance_rate_from_alpha(alpha, k)
+    return ServedModel(
+        config=config, target=target, draft=draft, gpu=gpu, timing=timing, max_model_len=max_model_len,
+        kv_cache_tokens=kv_tokens, default_acceptance_rate=rate, startup_error=startup_error, notes=tuple(notes),
+    )
