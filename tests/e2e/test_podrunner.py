@@ -8,6 +8,8 @@ labels, a crash lands in the pod's status with the log tail, and deleting the De
 from __future__ import annotations
 
 import copy
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -198,3 +200,23 @@ def test_trtllm_pods_read_their_yaml_from_the_configmap_and_are_scraped_on_prome
     assert "trtllm_" in httpx.get(f"{sim.url}{sim.metrics_path}", timeout=5).text
     wait_for(lambda: _query(dev_cluster, f'up{{namespace="{namespace}",specdeploy_io_name="{sd}"}} == 1'), 30,
              "Prometheus scraping the TRT-LLM simulator")
+
+
+def test_down_stops_every_simulator_even_after_the_runner_was_killed(tmp_path: Path) -> None:
+    cluster = DevCluster(tmp_path / "runner-killed", nodes=1, monitoring=True)
+    try:
+        cluster.up()
+        cluster.kubectl("create", "namespace", "engines")
+        wait_for(lambda: cluster.kubectl("get", "sa", "default", "-n", "engines", check=False).returncode == 0, 30,
+                 "ServiceAccount engines/default")
+        _apply(cluster, "engines", _children(NGRAM, (Variant.SPECULATIVE, Variant.CONTROL)))
+        sims = _ready(cluster, "engines", NGRAM, 2)
+        runner = next(c for c in cluster.status().components if c.name == "pod-runner")
+        os.kill(runner.pid, signal.SIGKILL)         # no chance to clean up
+        wait_for(lambda: not processes.alive(runner.pid), 10, "the pod runner to die")
+        assert all(processes.alive(s.pid) for s in sims)
+        cluster.down()
+        assert not any(processes.alive(s.pid) for s in sims)
+        assert not cluster.state_dir.exists()
+    finally:
+        cluster.down()

@@ -15,6 +15,7 @@ from specdeploy.devcluster.errors import (
     KubectlError,
     ProcessFailed,
 )
+from specdeploy.devcluster.simregistry import SimulatorEndpoint
 from specdeploy.devcluster.wait import WaitTimeout, wait_for
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "DevClusterError",
     "KubectlError",
     "ProcessFailed",
+    "SimulatorEndpoint",
     "WaitTimeout",
     "wait_for",
 ]
