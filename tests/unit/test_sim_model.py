@@ -129,3 +129,9 @@ def test_an_unknown_eagle3_head_takes_its_targets_shape() -> None:
                    '{"method":"eagle3","model":"RedHatAI/Qwen3-32B-speculator.eagle3","num_speculative_tokens":3}',
                    gpu="H200")
     assert timed.draft is not None and timed.draft.kind == ModelKind.EAGLE3
+
+
+def test_a_fixed_kv_cache_size_is_honoured() -> None:
+    fixed = served("vllm", "serve", LLAMA_8B, "--max-model-len", "8192", "--kv-cache-memory-bytes", str(10 * 2**30))
+    # Llama-3.1-8B stores 128 KiB per token (32 layers × 2 × 8 KV heads × 128 × 2 bytes): 10 GiB = 81,920.
+    assert fixed.kv_cache_tokens == 81920

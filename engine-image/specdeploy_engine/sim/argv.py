@@ -78,6 +78,7 @@ class EngineConfig:
     speculation: SpeculationConfig | None
     health_path: str
     metrics_path: str | None             # None: these flags expose no Prometheus metrics
+    kv_cache_memory_bytes: int | None = None   # vLLM --kv-cache-memory-bytes: a fixed KV cache per GPU
 
 
 def parse_engine_argv(
@@ -204,6 +205,7 @@ def _vllm(args: list[str], gpu: GpuProduct | None) -> EngineConfig:
         speculation=speculation,
         health_path=vllm_engine.HEALTH_PATH,
         metrics_path=vllm_engine.METRICS_PATH,
+        kv_cache_memory_bytes=values.get("kv_cache_memory_bytes"),
     )
 
 

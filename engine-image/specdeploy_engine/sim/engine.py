@@ -55,6 +55,8 @@ class SimRequest:
     prefill_target: int = 0                   # prompt (plus generated tokens after a preemption)
     generated: int = 0
     acceptance_offset: float = 0.0             # this request's draw of the noise knob
+    alpha_for_rate: float = -1.0               # the acceptance rate log_alpha was computed for
+    log_alpha: float = 0.0
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -155,14 +157,18 @@ class Engine:
         return knob if knob is not None else self.served.default_acceptance_rate
 
     def _accepted(self, request: SimRequest, rate: float, k: int) -> int:
-        """Drafted tokens accepted this step: a run of successes with probability α, cut at k."""
-        alpha = alpha_at(rate + request.acceptance_offset, k, request.temperature)
-        if alpha <= 0.0:
-            return 0
-        if alpha >= 1.0:
+        """Drafted tokens accepted this step: a run of successes with probability α, cut at k (drawn by
+        inverting the geometric distribution: one random number per step)."""
+        if request.alpha_for_rate != rate:      # the knob moved, or the request's first draft
+            alpha = alpha_at(rate + request.acceptance_offset, k, request.temperature)
+            request.alpha_for_rate = rate
+            request.log_alpha = math.log(alpha) if 0.0 < alpha < 1.0 else (0.0 if alpha >= 1.0 else -math.inf)
+        log_alpha = request.log_alpha
+        if log_alpha == 0.0:
             return k
-        draw = request.rng.random()
-        return min(k, int(math.log(1.0 - draw) / math.log(alpha)))
+        if log_alpha == -math.inf:
+            return 0
+        return min(k, int(math.log(1.0 - request.rng.random()) / log_alpha))
 
     # --- stepping ---------------------------------------------------------------------------------------
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from specdeploy.api.spec import Method, SpeculativeDeploymentSpec
+from specdeploy.api.spec import EngineKind, Method, SpeculativeDeploymentSpec
+from specdeploy.api.units import GIB
 from specdeploy.planning.acceptance import (
     acceptance_rate_from_alpha,
     alpha_from_acceptance_rate,
@@ -40,9 +41,9 @@ from specdeploy.planning.speedup import DRAFT_PASS_OVERHEAD_S, speculation_cost
 from specdeploy_engine.sim.argv import EngineConfig
 
 # α at temperature T is α(0)·exp(−TEMPERATURE_ALPHA_DECAY·T): 15% lower at T=1, 27% lower at T=2. The
-# direction is published (sampling at higher temperature lowers acceptance: Leviathan et al. 2023 report
-# lower α for T=1 than for argmax; vLLM's docs warn that acceptance depends on sampling parameters); the
-# size is an assumption, not a measurement. The `acceptance` knob sets the rate at T=0.
+# direction is reported (foundation-model-stack/fms-extras issue #12: "as temperature increases, acceptance
+# rates go down"; ml-explore/mlx-lm PR #1709: speculation "loses most of its speedup as soon as sampling is
+# turned on"); the size is an assumption, not a measurement. The `acceptance` knob sets the rate at T=0.
 TEMPERATURE_ALPHA_DECAY = 0.16
 # An EAGLE-3 head's reduced draft vocabulary (yuhuili/EAGLE3-* and RedHatAI speculators: 32000 rows).
 EAGLE3_DRAFT_VOCAB = 32000
@@ -203,6 +204,7 @@ def spec_for(config: EngineConfig, gpu: GpuProduct) -> SpeculativeDeploymentSpec
             "maxNumSeqs": seqs,
             "maxNumBatchedTokens": max(seqs, config.max_num_batched_tokens),
             "kvCacheDtype": config.kv_cache_dtype.value,
+            "kvCacheMemoryGiB": config.kv_cache_memory_bytes / GIB if config.kv_cache_memory_bytes else None,
         },
     })
 
@@ -253,9 +255,13 @@ def served_model(config: EngineConfig, gpu: GpuProduct) -> ServedModel:
     memory = plan_memory(spec, target, draft, speculate=speculating)
     kv_tokens = memory.kv_cache_tokens if memory.kv_cache_tokens and memory.kv_cache_tokens > 0 else None
     startup_error = None
-    if not memory.fits:
-        weights_fit = not any(reason.code == "WeightsDoNotFit" for reason in memory.reasons)
-        startup_error = _startup_error(config, memory.kv_cache_tokens or 0, max_model_len, weights_fit)
+    codes = {reason.code for reason in memory.reasons}
+    if "WeightsDoNotFit" in codes:
+        startup_error = _startup_error(config, 0, max_model_len, weights_fit=False)
+    elif "KVCacheTooSmall" in codes and config.kind != EngineKind.TRTLLM:
+        # TensorRT-LLM sizes its cache from the memory left after loading (free_gpu_memory_fraction), which
+        # the command line does not carry fully; it is refused only when the weights do not fit.
+        startup_error = _startup_error(config, memory.kv_cache_tokens or 0, max_model_len, weights_fit=True)
     rate = None
     if config.speculation is not None:
         s = config.speculation
