@@ -168,3 +168,8 @@ def test_the_command_line_prints_a_report_and_fails_on_errors(capsys: pytest.Cap
     finally:
         process.terminate()
         process.communicate(timeout=20)
+
+
+def test_an_unreachable_target_is_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--target", f"http://127.0.0.1:{free_port()}", "--qps", "1", "--duration", "1s"]) == 2
+    assert "cannot ask the targets for their model" in capsys.readouterr().err

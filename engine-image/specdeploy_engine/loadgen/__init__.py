@@ -19,6 +19,8 @@ import re
 import sys
 from collections.abc import Sequence
 
+import httpx
+
 from specdeploy_engine.loadgen.client import send_workload
 from specdeploy_engine.loadgen.report import LoadReport, RequestRecord, Summary
 from specdeploy_engine.loadgen.workload import (
@@ -126,6 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except (WorkloadError, ValueError) as error:
         print(f"specdeploy-load: {error}", file=sys.stderr)
+        return 2
+    except (httpx.HTTPError, RuntimeError) as error:
+        print(f"specdeploy-load: cannot ask the targets for their model ({type(error).__name__}: {error}); "
+              "check the URLs or pass --model", file=sys.stderr)
         return 2
     print(json.dumps(report.to_dict(), indent=1) if options.json else report.to_text())
     return 0 if report.failed == 0 and report.unfinished == 0 else 1

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import sys
+import traceback
 from typing import Any
 
 from aiohttp import web
@@ -59,6 +60,7 @@ class RealTimeDriver:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-core")
+        self._task.add_done_callback(_die_with_the_core)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -96,6 +98,18 @@ class RealTimeDriver:
             else:
                 await asyncio.sleep(0)          # let handlers run between back-to-back steps
             self.engine.complete_step(step, due)
+
+
+def _die_with_the_core(task: asyncio.Task[None]) -> None:
+    """An engine whose core loop died serves nothing: print why and exit, as vLLM's API server does when
+    its EngineCore process dies."""
+    if task.cancelled() or task.exception() is None:
+        return
+    error = task.exception()
+    sys.stderr.write("ERROR [core.py] EngineCore encountered a fatal error.\n")
+    traceback.print_exception(error)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 class TokenStream:
