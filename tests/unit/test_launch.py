@@ -99,6 +99,8 @@ def test_constants_match_the_operator() -> None:
     (["--", *ARGV], [], tuple(ARGV)),
     (["--plan", "/p.json", "--", *ARGV], ["--plan", "/p.json"], tuple(ARGV)),
     (ARGV, [], tuple(ARGV)),                                   # ENTRYPOINT + the pod's args, no `--`
+    (["python3", "-m", "sglang.launch_server", "--port", "1"], [],
+     ("python3", "-m", "sglang.launch_server", "--port", "1")),
     (["--plan", "vllm", *ARGV], ["--plan", "vllm"], tuple(ARGV)),   # an option's value is not the command
     (["--plan=/p.json"], ["--plan=/p.json"], None),
     ([], [], None),
