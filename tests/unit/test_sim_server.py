@@ -269,3 +269,13 @@ def test_a_model_that_does_not_fit_the_named_gpu_does_not_start() -> None:
         [sys.executable, "-m", "specdeploy_engine.sim", "--gpu", "L4", "--port", str(free_port()), "--",
          "vllm", "serve", "meta-llama/Llama-3.1-70B-Instruct"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 1 and "CUDA out of memory" in result.stderr
+
+
+def test_help_and_a_missing_engine_command() -> None:
+    from specdeploy_engine.sim.__main__ import main
+    with pytest.raises(SystemExit) as helped:
+        main(["--help"])
+    assert helped.value.code == 0
+    with pytest.raises(SystemExit) as refused:
+        main(["--port", "8000"])
+    assert refused.value.code == 2

@@ -57,10 +57,10 @@ def _gpu(name: str | None, parser: argparse.ArgumentParser) -> GpuProduct:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     parser = _options()
-    if "--" not in args:
+    split = args.index("--") if "--" in args else len(args)
+    options = parser.parse_args(args[:split])          # --help exits here
+    if split == len(args):
         parser.error("the engine's command line must follow `--`")
-    split = args.index("--")
-    options = parser.parse_args(args[:split])
     engine_argv = args[split + 1:]
     if options.time_scale <= 0:
         parser.error("--time-scale must be greater than 0")
