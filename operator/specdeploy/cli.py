@@ -17,7 +17,7 @@ from rich.console import Console
 from specdeploy.api.crd import crd_yaml
 from specdeploy.api.reference import reference_markdown
 from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, load_resource
-from specdeploy.devcluster.cli import dev_cluster
+from specdeploy.devcluster.cli import dev_cluster, sim_admin_cmd
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import Plan, make_plan, plan_document
 from specdeploy.reconcile.children import Variant, desired_children, engine_command
@@ -138,7 +138,36 @@ def crd() -> None:
     click.echo(crd_yaml(), nl=False)
 
 
+@main.command()
+@click.option("--sd", required=True, metavar="NAMESPACE/NAME", help="The SD whose simulators get the traffic.")
+@click.option("--qps", type=float, default=2.0, show_default=True, help="Requests per second (Poisson).")
+@click.option("--duration", default="60s", show_default=True, help="How long to send, e.g. 60s or 2m.")
+@click.option("--output-tokens", default="32-96", show_default=True, help='Output length: "64", "32-96" …')
+@click.option("--temperature", default="0.7", show_default=True, help='Temperature, or a mix "0:0.5,1.0:0.5".')
+@click.option("--state-dir", type=click.Path(file_okay=False), default=None, help="The dev cluster's state.")
+def load(sd: str, qps: float, duration: str, output_tokens: str, temperature: str, state_dir: str | None) -> None:
+    """Drive load through a dev-cluster SD's engine simulators, as its Service would; print percentiles."""
+    from specdeploy.devcluster import DevCluster
+    from specdeploy.devcluster.traffic import Traffic
+    from specdeploy_engine.loadgen import parse_duration
+
+    cluster = DevCluster(Path(state_dir) if state_dir else None)
+    report = Traffic(cluster, sd, qps, parse_duration(duration), output_tokens=output_tokens,
+                     temperature=temperature).run()
+    click.echo(report.to_text())
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.argument("arguments", nargs=-1, type=click.UNPROCESSED)
+def sim(arguments: tuple[str, ...]) -> None:
+    """The engine simulator: `specdeploy sim [--port P] -- ENGINE ARGV...` (see docs/simulator.md)."""
+    from specdeploy_engine.sim.__main__ import main as simulator
+
+    sys.exit(simulator(list(arguments)))
+
+
 main.add_command(dev_cluster)
+main.add_command(sim_admin_cmd, "sim-admin")
 
 
 if __name__ == "__main__":

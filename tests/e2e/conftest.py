@@ -103,13 +103,15 @@ def operator(dev_cluster: DevCluster, crds: None, namespace: str, monkeypatch: p
 class OperatorProcess:
     """`specdeploy run` as a separate process, for tests that kill it or start a second one."""
 
-    def __init__(self, dev_cluster: DevCluster, namespace: str, log: Path) -> None:
+    def __init__(self, dev_cluster: DevCluster, namespace: str, log: Path, extra_args: tuple[str, ...] = (),
+                 extra_env: dict[str, str] | None = None) -> None:
         self.log = log
-        env = {**os.environ, **operator_env(dev_cluster, namespace)}
+        env = {**os.environ, **operator_env(dev_cluster, namespace), **(extra_env or {})}
         self._file = log.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", namespace, "--lease-namespace", namespace,
-             "--resync-seconds", "3", "--liveness", "", "--log-format", "plain", "--metrics-port", "0"],
+             "--resync-seconds", "3", "--liveness", "", "--log-format", "plain", "--metrics-port", "0",
+             *extra_args],
             env=env, stdout=self._file, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
@@ -135,12 +137,12 @@ class OperatorProcess:
 
 @pytest.fixture
 def operator_processes(dev_cluster: DevCluster, crds: None, namespace: str,
-                       tmp_path: Path) -> Iterator[Callable[[str], OperatorProcess]]:
+                       tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
     """A factory of operator processes for the test's namespace; all are stopped afterwards."""
     started: list[OperatorProcess] = []
 
-    def start(label: str) -> OperatorProcess:
-        process = OperatorProcess(dev_cluster, namespace, tmp_path / f"operator-{label}.log")
+    def start(label: str, *extra_args: str, env: dict[str, str] | None = None) -> OperatorProcess:
+        process = OperatorProcess(dev_cluster, namespace, tmp_path / f"operator-{label}.log", extra_args, env)
         started.append(process)
         return process
 

@@ -58,7 +58,8 @@ def _vllm_metrics(seconds: float, speculative: bool) -> str:
             lines += [f"# TYPE {name} counter", f"{name}{{{labels}}} {per_second * seconds}"]
     lines += ["# TYPE vllm:request_success_total counter",
               f'vllm:request_success_total{{{labels},finished_reason="stop"}} {rate * seconds}']
-    lines += _histogram("vllm:inter_token_latency_seconds", 50 * rate, seconds, 0.04 if speculative else 0.02, labels)
+    lines += _histogram("vllm:request_time_per_output_token_seconds", rate, seconds,
+                        0.04 if speculative else 0.02, labels)
     lines += _histogram("vllm:e2e_request_latency_seconds", rate, seconds, 2.0, labels)
     lines += _histogram("vllm:time_to_first_token_seconds", rate, seconds, 0.2, labels)
     lines += ["# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{labels}}} 4",

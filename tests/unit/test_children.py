@@ -138,3 +138,13 @@ def test_trtllm_yaml_is_mounted_per_variant() -> None:
     for variant, deployment in children.deployments.items():
         volume = deployment["spec"]["template"]["spec"]["volumes"][0]
         assert {"key": f"{variant.value}.trtllm.yaml", "path": "trtllm.yaml"} in volume["configMap"]["items"]
+
+
+def test_specdeploy_engine_images_get_the_argv_as_args_for_their_launcher() -> None:
+    resource = _load("llama-8b-ngram.yaml")
+    engine = resource.spec.engine.model_copy(update={"image": "ghcr.io/specdeploy/specdeploy-engine-vllm:0.1.0"})
+    resource = resource.model_copy(update={"spec": resource.spec.model_copy(update={"engine": engine})})
+    plan = make_plan(resource.spec)
+    container = _container(desired_children(resource, plan).deployments[Variant.SPECULATIVE])
+    assert "command" not in container
+    assert container["args"] == engine_command(plan, Variant.SPECULATIVE, speculate=True).argv()

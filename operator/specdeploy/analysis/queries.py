@@ -136,8 +136,8 @@ def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | N
         case Signal.MEAN_ACCEPTANCE_LENGTH:
             return _mean_acceptance_length(names, window)
         case Signal.P99_INTER_TOKEN_LATENCY:
-            # TensorRT-LLM has no inter-token histogram; its table names time per output token instead.
-            return render(P99_FROM_HISTOGRAM, histogram=names.inter_token_latency, window=window)
+            # Per token, per request (MetricNames.time_per_output_token): vLLM's own ITL histogram is per step.
+            return render(P99_FROM_HISTOGRAM, histogram=names.time_per_output_token, window=window)
         case Signal.P99_E2E_LATENCY:
             return render(P99_FROM_HISTOGRAM, histogram=names.e2e_request_latency, window=window)
         case Signal.P99_TIME_TO_FIRST_TOKEN:

@@ -52,6 +52,7 @@ class MetricNames:
     acceptance_length_gauge: str | None
     time_to_first_token: str
     inter_token_latency: str
+    time_per_output_token: str   # per token, per request: what the latency checks compare (see vllm.py)
     e2e_request_latency: str
     request_queue_time: str | None
     requests_running: str
@@ -66,7 +67,8 @@ class MetricNames:
         values = (
             self.drafts_total, self.draft_tokens_total, self.accepted_tokens_total,
             self.accepted_tokens_per_pos_total, self.acceptance_rate_gauge, self.acceptance_length_gauge,
-            self.time_to_first_token, self.inter_token_latency, self.e2e_request_latency,
+            self.time_to_first_token, self.inter_token_latency, self.time_per_output_token,
+            self.e2e_request_latency,
             self.request_queue_time, self.requests_running, self.requests_waiting, self.kv_cache_usage,
             self.request_success_total,
         )
@@ -148,6 +150,13 @@ def probes(port: int, health_path: str, startup_timeout_s: int = STARTUP_TIMEOUT
             "httpGet": dict(get), "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4,
         },
     }
+
+
+def uses_launcher(image: str) -> bool:
+    """Whether `image` is one of specdeploy's engine images (engine-image/Dockerfile*), whose ENTRYPOINT is
+    the launcher (GPU preflight, then the engine): the engine argv then goes in `args` only."""
+    name = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+    return name.startswith("specdeploy-engine")
 
 
 def image_for(spec: SpeculativeDeploymentSpec) -> str:

@@ -30,6 +30,8 @@ METRICS = MetricNames(
     acceptance_length_gauge="sglang:spec_accept_length",
     time_to_first_token="sglang:time_to_first_token_seconds",
     inter_token_latency="sglang:inter_token_latency_seconds",
+    # SGLang divides each interval by the tokens it emitted (metrics_collector.observe_inter_token_latency).
+    time_per_output_token="sglang:inter_token_latency_seconds",
     e2e_request_latency="sglang:e2e_request_latency_seconds",
     request_queue_time="sglang:queue_time_seconds",
     requests_running="sglang:num_running_reqs",

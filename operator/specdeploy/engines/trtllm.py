@@ -42,6 +42,7 @@ METRICS = MetricNames(
     acceptance_length_gauge="trtllm_spec_decode_acceptance_length",
     time_to_first_token="trtllm_time_to_first_token_seconds",
     inter_token_latency="trtllm_time_per_output_token_seconds",
+    time_per_output_token="trtllm_time_per_output_token_seconds",
     e2e_request_latency="trtllm_e2e_request_latency_seconds",
     request_queue_time="trtllm_request_queue_time_seconds",
     requests_running="trtllm_num_requests_running",

@@ -34,6 +34,10 @@ METRICS = MetricNames(
     acceptance_length_gauge=None,
     time_to_first_token="vllm:time_to_first_token_seconds",
     inter_token_latency="vllm:inter_token_latency_seconds",
+    # vLLM V1 observes inter_token_latency once per engine step per request (IterationStats in
+    # vllm/v1/metrics/stats.py): a speculative step that emits several tokens is one long "gap", so that
+    # histogram rises with speculation even when tokens arrive faster. The per-token figure is this one.
+    time_per_output_token="vllm:request_time_per_output_token_seconds",
     e2e_request_latency="vllm:e2e_request_latency_seconds",
     request_queue_time="vllm:request_queue_time_seconds",
     requests_running="vllm:num_requests_running",

@@ -16,6 +16,7 @@ from specdeploy.api import names
 from specdeploy.api.resource import API_VERSION, KIND, SpeculativeDeployment
 from specdeploy.api.spec import BaselineMode, SpeculativeDeploymentSpec
 from specdeploy.engines import CONFIG_MOUNT_PATH, EngineCommand, EngineInputs, image_for, render_engine
+from specdeploy.engines.base import uses_launcher
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import Plan
 
@@ -132,11 +133,15 @@ def _deployment(
     replicas = spec.replicas if variant == Variant.SPECULATIVE else spec.analysis.baseline.control_replicas
     gpu = find_gpu(spec.resources.gpu.product)
     gpus = str(spec.resources.gpu_count)
+    image = image_for(spec)
+    argv = (
+        {"args": command.argv()} if uses_launcher(image)  # the image's launcher runs the preflight first
+        else {"command": list(command.command), "args": list(command.args)}
+    )
     container = {
         "name": "engine",
-        "image": image_for(spec),
-        "command": list(command.command),
-        "args": list(command.args),
+        "image": image,
+        **argv,
         "env": [{"name": k, "value": v} for k, v in command.env] + [e.to_wire() for e in spec.engine.env],
         "ports": [{"name": "http", "containerPort": command.port, "protocol": "TCP"}],
         "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,9 @@ from specdeploy.reconcile.status import Planned, next_status
 logger = logging.getLogger(__name__)
 
 ROLLBACK_EVENT_REASON = "SpeculationRolledBack"
+FAULT_ENV = "SPECDEPLOY_FAULT"
+"""Fault injection for the crash tests: `exit-after-rollback-decision` kills the process (as SIGKILL would,
+no clean-up) right after a rollback decision is written, before anything acts on it."""
 
 
 def plan_resource(resource: SpeculativeDeployment) -> Planned:
@@ -105,6 +109,8 @@ class Reconciler:
             old_status = status.to_wire()
             self.metrics.rollback(namespace, name, step.rollback.reason.value)
             logger.warning("%s/%s rolled back: %s", namespace, name, step.rollback.evidence)
+            if os.environ.get(FAULT_ENV) == "exit-after-rollback-decision":
+                os._exit(137)
         if planned.plan is not None and planned.accepted:
             children = desired_children(resource.model_copy(update={"status": status}), planned.plan,
                                         pod_monitor=self.pod_monitors)

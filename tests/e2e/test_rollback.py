@@ -1,0 +1,188 @@
+"""Rollback end to end: the operator, engine simulators brought alive by the pod runner, the real
+Prometheus scraping them and the real Alertmanager. Every scenario is bounded in time."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.simadmin import endpoints, sim_admin
+from specdeploy.devcluster.traffic import Traffic
+from specdeploy.devcluster.waiters import get_json, wait_for_object
+
+pytestmark = pytest.mark.e2e
+
+NAME = "llama-ngram"
+# Short windows so a scenario takes a minute, not an hour: Prometheus scrapes every 2 s.
+SD = """
+apiVersion: specdeploy.io/v1alpha1
+kind: SpeculativeDeployment
+metadata: {name: llama-ngram}
+spec:
+  replicas: 1
+  model: {name: meta-llama/Llama-3.1-8B-Instruct}
+  speculation: {method: ngram, numSpeculativeTokens: 4}
+  serving: {maxModelLen: 8192, maxNumSeqs: 32}
+  analysis:
+    interval: 3s
+    window: 20s
+    minRequests: 10
+    failureLimit: 2
+    baseline: {mode: Control, controlReplicas: 1}
+    checks: {minAcceptanceRate: 0.5, maxP99InterTokenLatencyRatio: 2.0, maxP99E2ELatencyRatio: 3.0,
+             maxP99TimeToFirstTokenRatio: 5.0}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def analysing_operator(dev_cluster: DevCluster, namespace: str,
+                       operator_processes: Callable[..., Any]) -> Callable[..., Any]:
+    """Start an operator that samples Prometheus every second and alerts the dev Alertmanager."""
+
+    def start(label: str = "operator", env: dict[str, str] | None = None) -> Any:
+        port = _free_port()
+        process = operator_processes(
+            label, "--prometheus-url", dev_cluster.prometheus_url, "--alertmanager-url",
+            dev_cluster.alertmanager_url, "--analysis-tick-seconds", "1", "--metrics-port", str(port), env=env)
+        process.metrics_url = f"http://127.0.0.1:{port}/metrics"
+        return process
+
+    return start
+
+
+def _serve(dev_cluster: DevCluster, namespace: str) -> str:
+    """Apply the SD (an operator runs), wait for both variants' simulators, set acceptance 0.8;
+    returns NAMESPACE/NAME."""
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=SD)
+    sd = f"{namespace}/{NAME}"
+    wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 90,
+             "both variants' simulators")
+    assert all(result.ok for result in sim_admin(dev_cluster, sd, "speculative", {"acceptance": 0.8}))
+    return sd
+
+
+def _sd(cluster: DevCluster, namespace: str) -> dict[str, Any]:
+    return get_json(cluster, "sd", NAME, namespace=namespace)
+
+
+def _analysis(obj: dict[str, Any]) -> dict[str, Any]:
+    return dict(obj.get("status", {}).get("analysis") or {})
+
+
+def _rolled_back(obj: dict[str, Any]) -> bool:
+    speculation = obj.get("status", {}).get("speculation") or {}
+    return speculation.get("active") is False and bool(speculation.get("lastRollback"))
+
+
+def _rollback_events(cluster: DevCluster, namespace: str) -> list[dict[str, Any]]:
+    listing = get_json(cluster, "events", "--field-selector", f"involvedObject.name={NAME}", namespace=namespace)
+    return [e for e in listing["items"] if e["reason"] == "SpeculationRolledBack"]
+
+
+def _alerts(cluster: DevCluster, namespace: str) -> list[dict[str, Any]]:
+    response = httpx.get(f"{cluster.alertmanager_url}/api/v2/alerts", params={"filter": f'namespace="{namespace}"'})
+    response.raise_for_status()
+    return [a for a in response.json() if a["labels"].get("alertname") == "SpeculationRolledBack"]
+
+
+def _speculative_args(cluster: DevCluster, namespace: str) -> list[str]:
+    deployment = get_json(cluster, "deployment", NAME, namespace=namespace)
+    return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_acceptance_collapse_under_load_rolls_back_with_evidence(
+    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
+) -> None:
+    operator = analysing_operator()
+    serving = _serve(dev_cluster, namespace)
+    traffic = Traffic(dev_cluster, serving, qps=4, duration=240).start()
+    try:
+        wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
+                        "a healthy sample at acceptance 0.8", namespace=namespace)
+        assert _sd(dev_cluster, namespace)["status"]["speculation"]["active"] is True
+        sim_admin(dev_cluster, serving, "speculative", {"acceptance": 0.3})
+        # the window (20 s) must reflect it, then failureLimit (2) samples, 3 s apart; a generous bound
+        obj = wait_for_object(dev_cluster, ["sd", NAME], _rolled_back, 90, "the rollback", namespace=namespace)
+    finally:
+        traffic.stop()
+    record = obj["status"]["speculation"]["lastRollback"]
+    assert record["reason"] == "AcceptanceBelowMinimum"
+    assert "minAcceptanceRate 0.5" in record["evidence"]
+    rolled = next(c for c in obj["status"]["conditions"] if c["type"] == "RolledBack")
+    assert rolled["status"] == "True" and rolled["reason"] == "AcceptanceBelowMinimum"
+    assert obj["status"]["phase"] == "RolledBack"
+    wait_for(lambda: "--speculative-config" not in _speculative_args(dev_cluster, namespace), 30,
+             "the Deployment without a speculative config")
+    events = wait_for(lambda: _rollback_events(dev_cluster, namespace), 30, "the SpeculationRolledBack Event")
+    assert len(events) == 1 and events[0]["type"] == "Warning" and "AcceptanceBelowMinimum" in events[0]["message"]
+    alerts = wait_for(lambda: _alerts(dev_cluster, namespace), 30, "the Alertmanager alert")
+    assert len(alerts) == 1
+    assert alerts[0]["labels"]["name"] == NAME and alerts[0]["labels"]["reason"] == "AcceptanceBelowMinimum"
+    assert "minAcceptanceRate" in alerts[0]["annotations"]["description"]
+    metrics = httpx.get(operator.metrics_url).text
+    assert f'specdeploy_rollbacks_total{{namespace="{namespace}",name="{NAME}",reason="AcceptanceBelowMinimum"}} 1' \
+        in metrics
+
+
+def test_an_idle_endpoint_is_inconclusive_and_keeps_speculating(
+    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
+) -> None:
+    analysing_operator()
+    _serve(dev_cluster, namespace)
+    obj = wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("consecutiveInconclusive", 0) >= 8,
+                          90, "eight inconclusive samples", namespace=namespace)
+    assert obj["status"]["speculation"]["active"] is True
+    assert _analysis(obj)["verdict"].startswith("Inconclusive")
+    healthy = next(c for c in obj["status"]["conditions"] if c["type"] == "SpeculationHealthy")
+    assert healthy["status"] == "Unknown"
+    assert _rollback_events(dev_cluster, namespace) == []
+
+
+def test_out_of_memory_of_a_speculative_pod_rolls_back_at_once(
+    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
+) -> None:
+    analysing_operator()
+    serving = _serve(dev_cluster, namespace)
+    wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("lastSampleAt"), 60, "a first sample",
+                    namespace=namespace)
+    sim_admin(dev_cluster, serving, "speculative", {"oom": True})
+    obj = wait_for_object(dev_cluster, ["sd", NAME], _rolled_back, 60, "the OOM rollback", namespace=namespace)
+    record = obj["status"]["speculation"]["lastRollback"]
+    assert record["reason"] == "SpeculativePodOutOfMemory"
+    assert "out of memory" in record["evidence"].lower()
+
+
+def test_killed_right_after_deciding_rolls_back_exactly_once(
+    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
+) -> None:
+    crashing = analysing_operator("crashing", env={"SPECDEPLOY_FAULT": "exit-after-rollback-decision"})
+    serving = _serve(dev_cluster, namespace)
+    sim_admin(dev_cluster, serving, "speculative", {"oom": True})
+    wait_for(lambda: crashing.process.poll() is not None, 60, "the operator to die after its decision",
+             describe=crashing.output)
+    obj = _sd(dev_cluster, namespace)
+    assert _rolled_back(obj), "the decision was written before the crash"
+    assert "--speculative-config" in _speculative_args(dev_cluster, namespace), "and nothing acted on it yet"
+    analysing_operator("restarted")
+    wait_for(lambda: "--speculative-config" not in _speculative_args(dev_cluster, namespace), 60,
+             "the restarted operator to roll the Deployment")
+    wait_for_object(dev_cluster, ["sd", NAME],
+                    lambda o: o["status"]["speculation"]["lastRollback"].get("notified") is True, 60,
+                    "the rollback marked as notified", namespace=namespace)
+    wait_for(lambda: _alerts(dev_cluster, namespace), 30, "the alert")
+    obj = _sd(dev_cluster, namespace)
+    assert obj["status"]["speculation"]["rollbacks"] == 1
+    assert len(_rollback_events(dev_cluster, namespace)) == 1
+    assert len(_alerts(dev_cluster, namespace)) == 1
+    assert obj["metadata"]["generation"] == 1, "the operator never writes spec: a rollback lives in status"
