@@ -1,0 +1,523 @@
+"""charts/specdeploy with the real helm (built by the dev-cluster harness): lint, render, RBAC, schema.
+
+No cluster: `helm lint` and `helm template` only. The PrometheusRule's alerts and the dashboard's
+queries go through promtool when it is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from specdeploy.analysis.metrics import OperatorMetrics
+from specdeploy.api.spec import EngineKind
+from specdeploy.cli import run as run_command
+from specdeploy.devcluster import build
+from specdeploy.engines import metric_names
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "specdeploy"
+RELEASE, RELEASE_NAMESPACE = "sd", "specdeploy-system"
+ALL_FEATURES = ("prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true",
+                "engineMonitoring.podMonitor.enabled=true")
+
+
+@functools.cache
+def _helm() -> str:
+    found, _ = build.find_binaries(["helm"])
+    if "helm" not in found:
+        pytest.skip("helm is not built yet: run `make cluster-binaries` (`make test` does)")
+    return str(found["helm"])
+
+
+def _helm_run(*args: str, values: str | None = None) -> subprocess.CompletedProcess[str]:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+        file.write(values or "{}")
+        file.flush()
+        return subprocess.run([_helm(), *args, "--values", file.name], capture_output=True, text=True, timeout=60)
+
+
+@functools.cache
+def _render(*sets: str, values: str | None = None, crds: bool = False) -> tuple[dict[str, Any], ...]:
+    args = ["template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE]
+    args += [arg for value in sets for arg in ("--set", value)]
+    if crds:
+        args.append("--include-crds")
+    result = _helm_run(*args, values=values)
+    assert result.returncode == 0, result.stderr
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def _kinds(docs: tuple[dict[str, Any], ...], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def _one(docs: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
+    [doc] = _kinds(docs, kind)
+    return doc
+
+
+# --- lint and render ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sets", [(), ALL_FEATURES, ("watchNamespaces={team-a,team-b}", *ALL_FEATURES)],
+                         ids=["defaults", "all-features", "namespaced"])
+def test_helm_lint_is_clean(sets: tuple[str, ...]) -> None:
+    result = subprocess.run([_helm(), "lint", "--strict", str(CHART), *[a for s in sets for a in ("--set", s)]],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout
+
+
+def test_defaults_render_the_operator_without_monitoring_crds() -> None:
+    docs = _render()
+    kinds = sorted({doc["kind"] for doc in docs})
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Role", "RoleBinding",
+                     "Service", "ServiceAccount"]
+    assert not any(doc["apiVersion"].startswith("monitoring.coreos.com") for doc in docs)
+
+
+def test_every_feature_renders_its_monitoring_object() -> None:
+    docs = _render(*ALL_FEATURES)
+    assert {doc["kind"] for doc in docs} >= {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def test_chart_crd_is_the_committed_crd() -> None:
+    chart_crd = CHART / "crds" / "specdeploy.io_speculativedeployments.yaml"
+    committed = REPO / "crds" / "specdeploy.io_speculativedeployments.yaml"
+    assert [p.name for p in (CHART / "crds").iterdir()] == [committed.name]
+    assert chart_crd.read_bytes() == committed.read_bytes(), (
+        "cp crds/specdeploy.io_speculativedeployments.yaml charts/specdeploy/crds/")
+    crd = _one(_render(crds=True), "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "speculativedeployments.specdeploy.io"
+
+
+# --- the operator Deployment -------------------------------------------------------------------------
+
+def _container(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    [container] = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def test_operator_deployment_is_one_recreated_locked_down_replica() -> None:
+    deployment = _one(_render(), "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == _one(_render(), "ServiceAccount")["metadata"]["name"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = _container(_render())
+    assert container["image"] == "ghcr.io/specdeploy/operator:0.1.0"
+    security = container["securityContext"]
+    assert security == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]}}
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}, probe
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 8081}
+    [env] = [e for e in container["env"] if e["name"] == "POD_NAMESPACE"]
+    assert env["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
+def _run_params(container: dict[str, Any]) -> dict[str, Any]:
+    """The rendered args as `specdeploy run` parses them (an unknown flag fails here)."""
+    assert container["command"] == ["specdeploy"] and container["args"][0] == "run"
+    context = run_command.make_context("run", list(container["args"][1:]))
+    return dict(context.params)
+
+
+def test_values_become_specdeploy_run_flags() -> None:
+    defaults = _run_params(_container(_render()))
+    assert defaults["namespaces"] == () and defaults["liveness"] == "http://0.0.0.0:8080/healthz"
+    assert defaults["metrics_port"] == 8081 and defaults["log_format"] == "json"
+    assert defaults["prometheus_url"] is None and defaults["alertmanager_url"] is None
+    params = _run_params(_container(_render(values="""
+watchNamespaces: [team-a, team-b]
+prometheusUrl: http://prom.monitoring:9090
+alertmanagerUrl: http://am.monitoring:9093
+logFormat: plain
+resyncSeconds: 12.5
+analysisTickSeconds: 2
+metricsPort: 9100
+healthPort: 9200
+verbose: true
+extraArgs: [--verbose]
+""")))
+    assert params == {**params, "namespaces": ("team-a", "team-b"), "prometheus_url": "http://prom.monitoring:9090",
+                      "alertmanager_url": "http://am.monitoring:9093", "log_format": "plain",
+                      "resync_seconds": 12.5, "analysis_tick_seconds": 2.0, "metrics_port": 9100,
+                      "liveness": "http://0.0.0.0:9200/healthz", "verbose": True}
+
+
+def test_metrics_port_zero_drops_the_port_and_the_service() -> None:
+    docs = _render("metricsPort=0")
+    assert _kinds(docs, "Service") == []
+    assert [p["name"] for p in _container(docs)["ports"]] == ["health"]
+    failed = _helm_run("template", RELEASE, str(CHART), "--set", "metricsPort=0",
+                       "--set", "metrics.serviceMonitor.enabled=true")
+    assert failed.returncode != 0 and "metrics.serviceMonitor.enabled needs" in failed.stderr
+
+
+# --- RBAC --------------------------------------------------------------------------------------------
+
+RBAC_KINDS = ("ClusterRole", "Role")
+MODES = {
+    "cluster-wide": (*ALL_FEATURES,),
+    "namespaced": ("watchNamespaces={team-a,team-b}", *ALL_FEATURES),
+}
+
+#: Every API call of operator/specdeploy/reconcile and of kopf for it: (group, resource, verb).
+OPERATOR_CALLS = {
+    ("specdeploy.io", "speculativedeployments", verb) for verb in ("get", "list", "watch", "patch")
+} | {
+    ("specdeploy.io", "speculativedeployments/status", "patch"),
+    ("apps", "deployments", "list"), ("apps", "deployments", "watch"), ("apps", "deployments", "create"),
+    ("apps", "deployments", "patch"), ("apps", "deployments", "delete"),
+    ("", "configmaps", "create"), ("", "configmaps", "patch"),
+    ("", "services", "create"), ("", "services", "patch"),
+    ("", "pods", "list"), ("", "pods", "watch"),
+    ("", "events", "create"),
+    ("", "secrets", "get"),
+    ("monitoring.coreos.com", "podmonitors", "list"), ("monitoring.coreos.com", "podmonitors", "create"),
+    ("monitoring.coreos.com", "podmonitors", "patch"), ("monitoring.coreos.com", "podmonitors", "delete"),
+}
+CLUSTER_READS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
+LEASE_CALLS = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
+
+
+def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(group, resource, verb) for rule in role.get("rules") or []
+            for group in rule.get("apiGroups", []) for resource in rule.get("resources", [])
+            for verb in rule["verbs"]}
+
+
+def _operator_roles(docs: tuple[dict[str, Any], ...]) -> dict[tuple[str, str, str | None], dict[str, Any]]:
+    """Roles and ClusterRoles bound to the operator's ServiceAccount, by (kind, name, namespace)."""
+    account = _one(docs, "ServiceAccount")["metadata"]
+    bound = set()
+    for binding in _kinds(docs, "RoleBinding") + _kinds(docs, "ClusterRoleBinding"):
+        subjects = {(s["kind"], s["name"], s.get("namespace")) for s in binding["subjects"]}
+        if ("ServiceAccount", account["name"], account["namespace"]) in subjects:
+            ref = binding["roleRef"]
+            bound.add((ref["kind"], ref["name"], binding["metadata"].get("namespace") if ref["kind"] == "Role" else None))
+    roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d
+             for d in docs if d["kind"] in RBAC_KINDS}
+    assert bound <= set(roles), f"bindings to roles the chart does not define: {bound - set(roles)}"
+    return {key: roles[key] for key in bound}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_no_wildcard_in_any_rule(mode: str) -> None:
+    docs = _render(*MODES[mode], "rbac.aggregateToDefaultRoles=true")
+    roles = [d for d in docs if d["kind"] in RBAC_KINDS]
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                assert not any("*" in item for item in rule.get(field, [])), (role["metadata"]["name"], rule)
+
+
+def test_cluster_wide_mode_grants_the_operator_calls_everywhere() -> None:
+    roles = _operator_roles(_render(*MODES["cluster-wide"]))
+    cluster = set().union(*(_grants(r) for (kind, _, _), r in roles.items() if kind == "ClusterRole"))
+    assert cluster == OPERATOR_CALLS | CLUSTER_READS | {("specdeploy.io", "speculativedeployments/finalizers", "update")}
+    [lease] = [r for (kind, _, ns), r in roles.items() if kind == "Role"]
+    assert lease["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert _grants(lease) == LEASE_CALLS
+    named = [rule for rule in lease["rules"] if "resourceNames" in rule]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": ["specdeploy-operator"], "verbs": ["get", "update"]}]
+
+
+def test_namespaced_mode_grants_only_cluster_reads_cluster_wide() -> None:
+    roles = _operator_roles(_render(*MODES["namespaced"]))
+    cluster = set().union(*(_grants(r) for (kind, _, _), r in roles.items() if kind == "ClusterRole"))
+    assert cluster == CLUSTER_READS | {("", "namespaces", "list"), ("", "namespaces", "watch")}
+    per_namespace = {ns: _grants(r) for (kind, name, ns), r in roles.items() if kind == "Role" and not name.endswith("-lease")}
+    assert set(per_namespace) == {"team-a", "team-b"}
+    for grants in per_namespace.values():
+        assert grants == OPERATOR_CALLS | {("specdeploy.io", "speculativedeployments/finalizers", "update")}
+    [lease] = [r for (kind, name, _), r in roles.items() if name.endswith("-lease")]
+    assert lease["metadata"]["namespace"] == RELEASE_NAMESPACE and _grants(lease) == LEASE_CALLS
+
+
+def test_secrets_and_pod_monitors_can_be_left_out() -> None:
+    roles = _operator_roles(_render("rbac.readSecrets=false", "rbac.podMonitors=false"))
+    grants = set().union(*(_grants(r) for r in roles.values()))
+    assert not {g for g in grants if g[1] in ("secrets", "podmonitors")}
+    assert ("apps", "deployments", "patch") in grants
+
+
+def test_users_get_sd_rights_through_the_aggregated_default_roles() -> None:
+    docs = _render()
+    aggregated = {d["metadata"]["name"]: d for d in _kinds(docs, "ClusterRole")
+                  if any(k.startswith("rbac.authorization.k8s.io/aggregate-to-") for k in d["metadata"]["labels"])}
+    view, edit = aggregated[f"{RELEASE}-specdeploy-view"], aggregated[f"{RELEASE}-specdeploy-edit"]
+    assert ("specdeploy.io", "speculativedeployments", "list") in _grants(view)
+    assert ("specdeploy.io", "speculativedeployments", "patch") in _grants(edit)
+    assert "rbac.authorization.k8s.io/aggregate-to-admin" in edit["metadata"]["labels"]
+    plain = _kinds(_render("rbac.aggregateToDefaultRoles=false"), "ClusterRole")
+    assert plain and not any("aggregate-to" in key for role in plain for key in role["metadata"]["labels"])
+    assert not _kinds(_render("rbac.create=false"), "ClusterRole")
+
+
+# --- values.schema.json ------------------------------------------------------------------------------
+
+BAD_VALUES = [
+    ("logFormat: xml", "at '/logFormat': value must be one of 'json', 'plain'"),
+    ("resyncSeconds: 0", "at '/resyncSeconds'"),
+    ("watchNamespaces: [Team_A]", "at '/watchNamespaces/0': 'Team_A' does not match pattern"),
+    ("prometheusUrl: prometheus:9090", "at '/prometheusUrl': 'prometheus:9090' does not match pattern"),
+    ("metricsPort: 70000", "at '/metricsPort': maximum"),
+    ("prometheusUrI: http://prometheus:9090", "additional properties 'prometheusUrI' not allowed"),
+    ("image: {repository: ''}", "at '/image/repository'"),
+    ("dashboard: {labels: {grafana_dashboard: 1}}", "at '/dashboard/labels/grafana_dashboard': got number, want string"),
+    ("prometheusRule: {acceptanceLow: {threshold: 1.5}}", "at '/prometheusRule/acceptanceLow/threshold': maximum"),
+    ("prometheusRule: {speculationRolledBack: {window: 10 minutes}}", "at '/prometheusRule/speculationRolledBack/window'"),
+    ("prometheusRule: {speculativeP99Regression: {ratio: 0.9}}", "at '/prometheusRule/speculativeP99Regression/ratio'"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_VALUES, ids=[v for v, _ in BAD_VALUES])
+def test_schema_refuses_bad_values_with_its_message(values: str, message: str) -> None:
+    result = _helm_run("template", RELEASE, str(CHART), values=values)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert message in result.stderr, result.stderr
+
+
+def test_schema_accepts_a_full_production_values_file() -> None:
+    values = """
+watchNamespaces: [inference, inference-canary]
+prometheusUrl: http://kube-prometheus-stack-prometheus.monitoring.svc:9090
+alertmanagerUrl: http://kube-prometheus-stack-alertmanager.monitoring.svc:9093
+image: {repository: registry.example.com/specdeploy/operator, tag: 0.1.0, pullPolicy: Always}
+imagePullSecrets: [{name: registry}]
+resources: {requests: {cpu: 200m, memory: 512Mi}, limits: {memory: 1Gi}}
+nodeSelector: {kubernetes.io/os: linux}
+tolerations: [{key: dedicated, operator: Equal, value: platform, effect: NoSchedule}]
+priorityClassName: system-cluster-critical
+extraEnv: [{name: TZ, value: UTC}]
+metrics: {serviceMonitor: {enabled: true, interval: 15s, labels: {release: prom}}}
+engineMonitoring: {podMonitor: {enabled: true, labels: {release: prom}}}
+prometheusRule: {enabled: true, labels: {release: prom}, acceptanceLow: {threshold: 0.4, for: 30m}}
+dashboard: {namespace: monitoring, annotations: {grafana_folder: LLM}}
+"""
+    docs = _render(values=values)
+    assert _one(docs, "ConfigMap")["metadata"]["namespace"] == "monitoring"
+    assert _one(docs, "PrometheusRule")["metadata"]["labels"]["release"] == "prom"
+
+
+# --- monitoring objects ------------------------------------------------------------------------------
+
+def test_service_monitor_keeps_the_sd_namespace_label() -> None:
+    docs = _render(*ALL_FEATURES)
+    monitor, service = _one(docs, "ServiceMonitor"), _one(docs, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True and endpoint["port"] == "metrics"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    pod_labels = _one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_engine_pod_monitor_selects_operator_pods_with_the_analysis_labels(mode: str) -> None:
+    monitor = _one(_render(*MODES[mode]), "PodMonitor")["spec"]
+    assert monitor["selector"]["matchLabels"]["app.kubernetes.io/managed-by"] == "specdeploy"
+    assert monitor["podTargetLabels"] == ["specdeploy.io/name", "specdeploy.io/variant"]
+    assert monitor["podMetricsEndpoints"][0]["port"] == "http"
+    expected = {"any": True} if mode == "cluster-wide" else {"matchNames": ["team-a", "team-b"]}
+    assert monitor["namespaceSelector"] == expected
+
+
+def test_engine_pod_monitor_matches_the_pods_the_operator_renders() -> None:
+    from specdeploy.api.resource import load_resource
+    from specdeploy.planning.plan import make_plan
+    from specdeploy.reconcile.children import desired_children
+
+    resource = load_resource((REPO / "examples" / "llama-8b-ngram.yaml").read_text())
+    children = desired_children(resource, make_plan(resource.spec))
+    monitor = _one(_render("engineMonitoring.podMonitor.enabled=true"), "PodMonitor")["spec"]
+    for deployment in children.deployments.values():
+        pod = deployment["spec"]["template"]
+        assert monitor["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        assert all(label in pod["metadata"]["labels"] for label in monitor["podTargetLabels"])
+        assert "http" in [p["name"] for p in pod["spec"]["containers"][0]["ports"]]
+
+
+def _rule_groups(*sets: str) -> list[dict[str, Any]]:
+    return list(_one(_render("prometheusRule.enabled=true", *sets), "PrometheusRule")["spec"]["groups"])
+
+
+def test_prometheus_rule_has_the_four_alerts_and_the_stack_label() -> None:
+    rule = _one(_render("prometheusRule.enabled=true"), "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert alerts == ["SpeculationRolledBack", "AcceptanceLow", "SpeculativeP99Regression", "OperatorDown"]
+    relabelled = _one(_render("prometheusRule.enabled=true", "prometheusRule.labels.release=prom"), "PrometheusRule")
+    assert relabelled["metadata"]["labels"]["release"] == "prom"
+
+
+promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
+
+PROMTOOL_TESTS = """
+rule_files: [rules.yml]
+evaluation_interval: 1m
+tests:
+  # A first rollback: the counter appears at 1, increase() alone would never see it.
+  - interval: 1m
+    input_series:
+      - series: 'specdeploy_rollbacks_total{namespace="prod", name="llama", reason="AcceptanceBelowMinimum", job="j", instance="i"}'
+        values: '_x5 1x30 2x30'
+    alert_rule_test:
+      - {eval_time: 4m, alertname: SpeculationRolledBack, exp_alerts: []}
+      - eval_time: 6m
+        alertname: SpeculationRolledBack
+        exp_alerts:
+          - exp_labels: {severity: warning, namespace: prod, name: llama, reason: AcceptanceBelowMinimum}
+            exp_annotations:
+              summary: "Speculation rolled back for prod/llama (AcceptanceBelowMinimum)"
+              description: "The operator took speculative decoding away from SpeculativeDeployment prod/llama: AcceptanceBelowMinimum. The evidence is in status.speculation.lastRollback and the SpeculationRolledBack Event (kubectl describe sd -n prod llama)."
+      - {eval_time: 30m, alertname: SpeculationRolledBack, exp_alerts: []}
+      - eval_time: 40m
+        alertname: SpeculationRolledBack
+        exp_alerts:
+          - exp_labels: {severity: warning, namespace: prod, name: llama, reason: AcceptanceBelowMinimum}
+            exp_annotations:
+              summary: "Speculation rolled back for prod/llama (AcceptanceBelowMinimum)"
+              description: "The operator took speculative decoding away from SpeculativeDeployment prod/llama: AcceptanceBelowMinimum. The evidence is in status.speculation.lastRollback and the SpeculationRolledBack Event (kubectl describe sd -n prod llama)."
+  - interval: 1m
+    input_series:
+      - series: 'specdeploy_acceptance_rate{namespace="prod", name="llama", job="j", instance="i"}'
+        values: '0.8x10 0.3x30'
+    alert_rule_test:
+      - {eval_time: 20m, alertname: AcceptanceLow, exp_alerts: []}
+      - eval_time: 35m
+        alertname: AcceptanceLow
+        exp_alerts:
+          - exp_labels: {severity: warning, namespace: prod, name: llama}
+            exp_annotations:
+              summary: "Draft acceptance rate of prod/llama is 30%"
+              description: "The share of drafted tokens the target accepts has stayed below 0.5 for 15m; speculation may cost more than it saves (a workload change, or a draft that does not match the target)."
+  # Speculative ITLs all land in the (30, 40] ms bucket, the control's in (0, 30]: P99s 39.9 and 29.7 ms.
+  - interval: 1m
+    input_series:
+      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="speculative", le="0.03"}', values: '0+0x40'}
+      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="speculative", le="0.04"}', values: '0+100x40'}
+      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="speculative", le="+Inf"}', values: '0+100x40'}
+      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="control", le="0.03"}', values: '0+100x40'}
+      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="control", le="0.04"}', values: '0+100x40'}
+      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="control", le="+Inf"}', values: '0+100x40'}
+    alert_rule_test:
+      - {eval_time: 10m, alertname: SpeculativeP99Regression, exp_alerts: []}
+      - eval_time: 30m
+        alertname: SpeculativeP99Regression
+        exp_alerts:
+          - exp_labels: {severity: warning, namespace: prod, name: llama, specdeploy_io_name: llama}
+            exp_annotations:
+              summary: "P99 inter-token latency of prod/llama is 1.34× the control's"
+              description: "The speculative pods' P99 inter-token latency has been above 1.1× the control pods' for 15m: speculation is slowing decoding down at this load."
+  - interval: 1m
+    input_series:
+      - series: 'up{job="sd-specdeploy-metrics", namespace="specdeploy-system", instance="10.0.0.1:8081"}'
+        values: '1x10 0x20'
+    alert_rule_test:
+      - {eval_time: 10m, alertname: OperatorDown, exp_alerts: []}
+      - eval_time: 20m
+        alertname: OperatorDown
+        exp_alerts:
+          - exp_labels: {severity: critical, job: sd-specdeploy-metrics}
+            exp_annotations:
+              summary: "The specdeploy operator is down"
+              description: "Prometheus has not scraped the operator (job sd-specdeploy-metrics) for 5m: nothing reconciles SpeculativeDeployments or rolls speculation back."
+"""
+
+
+@promtool
+def test_alerts_fire_as_promtool_evaluates_them(tmp_path: Path) -> None:
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": _rule_groups()}))
+    (tmp_path / "tests.yml").write_text(PROMTOOL_TESTS)
+    checked = subprocess.run(["promtool", "check", "rules", "rules.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run(["promtool", "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+# --- the Grafana dashboard ---------------------------------------------------------------------------
+
+def _dashboard() -> dict[str, Any]:
+    config_map = _one(_render(), "ConfigMap")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    return dict(json.loads(config_map["data"]["specdeploy.json"]))
+
+
+def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def _exprs(dashboard: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in _panels(dashboard) for t in p["targets"]]
+
+
+def test_dashboard_has_the_panels_a_platform_team_asks_for() -> None:
+    titles = [p["title"] for p in _panels(_dashboard())]
+    for wanted in ("Acceptance rate", "Mean acceptance length", "P99 inter-token latency", "P99 time to first token",
+                   "P99 end-to-end latency", "Rollbacks"):
+        assert wanted in titles
+    by_title = {p["title"]: p for p in _panels(_dashboard())}
+    for latency in ("P99 inter-token latency", "P99 time to first token", "P99 end-to-end latency"):
+        [target] = by_title[latency]["targets"]
+        assert "specdeploy_io_variant" in target["expr"] and "{{specdeploy_io_variant}}" in target["legendFormat"]
+    assert _kinds(_render("dashboard.enabled=false"), "ConfigMap") == []
+
+
+def test_dashboard_names_only_metrics_that_exist() -> None:
+    engine = {name for kind in EngineKind for name in vars(metric_names(kind)).values()
+              if isinstance(name, str) and re.match(r"^(vllm:|sglang:|trtllm_)", name)}
+    operator = set(re.findall(r"^# TYPE (\S+)", OperatorMetrics().render(), re.MULTILINE))
+    named = {re.sub(r"_bucket$", "", n) for expr in _exprs(_dashboard())
+             for n in re.findall(r"\b(?:vllm:|sglang:|trtllm_|specdeploy_)[a-zA-Z0-9_:]+", expr)
+             if not n.startswith("specdeploy_io_")}   # the pod labels, not metrics
+    assert named
+    assert named - engine - operator == set()
+
+
+@promtool
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    def concrete(expr: str) -> str:
+        return expr.replace("$__rate_interval", "5m").replace("$namespace", ".*").replace("$sd", ".*")
+
+    rules = [{"record": f"specdeploy:dashboard_query_{i}", "expr": concrete(e)} for i, e in enumerate(_exprs(_dashboard()))]
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    checked = subprocess.run(["promtool", "check", "rules", "rules.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# --- the GitOps examples -----------------------------------------------------------------------------
+
+def _example_values() -> dict[str, str]:
+    examples = REPO / "examples"
+    [release] = [d for d in yaml.safe_load_all((examples / "flux" / "specdeploy.yaml").read_text())
+                 if d["kind"] == "HelmRelease"]
+    [application] = list(yaml.safe_load_all((examples / "argocd" / "application.yaml").read_text()))
+    assert release["spec"]["chart"]["spec"]["chart"] == "./charts/specdeploy"
+    assert application["spec"]["source"]["path"] == "charts/specdeploy"
+    return {"flux": yaml.safe_dump(release["spec"]["values"]), "argocd": application["spec"]["source"]["helm"]["values"]}
+
+
+@pytest.mark.parametrize("tool", ["flux", "argocd"])
+def test_gitops_examples_values_pass_the_schema(tool: str) -> None:
+    docs = _render(values=_example_values()[tool])
+    assert _run_params(_container(docs))["namespaces"] == ("inference",)
+    assert _kinds(docs, "ServiceMonitor") and _kinds(docs, "PrometheusRule")
