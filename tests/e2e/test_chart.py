@@ -1,0 +1,300 @@
+"""The Helm chart on the dev cluster: install it, then run the operator as the chart's ServiceAccount.
+
+The chart's own operator pod is not used (its image cannot be pulled here, and kwok would call it
+Running anyway): `specdeploy run` runs locally with the arguments the chart rendered, the namespace the
+downward API would give, and a TokenRequest token of the chart's ServiceAccount — not admin. If the
+chart's RBAC misses anything the operator or kopf does, the operator logs a 403 and the test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.simadmin import sim_admin
+from specdeploy.devcluster.waiters import condition, get_json
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "specdeploy"
+EXAMPLE = REPO / "examples" / "llama-8b-ngram.yaml"
+SD_NAME = "llama-8b-ngram"
+#: What the operator's log must never say: a missing RBAC rule shows as one of these (lightkube's ApiError,
+#: an HTTP log line, kopf's fallback warnings).
+DENIED = ("forbidden", "Forbidden", "Not enough permissions")
+
+#: A stand-in for prometheus-operator's PodMonitor CRD, so the operator renders PodMonitors (as in
+#: test_operator.py).
+POD_MONITOR_CRD = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: podmonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  names: {kind: PodMonitor, listKind: PodMonitorList, plural: podmonitors, singular: podmonitor}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"""
+
+
+def _helm(cluster: DevCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    argv = [str(cluster.helm_path), f"--kubeconfig={cluster.kubeconfig}", *args]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if check:
+        assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture
+def release(dev_cluster: DevCluster, crds: None, namespace: str) -> Iterator[str]:
+    """A release name in the test's namespace; uninstalled afterwards (its ClusterRoles outlive the namespace)."""
+    name = f"sd-{uuid.uuid4().hex[:6]}"
+    yield name
+    _helm(dev_cluster, "uninstall", name, "-n", namespace, "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def pod_monitor_crd(dev_cluster: DevCluster) -> Iterator[None]:
+    dev_cluster.kubectl("apply", "-f", "-", input=POD_MONITOR_CRD)
+    dev_cluster.kubectl("wait", "--for", "condition=established", "crd/podmonitors.monitoring.coreos.com")
+    yield
+    # Waits until it is gone: a later test that creates it again must not find it terminating.
+    dev_cluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def watched(dev_cluster: DevCluster, namespace: str) -> Iterator[str]:
+    """A second namespace, for the SDs: the release namespace holds only the operator and its Lease."""
+    name = f"{namespace[:50]}-sds"
+    dev_cluster.kubectl("create", "namespace", name)
+    yield name
+    dev_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+def _manifest(cluster: DevCluster, release: str, namespace: str) -> list[dict[str, Any]]:
+    text = _helm(cluster, "get", "manifest", release, "-n", namespace).stdout
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def _can(cluster: DevCluster, account: str, verb: str, resource: str, namespace: str | None) -> bool:
+    scope = ["-n", namespace] if namespace else ["--all-namespaces"]
+    proc = cluster.kubectl("auth", "can-i", verb, resource, *scope, f"--as={account}", check=False)
+    return proc.stdout.strip() == "yes"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ChartOperator:
+    """`specdeploy <the chart's args>` with the ServiceAccount's kubeconfig, in its own process group."""
+
+    def __init__(self, args: list[str], kubeconfig: Path, pod_namespace: str, log: Path) -> None:
+        self.health_port, self.metrics_port = _free_port(), _free_port()
+        args = [self._port(arg) for arg in args]
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": pod_namespace}
+        for key in [k for k in env if k.startswith("SPECDEPLOY_")]:
+            del env[key]  # only the chart's arguments configure it
+        self.log = log
+        self._file = log.open("ab")
+        self.process = subprocess.Popen([sys.executable, "-m", "specdeploy.cli", *args], env=env, stdout=self._file,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _port(self, arg: str) -> str:
+        """The chart's fixed ports, moved to free ones: several tests share this machine."""
+        if arg.startswith("--liveness="):
+            return f"--liveness=http://127.0.0.1:{self.health_port}/healthz"
+        if arg.startswith("--metrics-port="):
+            return f"--metrics-port={self.metrics_port}"
+        return arg
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def denials(self) -> list[str]:
+        """Log lines that say the ServiceAccount was refused something."""
+        return [line for line in self.output().splitlines() if any(word in line for word in DENIED)]
+
+    def wait_sd(self, cluster: DevCluster, namespace: str, predicate: Callable[[dict[str, Any]], object],
+                what: str, timeout: float = 120) -> dict[str, Any]:
+        """Wait for the SD to satisfy `predicate`; a refusal in the log fails at once, naming the rule."""
+        last: dict[str, Any] = {}
+
+        def check() -> dict[str, Any] | None:
+            nonlocal last
+            assert not self.denials(), "the chart's RBAC refused the operator:\n" + "\n".join(self.denials()[:5])
+            last = _sd(cluster, namespace)
+            return last if predicate(last) else None
+
+        return wait_for(check, timeout, f"{SD_NAME}: {what}", fatal=(AssertionError,),
+                        describe=lambda: json.dumps(last.get("status"), indent=1)[:2000] + "\n" + self.output()[-2000:])
+
+    def stop(self) -> int | None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self._file.close()
+        return self.process.returncode
+
+
+def _operator_args(manifest: list[dict[str, Any]]) -> list[str]:
+    [deployment] = [d for d in manifest if d["kind"] == "Deployment"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["specdeploy"]
+    return list(container["args"])
+
+
+def _sd(cluster: DevCluster, namespace: str) -> dict[str, Any]:
+    return get_json(cluster, "sd", SD_NAME, namespace=namespace)
+
+
+def _events(cluster: DevCluster, namespace: str) -> list[dict[str, Any]]:
+    listing = get_json(cluster, "events", "--field-selector", f"involvedObject.name={SD_NAME}", namespace=namespace)
+    return list(listing["items"])
+
+
+def test_install_then_reconcile_and_roll_back_as_the_charts_service_account(
+        dev_cluster: DevCluster, namespace: str, watched: str, release: str, pod_monitor_crd: None,
+        tmp_path: Path) -> None:
+    installed = _helm(dev_cluster, "install", release, str(CHART), "-n", namespace,
+                      "--set", f"watchNamespaces={{{watched}}}",
+                      "--set", f"prometheusUrl={dev_cluster.prometheus_url}",
+                      "--set", f"alertmanagerUrl={dev_cluster.alertmanager_url}",
+                      "--set", "resyncSeconds=3", "--set", "logFormat=plain")
+    assert "STATUS: deployed" in installed.stdout
+    assert f"kubectl get sd -n {watched} -w" in installed.stdout      # NOTES.txt: what to do next
+    manifest = _manifest(dev_cluster, release, namespace)
+    [account] = [d["metadata"]["name"] for d in manifest if d["kind"] == "ServiceAccount"]
+    identity = f"system:serviceaccount:{namespace}:{account}"
+
+    # What the identity may and may not do, as the apiserver's authorizer answers.
+    assert _can(dev_cluster, identity, "patch", "deployments.apps", watched)
+    assert _can(dev_cluster, identity, "patch", "speculativedeployments.specdeploy.io/status", watched)
+    assert _can(dev_cluster, identity, "get", "secrets", watched)
+    assert _can(dev_cluster, identity, "update", "leases.coordination.k8s.io/specdeploy-operator", namespace)
+    assert not _can(dev_cluster, identity, "update", "leases.coordination.k8s.io/someone-elses", namespace)
+    assert not _can(dev_cluster, identity, "get", "secrets", namespace)
+    assert not _can(dev_cluster, identity, "patch", "deployments.apps", "default")
+    assert not _can(dev_cluster, identity, "list", "speculativedeployments.specdeploy.io", None)
+    assert not _can(dev_cluster, identity, "create", "clusterrolebindings.rbac.authorization.k8s.io", None)
+    assert _can(dev_cluster, identity, "get", "customresourcedefinitions.apiextensions.k8s.io", None)
+
+    # Prometheus headers from a Secret: the analysis loop reads it every cycle.
+    dev_cluster.kubectl("create", "secret", "generic", "prometheus-headers", "-n", watched,
+                        "--from-literal=X-Scope-OrgID=team-a")
+    resource = yaml.safe_load(EXAMPLE.read_text())
+    resource["spec"]["replicas"] = 1
+    resource["spec"]["analysis"].setdefault("prometheus", {})["headersSecretRef"] = "prometheus-headers"
+
+    kubeconfig = dev_cluster.service_account_kubeconfig(namespace, account, tmp_path / "operator.kubeconfig")
+    operator = ChartOperator(_operator_args(manifest), kubeconfig, namespace, tmp_path / "operator.log")
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{operator.health_port}/healthz", timeout=2).status_code == 200,
+                 60, "the operator's liveness endpoint", describe=lambda: operator.output()[-3000:])
+        lease = get_json(dev_cluster, "lease", "specdeploy-operator", namespace=namespace)
+        assert lease["spec"]["holderIdentity"]
+
+        dev_cluster.kubectl("apply", "-n", watched, "-f", "-", input=yaml.safe_dump(resource))
+        ready = operator.wait_sd(
+            dev_cluster, watched,
+            lambda o: (condition(o, "Ready") or {}).get("status") == "True"
+            and o.get("status", {}).get("observedGeneration") == o["metadata"]["generation"],
+            "Ready as the chart's ServiceAccount")
+        assert ready["metadata"]["generation"] == 1       # the operator wrote no spec on its way to Ready
+        assert ready["status"]["phase"] in ("Measuring", "Speculating")
+        reasons = {e["reason"] for e in _events(dev_cluster, watched)}
+        assert "DeploymentCreated" in reasons
+        monitor = get_json(dev_cluster, "podmonitor", SD_NAME, namespace=watched)
+        assert monitor["spec"]["podTargetLabels"] == ["specdeploy.io/name", "specdeploy.io/variant"]
+        metrics = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).text
+        assert "specdeploy_speculation_active" in metrics
+        # One analysis cycle: Prometheus queried with the headers read from the Secret.
+        operator.wait_sd(dev_cluster, watched, lambda o: (o["status"].get("analysis") or {}).get("lastSampleAt"),
+                         "an analysis sample", timeout=60)
+
+        # A CUDA OOM in the speculative pod: the operator rolls speculation back at once (rollbackOnOOM).
+        wait_for(lambda: dev_cluster.simulators(namespace=watched, sd=SD_NAME, variant="speculative"), 90,
+                 "the speculative simulator")
+        sim_admin(dev_cluster, f"{watched}/{SD_NAME}", "speculative", {"oom": True})
+        rolled = operator.wait_sd(dev_cluster, watched, lambda o: o.get("status", {}).get("phase") == "RolledBack",
+                                  "RolledBack as the chart's ServiceAccount")
+        assert rolled["status"]["speculation"]["active"] is False
+        assert rolled["status"]["speculation"]["lastRollback"]["reason"] == "SpeculativePodOutOfMemory"
+        wait_for(lambda: "SpeculationRolledBack" in {e["reason"] for e in _events(dev_cluster, watched)}, 30,
+                 "the SpeculationRolledBack Event")
+        # Git's view is untouched: the same generation and the same spec, the rollback lives in status.
+        assert rolled["metadata"]["generation"] == 1
+        assert rolled["spec"] == ready["spec"]
+        annotations = rolled["metadata"].get("annotations") or {}
+        assert all(k.startswith("specdeploy.io/") or k == "kubectl.kubernetes.io/last-applied-configuration"
+                   for k in annotations), annotations
+    finally:
+        code = operator.stop()
+    log = operator.output()
+    assert not operator.denials(), "\n".join(operator.denials())
+    assert "cannot read Secret" not in log
+    assert code == 0, log[-3000:]
+    released = get_json(dev_cluster, "lease", "specdeploy-operator", namespace=namespace)
+    assert not released["spec"].get("holderIdentity")     # a clean stop hands the Lease on at once
+
+
+def test_cluster_wide_install_grants_every_namespace_and_no_more(
+        dev_cluster: DevCluster, namespace: str, release: str) -> None:
+    _helm(dev_cluster, "install", release, str(CHART), "-n", namespace, "--set", "rbac.readSecrets=false")
+    manifest = _manifest(dev_cluster, release, namespace)
+    [account] = [d["metadata"]["name"] for d in manifest if d["kind"] == "ServiceAccount"]
+    identity = f"system:serviceaccount:{namespace}:{account}"
+    for ns in ("default", namespace):
+        assert _can(dev_cluster, identity, "patch", "deployments.apps", ns)
+        assert _can(dev_cluster, identity, "watch", "pods", ns)
+        assert not _can(dev_cluster, identity, "get", "secrets", ns)
+        assert not _can(dev_cluster, identity, "delete", "pods", ns)
+    assert _can(dev_cluster, identity, "list", "speculativedeployments.specdeploy.io", None)
+    assert not _can(dev_cluster, identity, "list", "namespaces", None)   # kopf needs it only with --namespace
+    assert not _can(dev_cluster, identity, "create", "leases.coordination.k8s.io", "default")
+    # Namespace users get SD rights through the aggregated default roles.
+    assert _can(dev_cluster, f"system:serviceaccount:{namespace}:default", "get", "speculativedeployments.specdeploy.io",
+                namespace) is False
+    dev_cluster.kubectl("create", "rolebinding", "editor", "--clusterrole=edit",
+                        f"--serviceaccount={namespace}:default", "-n", namespace)
+    assert wait_for(lambda: _can(dev_cluster, f"system:serviceaccount:{namespace}:default", "patch",
+                                 "speculativedeployments.specdeploy.io", namespace), 30, "edit to aggregate SDs")
+
+
+def test_install_refuses_values_the_schema_rejects(dev_cluster: DevCluster, namespace: str, release: str,
+                                                   tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text("logFormat: xml\nwatchNamespaces: [Not_A_Namespace]\n")
+    failed = _helm(dev_cluster, "install", release, str(CHART), "-n", namespace, "-f", str(values), check=False)
+    assert failed.returncode != 0
+    assert "at '/logFormat': value must be one of 'json', 'plain'" in failed.stderr
+    assert "at '/watchNamespaces/0': 'Not_A_Namespace' does not match pattern" in failed.stderr
+    assert _helm(dev_cluster, "status", release, "-n", namespace, check=False).returncode != 0   # nothing installed
