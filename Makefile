@@ -1,4 +1,4 @@
-# The two commands of the README: `make demo` (for now `make plan`) and `make test`.
+# The two commands of the README: `make demo` and `make test`.
 # Each sets itself up on a fresh machine: a virtualenv in .venv, the system packages
 # (Prometheus, Alertmanager) and the Go-built control plane cached under ~/.cache/specdeploy.
 PYTHON ?= python3
@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv plan test unit lint system-deps cluster-binaries clean
+.PHONY: venv demo plan test unit lint system-deps cluster-binaries clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+demo: $(STAMP) system-deps cluster-binaries
+	$(BIN)/specdeploy demo $(DEMO_ARGS)
 
 plan: $(STAMP)
 	$(BIN)/specdeploy plan examples/llama-70b-fp8-tp2.yaml

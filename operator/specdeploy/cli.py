@@ -127,6 +127,18 @@ def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_names
 
 
 @main.command()
+@click.option("--no-tty", is_flag=True, help="Plain line output (CI, logs).")
+@click.option("--cleanup", is_flag=True, help="Tear the cluster down at the end.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The dev cluster's state directory (default: the user's dev cluster).")
+def demo(no_tty: bool, cleanup: bool, state_dir: Path | None) -> None:
+    """The whole loop on this machine: dev cluster, chart, operator, simulated engines, a rollback."""
+    from specdeploy.demo import run_demo
+
+    sys.exit(run_demo(tty=not no_tty and sys.stdout.isatty(), cleanup=cleanup, state_dir=state_dir))
+
+
+@main.command()
 def reference() -> None:
     """Print the configuration reference (docs/configuration.md) generated from the models."""
     click.echo(reference_markdown(), nl=False)

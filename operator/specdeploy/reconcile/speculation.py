@@ -54,6 +54,21 @@ def _snapshot(analysis: AnalysisStatus | None) -> PreviousBaseline | None:
     return PreviousBaseline(**stored.model_dump()) if stored is not None else None
 
 
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _rounded(state: AnalysisStatus) -> AnalysisStatus:
+    """Measurements at the precision `kubectl get sd` should show (and that stays stable between samples)."""
+    return state.model_copy(update={
+        "acceptance_rate": _round(state.acceptance_rate, 3),
+        "mean_acceptance_length": _round(state.mean_acceptance_length, 3),
+        "p99_inter_token_latency_seconds": _round(state.p99_inter_token_latency_seconds, 5),
+        "baseline_p99_inter_token_latency_seconds": _round(state.baseline_p99_inter_token_latency_seconds, 5),
+        "requests": _round(state.requests, 1),
+    })
+
+
 def step_speculation(
     resource: SpeculativeDeployment,
     previous: SpeculationStatus | None,
@@ -111,7 +126,7 @@ def step_speculation(
                          baseline)
         state = next_analysis_state(analysis, sample, result, now, baseline_mode=spec.analysis.baseline.mode,
                                     previous_baseline=baseline)
-        state = state.model_copy(update={
+        state = _rounded(state).model_copy(update={
             "message": message(result),
             "previous_baseline": analysis.previous_baseline if analysis is not None else None,
         })

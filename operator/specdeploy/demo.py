@@ -1,0 +1,244 @@
+"""`specdeploy demo`: the whole loop on this machine, and a rollback you can watch.
+
+A real control plane with fake GPU nodes, the Helm chart, the operator (acting as the chart's
+ServiceAccount, not admin), engine pods brought alive as simulators and scraped by a real Prometheus,
+traffic, an acceptance collapse, the rollback, its Event and the Alertmanager alert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.simadmin import endpoints, sim_admin
+from specdeploy.devcluster.traffic import Traffic
+from specdeploy.devcluster.waiters import get_json
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "specdeploy"
+RELEASE, OPERATOR_NAMESPACE, NAMESPACE, NAME = "specdeploy", "specdeploy-system", "demo", "llama-8b-eagle3"
+SD = f"{NAMESPACE}/{NAME}"
+
+# The demo's SD: short windows so a rollback takes a minute rather than an hour.
+RESOURCE = f"""
+apiVersion: specdeploy.io/v1alpha1
+kind: SpeculativeDeployment
+metadata: {{name: {NAME}, namespace: {NAMESPACE}}}
+spec:
+  replicas: 2
+  model: {{name: meta-llama/Llama-3.1-8B-Instruct}}
+  speculation:
+    method: eagle3
+    draft: {{name: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B}}
+    numSpeculativeTokens: 3
+  serving: {{maxModelLen: 8192, maxNumSeqs: 32}}
+  analysis:
+    interval: 3s
+    window: 20s
+    minRequests: 10
+    failureLimit: 2
+    baseline: {{mode: Control, controlReplicas: 1}}
+    # At demo scale a 20 s window holds a few dozen requests per variant, so P99s sit on coarse
+    # histogram buckets: the latency ratios get room, the acceptance check does the work.
+    checks: {{minAcceptanceRate: 0.5, maxP99InterTokenLatencyRatio: 1.5, maxP99TimeToFirstTokenRatio: 3.0,
+             maxP99E2ELatencyRatio: 2.0}}
+"""
+
+
+@dataclass
+class Demo:
+    console: Console
+    cluster: DevCluster
+    qps: float = 6.0
+
+    def step(self, text: str) -> None:
+        self.console.print(f"\n[bold cyan]==>[/] [bold]{text}[/]")
+
+    def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl(*args, **kwargs)
+
+    def show(self, *args: str) -> None:
+        self.console.print(f"[dim]$ kubectl {' '.join(args)}[/]")
+        self.console.print(self.kubectl(*args).stdout.rstrip(), highlight=False)
+
+    def sd(self) -> dict[str, Any]:
+        return get_json(self.cluster, "sd", NAME, namespace=NAMESPACE)
+
+    def install_chart(self) -> None:
+        self.step(f"helm install {RELEASE} charts/specdeploy (CRD, RBAC, ServiceAccount, operator Deployment)")
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig)}
+        command = [str(self.cluster.helm_path), "upgrade", "--install", RELEASE, str(CHART), "--namespace",
+                   OPERATOR_NAMESPACE, "--create-namespace", "--set", f"prometheusUrl={self.cluster.prometheus_url}",
+                   "--set", f"alertmanagerUrl={self.cluster.alertmanager_url}"]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"helm install failed:\n{result.stderr}")
+        self.console.print(result.stdout.split("NOTES:")[0].rstrip(), highlight=False)
+
+    def start_operator(self, log: Path) -> subprocess.Popen[bytes]:
+        self.step("Starting the operator as the chart's ServiceAccount (no admin rights), on this machine")
+        self.console.print("[dim](engine pods are simulated here, so the operator runs as a local process "
+                           "with the chart's RBAC; in a real cluster the chart's Deployment runs it)[/]")
+        kubeconfig = self.cluster.service_account_kubeconfig(OPERATOR_NAMESPACE, RELEASE)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            metrics_port = probe.getsockname()[1]
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        command = [sys.executable, "-m", "specdeploy.cli", "run", "--lease-namespace", OPERATOR_NAMESPACE,
+                   "--prometheus-url", self.cluster.prometheus_url, "--alertmanager-url",
+                   self.cluster.alertmanager_url, "--analysis-tick-seconds", "1", "--metrics-port",
+                   str(metrics_port), "--liveness", "", "--log-format", "plain"]
+        with log.open("ab") as output:
+            process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        wait_for(lambda: "acquired lease" in log.read_text(errors="replace"), 60, "the operator to start",
+                 describe=lambda: log.read_text(errors="replace")[-3000:])
+        self.console.print(f"operator pid {process.pid}, log {log}")
+        return process
+
+    def apply(self) -> None:
+        self.step(f"kubectl apply: {SD} — Llama-3.1-8B with its EAGLE-3 head, 2 speculative pods + 1 control")
+        self.kubectl("create", "namespace", NAMESPACE, check=False)
+        self.kubectl("apply", "-f", "-", input=RESOURCE)
+        wait_for(lambda: _condition(self.sd(), "Ready") == "True", 120, "the SD to be Ready")
+        wait_for(lambda: len(endpoints(self.cluster, SD, "speculative")) == 2 and endpoints(self.cluster, SD, "control"),
+                 60, "the engine simulators")
+        self.show("get", "sd", "-n", NAMESPACE)
+        self.show("get", "pods", "-n", NAMESPACE, "-L", "specdeploy.io/variant")
+
+    def watch(self, until: Callable[[dict[str, Any]], bool], seconds: float, what: str) -> dict[str, Any]:
+        """Print a status line every 2 s until `until(sd)` holds."""
+        table = Table("time", "phase", "speculating", "acceptance", "P99 TPOT spec", "P99 TPOT control",
+                      "verdict", box=None, header_style="bold")
+        self.console.print(table)
+        started = time.monotonic()
+        while True:
+            obj = self.sd()
+            status = obj.get("status", {})
+            analysis = status.get("analysis") or {}
+            row = [f"{time.monotonic() - started:5.0f}s", str(status.get("phase")),
+                   str((status.get("speculation") or {}).get("active")), _number(analysis.get("acceptanceRate")),
+                   _ms(analysis.get("p99InterTokenLatencySeconds")),
+                   _ms(analysis.get("baselineP99InterTokenLatencySeconds")), str(analysis.get("verdict"))]
+            self.console.print("  ".join(f"{cell:>12}" for cell in row), highlight=False)
+            if until(obj):
+                return obj
+            if time.monotonic() - started > seconds:
+                raise TimeoutError(f"waited {seconds:.0f} s for {what}")
+            time.sleep(2)
+
+    def rollback_story(self, obj: dict[str, Any]) -> None:
+        record = obj["status"]["speculation"]["lastRollback"]
+        self.step(f"Rolled back: {record['reason']}")
+        self.console.print(f"evidence: {record['evidence']}", highlight=False)
+        self.show("get", "sd", "-n", NAMESPACE)
+        self.console.print("[dim]$ kubectl get events -n demo --field-selector reason=SpeculationRolledBack[/]")
+        wait_for(lambda: "SpeculationRolledBack" in self.kubectl(
+            "get", "events", "-n", NAMESPACE, "--field-selector", "reason=SpeculationRolledBack").stdout, 30,
+            "the Event")
+        self.show("get", "events", "-n", NAMESPACE, "--field-selector", "reason=SpeculationRolledBack")
+        alerts = wait_for(lambda: _alerts(self.cluster.alertmanager_url), 30, "the alert")
+        self.step("Alertmanager has the alert")
+        for alert in alerts:
+            self.console.print(json.dumps({"labels": alert["labels"], "annotations": alert["annotations"]},
+                                          indent=1), highlight=False)
+        wait_for(lambda: "--speculative-config" not in " ".join(_args(self.cluster)), 60, "the rollout")
+        self.step("The engine Deployment now runs the same target without speculation")
+        self.console.print(" ".join(_args(self.cluster)), highlight=False)
+        rollbacks = [line for line in httpx.get(self.metrics_url).text.splitlines()
+                     if line.startswith("specdeploy_rollbacks_total{")]
+        self.console.print("operator metric: " + "; ".join(rollbacks), highlight=False)
+        self.console.print("Git still holds the spec as written: the rollback lives in status "
+                           f"(metadata.generation is {obj['metadata']['generation']}).")
+
+
+def _condition(obj: dict[str, Any], kind: str) -> str | None:
+    return next((c["status"] for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def _number(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value * 1000:.1f} ms"
+
+
+def _alerts(url: str) -> list[dict[str, Any]]:
+    answer = httpx.get(f"{url}/api/v2/alerts", params={"filter": f'namespace="{NAMESPACE}"'}, timeout=5)
+    return [a for a in answer.json() if a["labels"].get("alertname") == "SpeculationRolledBack"]
+
+
+def _args(cluster: DevCluster) -> list[str]:
+    deployment = get_json(cluster, "deployment", NAME, namespace=NAMESPACE)
+    return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def _next_steps(cluster: DevCluster, operator: subprocess.Popen[bytes], log: Path) -> str:
+    env = " ".join(f"{k}={v}" for k, v in cluster.env().items())
+    return f"""
+The cluster is still up. Try:
+  export {env}
+  kubectl describe sd {NAME} -n {NAMESPACE}                     # conditions and Events
+  kubectl annotate sd {NAME} -n {NAMESPACE} specdeploy.io/retry-speculation=1 --overwrite   # speculate again
+  specdeploy load --sd {SD} --qps 8 --duration 60s            # more traffic
+  specdeploy sim-admin --sd {SD} --variant speculative --set oom=true   # an OOM crash
+  curl -s $PROMETHEUS_URL/api/v1/query --data-urlencode 'query=vllm:spec_decode_num_accepted_tokens_total'
+The operator runs as pid {operator.pid} (log: {log}); stop everything with:
+  kill {operator.pid}; specdeploy dev-cluster down
+"""
+
+
+def run_demo(*, tty: bool, cleanup: bool, state_dir: Path | None) -> int:
+    """The demo; 0 when the rollback was seen end to end."""
+    console = Console(force_terminal=tty, no_color=not tty, highlight=False, width=None if tty else 120)
+    cluster = DevCluster(state_dir, monitoring=True, progress=lambda message: console.print(message))
+    demo = Demo(console, cluster)
+    demo.step("Bringing up the dev cluster: etcd, kube-apiserver, controller-manager, scheduler, 4 kwok GPU "
+              "nodes, Prometheus, Alertmanager, the pod runner (the first run builds the binaries)")
+    cluster.up()
+    log = cluster.state_dir / "demo-operator.log"
+    operator: subprocess.Popen[bytes] | None = None
+    traffic: Traffic | None = None
+    try:
+        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+        demo.install_chart()
+        operator = demo.start_operator(log)
+        demo.apply()
+        sim_admin(cluster, SD, "speculative", {"acceptance": 0.8})
+        demo.step(f"Traffic at {demo.qps:g} requests/s through both variants; acceptance 0.8 (healthy)")
+        traffic = Traffic(cluster, SD, demo.qps, duration=600).start()
+        demo.watch(lambda o: (o["status"].get("analysis") or {}).get("verdict") == "Healthy"
+                   and o["status"].get("phase") == "Speculating", 120, "healthy samples")
+        demo.step("Injecting an acceptance collapse on the speculative pods: 0.8 → 0.3 "
+                  "(as a new traffic mix or a quantised target would)")
+        sim_admin(cluster, SD, "speculative", {"acceptance": 0.3})
+        rolled = demo.watch(lambda o: (o["status"].get("speculation") or {}).get("active") is False, 150,
+                            "the rollback")
+        demo.rollback_story(rolled)
+    finally:
+        if traffic is not None:
+            traffic.stop()
+        if cleanup:
+            if operator is not None:
+                operator.terminate()
+                operator.wait(timeout=30)
+            cluster.down()
+    if not cleanup and operator is not None:
+        console.print(_next_steps(cluster, operator, log))
+    console.print("[bold green]demo finished: speculation was rolled back, with an Event and an alert[/]")
+    return 0
