@@ -149,3 +149,26 @@ def operator_processes(dev_cluster: DevCluster, crds: None, namespace: str,
     yield start
     for process in started:
         process.stop()
+
+
+# --- the operator as the Helm chart's ServiceAccount ---------------------------------------------------
+
+@pytest.fixture
+def chart_identity(dev_cluster: DevCluster, crds: None, namespace: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Install charts/specdeploy into the test's namespace, watching it, and return the environment that
+    makes an operator act as the chart's ServiceAccount instead of admin (KUBECONFIG with a token of it):
+    `operator_processes(label, ..., env=chart_identity)`. The release is uninstalled afterwards."""
+    import yaml
+
+    release = f"sd-{uuid.uuid4().hex[:6]}"
+    helm = [str(dev_cluster.helm_path), f"--kubeconfig={dev_cluster.kubeconfig}"]
+    subprocess.run([*helm, "install", release, str(REPO / "charts" / "specdeploy"), "-n", namespace,
+                    "--set", f"watchNamespaces={{{namespace}}}"], check=True, capture_output=True, timeout=120)
+    try:
+        manifest = subprocess.run([*helm, "get", "manifest", release, "-n", namespace], check=True,
+                                  capture_output=True, text=True, timeout=60).stdout
+        [account] = [d["metadata"]["name"] for d in yaml.safe_load_all(manifest) if d and d["kind"] == "ServiceAccount"]
+        kubeconfig = dev_cluster.service_account_kubeconfig(namespace, account, tmp_path / "chart-identity.kubeconfig")
+        yield {"KUBECONFIG": str(kubeconfig)}
+    finally:
+        subprocess.run([*helm, "uninstall", release, "-n", namespace], capture_output=True, timeout=120)

@@ -298,3 +298,72 @@ def test_install_refuses_values_the_schema_rejects(dev_cluster: DevCluster, name
     assert "at '/logFormat': value must be one of 'json', 'plain'" in failed.stderr
     assert "at '/watchNamespaces/0': 'Not_A_Namespace' does not match pattern" in failed.stderr
     assert _helm(dev_cluster, "status", release, "-n", namespace, check=False).returncode != 0   # nothing installed
+
+
+COLLAPSING_SD = """
+apiVersion: specdeploy.io/v1alpha1
+kind: SpeculativeDeployment
+metadata: {name: llama-ngram}
+spec:
+  replicas: 1
+  model: {name: meta-llama/Llama-3.1-8B-Instruct}
+  speculation: {method: ngram, numSpeculativeTokens: 4}
+  serving: {maxModelLen: 8192, maxNumSeqs: 32}
+  analysis:
+    interval: 3s
+    window: 20s
+    minRequests: 10
+    failureLimit: 2
+    baseline: {mode: Control, controlReplicas: 1}
+    checks: {minAcceptanceRate: 0.5, maxP99InterTokenLatencyRatio: 2.0, maxP99E2ELatencyRatio: 3.0,
+             maxP99TimeToFirstTokenRatio: 5.0}
+"""
+
+
+def test_acceptance_collapse_rolls_back_as_the_charts_service_account(
+        dev_cluster: DevCluster, namespace: str, chart_identity: dict[str, str],
+        operator_processes: Callable[..., Any]) -> None:
+    """The analysis-driven rollback (Prometheus verdicts, status, Event, Alertmanager) with the chart's RBAC."""
+    from specdeploy.devcluster.simadmin import endpoints
+    from specdeploy.devcluster.traffic import Traffic
+
+    operator = operator_processes("chart-identity", "--prometheus-url", dev_cluster.prometheus_url,
+                                  "--alertmanager-url", dev_cluster.alertmanager_url, "--analysis-tick-seconds", "1",
+                                  env=chart_identity)
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=COLLAPSING_SD)
+    serving = f"{namespace}/llama-ngram"
+    wait_for(lambda: endpoints(dev_cluster, serving, "speculative") and endpoints(dev_cluster, serving, "control"),
+             90, "both variants' simulators", describe=lambda: operator.output()[-3000:])
+    assert all(result.ok for result in sim_admin(dev_cluster, serving, "speculative", {"acceptance": 0.8}))
+    traffic = Traffic(dev_cluster, serving, qps=4, duration=240).start()
+    try:
+        def sd() -> dict[str, Any]:
+            refused = [line for line in operator.output().splitlines() if any(word in line for word in DENIED)]
+            assert not refused, "the chart's RBAC refused the operator:\n" + "\n".join(refused[:5])
+            return get_json(dev_cluster, "sd", "llama-ngram", namespace=namespace)
+
+        wait_for(lambda: (sd()["status"].get("analysis") or {}).get("verdict") == "Healthy", 90,
+                 "a healthy sample", fatal=(AssertionError,), describe=lambda: operator.output()[-3000:])
+        sim_admin(dev_cluster, serving, "speculative", {"acceptance": 0.3})
+        def rolled_back() -> dict[str, Any] | None:
+            obj = sd()
+            return obj if (obj["status"].get("speculation") or {}).get("active") is False else None
+
+        rolled = wait_for(rolled_back, 90, "the rollback", fatal=(AssertionError,),
+                          describe=lambda: operator.output()[-3000:])
+    finally:
+        traffic.stop()
+    assert rolled["status"]["speculation"]["lastRollback"]["reason"] == "AcceptanceBelowMinimum"
+    assert rolled["metadata"]["generation"] == 1
+    wait_for(lambda: [e for e in get_json(dev_cluster, "events", "--field-selector", "involvedObject.name=llama-ngram",
+                                          namespace=namespace)["items"] if e["reason"] == "SpeculationRolledBack"],
+             30, "the SpeculationRolledBack Event")
+
+    def alerted() -> bool:
+        response = httpx.get(f"{dev_cluster.alertmanager_url}/api/v2/alerts",
+                             params={"filter": f'namespace="{namespace}"'}, timeout=5)
+        return any(a["labels"].get("alertname") == "SpeculationRolledBack" for a in response.json())
+
+    wait_for(alerted, 30, "the Alertmanager alert")
+    refused = [line for line in operator.output().splitlines() if any(word in line for word in DENIED)]
+    assert not refused, "\n".join(refused)
