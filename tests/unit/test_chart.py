@@ -129,6 +129,17 @@ def test_operator_deployment_is_one_recreated_locked_down_replica() -> None:
     assert env["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
+def test_security_context_matches_the_operator_image() -> None:
+    """operator/Dockerfile's numeric USER is what the chart runs as, and its entrypoint is the chart's command."""
+    dockerfile = (REPO / "operator" / "Dockerfile").read_text()
+    user, group = re.findall(r"^USER (\d+):(\d+)$", dockerfile, re.MULTILINE)[-1]
+    pod = _one(_render(), "Deployment")["spec"]["template"]["spec"]["securityContext"]
+    assert (pod["runAsUser"], pod["runAsGroup"]) == (int(user), int(group))
+    entrypoint = json.loads(re.findall(r"^ENTRYPOINT (\[.*\])$", dockerfile, re.MULTILINE)[-1])
+    container = _container(_render())
+    assert entrypoint == container["command"] + container["args"][:1]   # the chart's command replaces it
+
+
 def _run_params(container: dict[str, Any]) -> dict[str, Any]:
     """The rendered args as `specdeploy run` parses them (an unknown flag fails here)."""
     assert container["command"] == ["specdeploy"] and container["args"][0] == "run"
