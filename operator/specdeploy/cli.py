@@ -117,7 +117,8 @@ def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_names
     os.environ[handlers.ENV_ANALYSIS_TICK_SECONDS] = str(analysis_tick_seconds)
     os.environ[handlers.ENV_METRICS_PORT] = str(metrics_port)
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per API call would drown the decisions
+    for noisy in ("httpx", "httpx2"):  # lightkube logs every API call at INFO; that would drown the decisions
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     kopf.run(
         standalone=True,
         clusterwide=not namespaces,
