@@ -3,7 +3,9 @@ Prometheus scraping them and the real Alertmanager. Every scenario is bounded in
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -186,3 +188,31 @@ def test_killed_right_after_deciding_rolls_back_exactly_once(
     assert len(_rollback_events(dev_cluster, namespace)) == 1
     assert len(_alerts(dev_cluster, namespace)) == 1
     assert obj["metadata"]["generation"] == 1, "the operator never writes spec: a rollback lives in status"
+
+
+def test_healthy_noisy_traffic_for_ten_minutes_keeps_speculating(
+    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
+) -> None:
+    """Acceptance 0.7 ± 0.1 per request, under steady load, for SPECDEPLOY_SOAK_SECONDS (600): no rollback."""
+    seconds = float(os.environ.get("SPECDEPLOY_SOAK_SECONDS", "600"))
+    analysing_operator()
+    serving = _serve(dev_cluster, namespace)
+    sim_admin(dev_cluster, serving, "speculative", {"acceptance": 0.7, "noise": 0.1})
+    traffic = Traffic(dev_cluster, serving, qps=3, duration=seconds + 60).start()
+    verdicts: set[str] = set()
+    try:
+        wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
+                        "a first healthy sample", namespace=namespace)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            obj = _sd(dev_cluster, namespace)
+            assert not _rolled_back(obj), obj["status"]["speculation"]
+            verdicts.add(str(_analysis(obj).get("verdict")))
+            time.sleep(5)
+    finally:
+        traffic.stop()
+    obj = _sd(dev_cluster, namespace)
+    assert obj["status"]["speculation"]["active"] is True and obj["status"]["speculation"]["rollbacks"] == 0
+    assert "Healthy" in verdicts
+    assert _rollback_events(dev_cluster, namespace) == []
+    assert len(traffic.records) > seconds * 2, "the load really ran"
