@@ -216,3 +216,36 @@ def test_healthy_noisy_traffic_for_ten_minutes_keeps_speculating(
     assert "Healthy" in verdicts
     assert _rollback_events(dev_cluster, namespace) == []
     assert len(traffic.records) > seconds * 2, "the load really ran"
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_acceptance_collapse_rolls_back_on_sglang_and_tensorrt_llm(
+    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any], engine: str
+) -> None:
+    """The same scenario with the engine's own command line and metric names (SGLang exports acceptance
+    as gauges, TensorRT-LLM as counters on /prometheus/metrics)."""
+    analysing_operator()
+    resource = SD.replace("spec:\n", f"spec:\n  engine: {{kind: {engine}}}\n", 1)
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=resource)
+    sd = f"{namespace}/{NAME}"
+    wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 90,
+             "both variants' simulators")
+    sim_admin(dev_cluster, sd, "speculative", {"acceptance": 0.8})
+    traffic = Traffic(dev_cluster, sd, qps=4, duration=240).start()
+    try:
+        wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
+                        "a healthy sample at acceptance 0.8", namespace=namespace)
+        sim_admin(dev_cluster, sd, "speculative", {"acceptance": 0.3})
+        obj = wait_for_object(dev_cluster, ["sd", NAME], _rolled_back, 90, "the rollback", namespace=namespace)
+    finally:
+        traffic.stop()
+    assert obj["status"]["speculation"]["lastRollback"]["reason"] == "AcceptanceBelowMinimum"
+    if engine == "sglang":
+        wait_for(lambda: "--speculative-algorithm" not in " ".join(_speculative_args(dev_cluster, namespace)), 30,
+                 "SGLang without speculation")
+    else:
+        config = get_json(dev_cluster, "configmap", f"{NAME}-engine", namespace=namespace)["data"]
+        wait_for(lambda: "speculative_config" not in get_json(
+            dev_cluster, "configmap", f"{NAME}-engine", namespace=namespace)["data"]["speculative.trtllm.yaml"], 30,
+            "TensorRT-LLM's YAML without speculative_config")
+        assert "speculative_config" not in config["control.trtllm.yaml"]
