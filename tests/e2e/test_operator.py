@@ -305,3 +305,15 @@ def test_pod_monitor_when_prometheus_operator_is_installed(
     assert monitor["spec"]["podTargetLabels"] == ["specdeploy.io/name", "specdeploy.io/variant"]
     assert monitor["spec"]["selector"] == {"matchLabels": {"specdeploy.io/name": name}}
     assert monitor["metadata"]["ownerReferences"][0]["kind"] == "SpeculativeDeployment"
+
+
+def test_a_child_deleted_or_edited_by_hand_is_restored(dev_cluster: DevCluster, operator: None, namespace: str) -> None:
+    name = _ready_ngram(dev_cluster, namespace)
+    expected = _container(_deployments(dev_cluster, namespace, name)[name])["args"]
+    dev_cluster.kubectl("delete", "deployment", f"{name}-control", "-n", namespace)
+    wait_for(lambda: f"{name}-control" in _deployments(dev_cluster, namespace, name), 30, "the Control Deployment back")
+    patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": ["--edited-by-hand"]}]
+    dev_cluster.kubectl("patch", "deployment", name, "-n", namespace, "--type", "json", "-p", json.dumps(patch))
+    wait_for(lambda: _container(_deployments(dev_cluster, namespace, name)[name])["args"] == expected, 30,
+             "the engine args restored")
+    _wait_sd(dev_cluster, namespace, name, _is("Ready", "True"), "Ready again")
