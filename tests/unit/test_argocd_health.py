@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
+from lupa import lua51
 
 from specdeploy.api.status import Phase
-
-lua51 = pytest.importorskip("lupa.lua51", reason="lupa (Lua for Python) is a dev dependency")
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = (REPO / "charts" / "specdeploy" / "argocd" / "health.lua").read_text()

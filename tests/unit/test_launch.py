@@ -270,7 +270,8 @@ def test_sim_mode_with_a_command_needs_no_plan(execvp: None, tmp_path: Path) -> 
 
 def test_sim_command_options_are_the_simulators() -> None:
     """Every option the launcher passes is one the simulator's parser accepts (later ones win)."""
-    sim_main = pytest.importorskip("specdeploy_engine.sim.__main__")
+    from specdeploy_engine.sim import __main__ as sim_main
+
     command = sim_command(ARGV, Path("/etc/specdeploy"), ["--port", "18000", "--seed", "3"], python="python3")
     split = command.index("--")
     options = sim_main._options().parse_args(command[3:split])
