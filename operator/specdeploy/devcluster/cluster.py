@@ -48,6 +48,9 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 #: The monitoring components: Prometheus, Alertmanager, and the pod runner whose simulators they scrape.
 MONITORING_COMPONENTS = ("prometheus", "alertmanager", "pod-runner")
 
+#: What `stop_component` can take away and `start_component` bring back (an outage, in a test).
+RESTARTABLE_COMPONENTS = ("prometheus", "alertmanager")
+
 
 #: Everything `up` creates inside the state directory (and `down` removes).
 _STATE_ENTRIES = ("state.json", "state.tmp", "kubeconfig", "kubeconfig.tmp", "kubeconfigs", "pki", "etcd",
@@ -308,6 +311,41 @@ class DevCluster:
         path = monitoring.write_rules(self.monitoring_paths, name, groups)
         httpx.post(f"{self.prometheus_url}/-/reload", timeout=10).raise_for_status()
         return path
+
+    def stop_component(self, name: str) -> None:
+        """Stop one of `RESTARTABLE_COMPONENTS` (SIGTERM, SIGKILL after 10 s), as an outage would.
+
+        Its data directory stays, so `start_component` brings it back with what it had stored. While a
+        component is stopped `running()` is False, and `up` would replace the whole cluster.
+        """
+        record = self._restartable(name)
+        processes.stop(record.pid, started=record.started)
+
+    def start_component(self, name: str, timeout: float = 60.0) -> None:
+        """Start a component `stop_component` stopped: same port, config and data; returns once it is ready.
+
+        A component that is running is left as it is.
+        """
+        state = self._state()
+        record = self._restartable(name, state)
+        if processes.alive(record.pid) and processes.start_ticks(record.pid) == record.started:
+            return
+        port = int(record.address.rsplit(":", 1)[1])
+        paths = self.monitoring_paths
+        argv = (monitoring.prometheus_argv(paths, port) if name == "prometheus"
+                else monitoring.alertmanager_argv(paths, port))
+        started = self._launch(state, name, argv, record.address)
+        self._await(started, functools.partial(_answers, f"{record.address}/-/ready"), time.monotonic() + timeout,
+                    f"{record.address}/-/ready")
+
+    def _restartable(self, name: str, state: ClusterState | None = None) -> ComponentRecord:
+        if name not in RESTARTABLE_COMPONENTS:
+            raise ValueError(f"component must be one of {', '.join(RESTARTABLE_COMPONENTS)}, got {name!r}")
+        self._require_monitoring()
+        record = (state or self._state()).components.get(name)
+        if record is None:
+            raise ClusterNotRunning(f"the dev cluster in {self.state_dir} has no {name}")
+        return record
 
     def _require_monitoring(self) -> None:
         if not self._state().prometheus_url:

@@ -1,0 +1,144 @@
+"""A Prometheus outage: the dev cluster can stop and start its Prometheus, and the operator, meanwhile,
+says "Inconclusive: PrometheusUnavailable", keeps speculating and recovers by itself."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.simadmin import endpoints, sim_admin
+from specdeploy.devcluster.traffic import Traffic
+from specdeploy.devcluster.waiters import condition, get_json, wait_for_object
+
+pytestmark = pytest.mark.e2e
+
+NAME = "llama-outage"
+INTERVAL = 3  # seconds; Prometheus scrapes every 2 s
+SD = f"""
+apiVersion: specdeploy.io/v1alpha1
+kind: SpeculativeDeployment
+metadata: {{name: {NAME}}}
+spec:
+  replicas: 1
+  model: {{name: meta-llama/Llama-3.1-8B-Instruct}}
+  speculation: {{method: ngram, numSpeculativeTokens: 4}}
+  serving: {{maxModelLen: 8192, maxNumSeqs: 32}}
+  analysis:
+    interval: {INTERVAL}s
+    window: 20s
+    minRequests: 10
+    failureLimit: 2
+    baseline: {{mode: Control, controlReplicas: 1}}
+    checks: {{minAcceptanceRate: 0.5, maxP99InterTokenLatencyRatio: 2.0, maxP99E2ELatencyRatio: 3.0,
+             maxP99TimeToFirstTokenRatio: 5.0}}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/-/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+def prometheus_restored(dev_cluster: DevCluster) -> Iterator[None]:
+    """Whatever the test does to Prometheus, the session's cluster gets it back running."""
+    yield
+    dev_cluster.start_component("prometheus")
+
+
+def _up_at(prometheus_url: str, at: float) -> list[dict[str, Any]]:
+    response = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": 'up{job="prometheus"}', "time": at},
+                         timeout=5)
+    response.raise_for_status()
+    return list(response.json()["data"]["result"])
+
+
+def test_prometheus_stops_and_starts_with_its_port_and_data(dev_cluster: DevCluster,
+                                                            prometheus_restored: None) -> None:
+    url = dev_cluster.prometheus_url
+    scraped = wait_for(lambda: _up_at(url, time.time()), 30, "Prometheus scraping itself")
+    before = float(scraped[0]["value"][0])
+    dev_cluster.stop_component("prometheus")
+    assert not _ready(url)
+    assert not dev_cluster.running()
+    assert "prometheus" in {c.name for c in dev_cluster.status().components if not c.running}
+    dev_cluster.start_component("prometheus")
+    assert dev_cluster.prometheus_url == url and _ready(url)
+    assert dev_cluster.running()
+    assert _up_at(url, before), "a sample from before the stop is still stored"
+    with pytest.raises(ValueError, match="prometheus, alertmanager"):
+        dev_cluster.stop_component("etcd")
+
+
+@pytest.fixture
+def analysing_operator(dev_cluster: DevCluster, namespace: str,
+                       operator_processes: Callable[..., Any]) -> Callable[..., Any]:
+    def start() -> Any:
+        return operator_processes(
+            "operator", "--prometheus-url", dev_cluster.prometheus_url, "--alertmanager-url",
+            dev_cluster.alertmanager_url, "--analysis-tick-seconds", "1", "--metrics-port", str(_free_port()))
+
+    return start
+
+
+def _analysis(obj: dict[str, Any]) -> dict[str, Any]:
+    return dict(obj.get("status", {}).get("analysis") or {})
+
+
+def _rollback_events(cluster: DevCluster, namespace: str) -> list[dict[str, Any]]:
+    listing = get_json(cluster, "events", "--field-selector", f"involvedObject.name={NAME}", namespace=namespace)
+    return [e for e in listing["items"] if e["reason"] == "SpeculationRolledBack"]
+
+
+def _outage_seen(obj: dict[str, Any]) -> bool:
+    healthy = condition(obj, "SpeculationHealthy") or {}
+    return (_analysis(obj).get("verdict") == "Inconclusive: PrometheusUnavailable"
+            and _analysis(obj).get("consecutiveInconclusive", 0) >= 3
+            and healthy.get("status") == "Unknown" and healthy.get("reason") == "PrometheusUnavailable")
+
+
+def test_prometheus_outage_is_inconclusive_and_recovers_without_rollback(
+    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any], prometheus_restored: None
+) -> None:
+    operator = analysing_operator()
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=SD)
+    sd = f"{namespace}/{NAME}"
+    wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 90,
+             "both variants' simulators")
+    assert all(result.ok for result in sim_admin(dev_cluster, sd, "speculative", {"acceptance": 0.8}))
+    traffic = Traffic(dev_cluster, sd, qps=4, duration=240).start()
+    try:
+        wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
+                        "a healthy sample at acceptance 0.8", namespace=namespace)
+        stopped = time.monotonic()
+        dev_cluster.stop_component("prometheus")
+        obj = wait_for_object(dev_cluster, ["sd", NAME], _outage_seen, 60,
+                              "three samples Inconclusive: PrometheusUnavailable", namespace=namespace)
+        assert obj["status"]["speculation"]["active"] is True
+        assert condition(obj, "SpeculationHealthy")["message"] == _analysis(obj)["message"] != ""
+        assert time.monotonic() - stopped >= 2 * INTERVAL  # three samples: at least two intervals apart
+        dev_cluster.start_component("prometheus")
+        wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
+                        "a healthy sample after Prometheus came back", namespace=namespace)
+    finally:
+        traffic.stop()
+    obj = get_json(dev_cluster, "sd", NAME, namespace=namespace)
+    assert obj["status"]["speculation"]["active"] is True
+    assert obj["status"]["speculation"].get("rollbacks", 0) == 0
+    assert _analysis(obj)["consecutiveInconclusive"] == 0
+    assert _rollback_events(dev_cluster, namespace) == []
+    assert operator.process.poll() is None, operator.output()[-3000:]
