@@ -126,3 +126,12 @@ def test_a_rejected_generation_changes_nothing() -> None:
     speculation = SpeculationStatus(active=True, since="2026-11-29T09:00:00Z")
     step = step_speculation(_resource(failure_limit=1), speculation, None, False, _sample(0.1), [], T0)
     assert step.speculation == speculation and step.rollback is None
+
+
+def test_a_sample_while_rolled_back_is_recorded_so_the_next_is_an_interval_later() -> None:
+    resource = _resource()
+    speculation = _rolled_back(resource)
+    later = T0 + timedelta(minutes=3)
+    step = step_speculation(resource, speculation, None, True, _sample(0.8), [], later)
+    assert step.analysis is not None and step.analysis.last_sample_at == "2026-11-29T10:03:00Z"
+    assert step.analysis.previous_baseline is not None, "the pods without speculation are the Previous baseline"

@@ -18,11 +18,15 @@ from lightkube.core.exceptions import ApiError
 from specdeploy.analysis import evidence
 from specdeploy.analysis.prometheus import PrometheusClient, query_all
 from specdeploy.analysis.queries import query_group
+from specdeploy.analysis.samples import Samples
 from specdeploy.api.resource import SpeculativeDeployment
 from specdeploy.reconcile import kube
 from specdeploy.reconcile.reconciler import Reconciler
 
 logger = logging.getLogger(__name__)
+
+CONCURRENT_RECONCILES = 16
+"""SDs reconciled with their samples at once: the API calls overlap; each SD still has its own lock."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], defaul
     """One cycle: sample every due SD and reconcile it with its sample; returns how many were sampled."""
     started = time.monotonic()
     now = time.time()
+    limit = asyncio.Semaphore(CONCURRENT_RECONCILES)
     resources = [r for r in await _list(reconciler.client, namespaces) if due(r, now)]
     by_source: defaultdict[Source, list[SpeculativeDeployment]] = defaultdict(list)
     for resource in resources:
@@ -85,13 +90,17 @@ async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], defaul
         async with PrometheusClient(source.url, headers=headers) as prometheus:
             samples = await query_all(prometheus, {query_group(r.spec) for r in members}, at=now)
         reconciler.metrics.queries(samples.query_seconds)
-        for resource in members:
+
+        async def reconcile_with_sample(resource: SpeculativeDeployment, samples: Samples) -> None:
             namespace, name = resource.metadata.namespace or "", resource.metadata.name
             sample = samples.for_deployment(namespace, name, resource.spec.engine.kind, resource.spec.analysis.window)
-            try:
-                await reconciler.reconcile(namespace, name, sample)
-            except Exception:  # one SD's failure must not stop the others' analysis
-                logger.exception("reconciling %s/%s with its sample failed", namespace, name)
+            async with limit:
+                try:
+                    await reconciler.reconcile(namespace, name, sample)
+                except Exception:  # one SD's failure must not stop the others' analysis
+                    logger.exception("reconciling %s/%s with its sample failed", namespace, name)
+
+        await asyncio.gather(*(reconcile_with_sample(r, samples) for r in members))
     reconciler.metrics.cycle(time.monotonic() - started)
     return sum(len(members) for members in by_source.values())
 

@@ -111,10 +111,11 @@ def step_speculation(
                 events.append(Event.normal("SpeculationReenabled", back.message))
     if not speculation.active:
         if sample is not None:  # measure the pods without speculation: the Previous baseline
+            update: dict[str, object] = {"last_sample_at": at}   # sampled: not due again before `interval`
             snapshot = previous_baseline(sample, spec.analysis.min_requests, now)
             if snapshot is not None:
-                analysis = (analysis or AnalysisStatus()).model_copy(
-                    update={"previous_baseline": PreviousBaselineStatus(**snapshot.__dict__)})
+                update["previous_baseline"] = PreviousBaselineStatus(**snapshot.__dict__)
+            analysis = (analysis or AnalysisStatus()).model_copy(update=update)
         return SpeculationStep(speculation, analysis, reenabled=back, events=events)
     deaths = out_of_memory
     if sample is None and not deaths:
