@@ -198,8 +198,10 @@ def test_healthy_noisy_traffic_for_ten_minutes_keeps_speculating(
     analysing_operator()
     serving = _serve(dev_cluster, namespace)
     sim_admin(dev_cluster, serving, "speculative", {"acceptance": 0.7, "noise": 0.1})
-    traffic = Traffic(dev_cluster, serving, qps=3, duration=seconds + 60).start()
+    # temperature 0: the knob is then the rate the metrics show (acceptance falls as temperature rises)
+    traffic = Traffic(dev_cluster, serving, qps=3, duration=seconds + 60, temperature="0").start()
     verdicts: set[str] = set()
+    rates: list[float] = []
     try:
         wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
                         "a first healthy sample", namespace=namespace)
@@ -208,12 +210,15 @@ def test_healthy_noisy_traffic_for_ten_minutes_keeps_speculating(
             obj = _sd(dev_cluster, namespace)
             assert not _rolled_back(obj), obj["status"]["speculation"]
             verdicts.add(str(_analysis(obj).get("verdict")))
+            if _analysis(obj).get("acceptanceRate") is not None:
+                rates.append(float(_analysis(obj)["acceptanceRate"]))
             time.sleep(5)
     finally:
         traffic.stop()
     obj = _sd(dev_cluster, namespace)
     assert obj["status"]["speculation"]["active"] is True and obj["status"]["speculation"]["rollbacks"] == 0
     assert "Healthy" in verdicts
+    assert 0.6 <= sum(rates) / len(rates) <= 0.8, f"the measured acceptance was {sum(rates) / len(rates):.2f}"
     assert _rollback_events(dev_cluster, namespace) == []
     assert len(traffic.records) > seconds * 2, "the load really ran"
 
