@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from e2e_resources import POD_MONITOR_CRD, SCENARIO_NAME, SCENARIO_SD
 
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.simadmin import sim_admin
@@ -37,26 +38,6 @@ SD_NAME = "llama-8b-ngram"
 #: an HTTP log line, kopf's fallback warnings).
 DENIED = ("forbidden", "Forbidden", "Not enough permissions")
 
-#: A stand-in for prometheus-operator's PodMonitor CRD, so the operator renders PodMonitors (as in
-#: test_operator.py).
-POD_MONITOR_CRD = """
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: podmonitors.monitoring.coreos.com}
-spec:
-  group: monitoring.coreos.com
-  names: {kind: PodMonitor, listKind: PodMonitorList, plural: podmonitors, singular: podmonitor}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
-"""
 
 
 def _helm(cluster: DevCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -300,24 +281,6 @@ def test_install_refuses_values_the_schema_rejects(dev_cluster: DevCluster, name
     assert _helm(dev_cluster, "status", release, "-n", namespace, check=False).returncode != 0   # nothing installed
 
 
-COLLAPSING_SD = """
-apiVersion: specdeploy.io/v1alpha1
-kind: SpeculativeDeployment
-metadata: {name: llama-ngram}
-spec:
-  replicas: 1
-  model: {name: meta-llama/Llama-3.1-8B-Instruct}
-  speculation: {method: ngram, numSpeculativeTokens: 4}
-  serving: {maxModelLen: 8192, maxNumSeqs: 32}
-  analysis:
-    interval: 3s
-    window: 20s
-    minRequests: 10
-    failureLimit: 2
-    baseline: {mode: Control, controlReplicas: 1}
-    checks: {minAcceptanceRate: 0.5, maxP99InterTokenLatencyRatio: 2.0, maxP99E2ELatencyRatio: 3.0,
-             maxP99TimeToFirstTokenRatio: 5.0}
-"""
 
 
 def test_acceptance_collapse_rolls_back_as_the_charts_service_account(
@@ -330,8 +293,8 @@ def test_acceptance_collapse_rolls_back_as_the_charts_service_account(
     operator = operator_processes("chart-identity", "--prometheus-url", dev_cluster.prometheus_url,
                                   "--alertmanager-url", dev_cluster.alertmanager_url, "--analysis-tick-seconds", "1",
                                   env=chart_identity)
-    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=COLLAPSING_SD)
-    serving = f"{namespace}/llama-ngram"
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=SCENARIO_SD)
+    serving = f"{namespace}/{SCENARIO_NAME}"
     wait_for(lambda: endpoints(dev_cluster, serving, "speculative") and endpoints(dev_cluster, serving, "control"),
              90, "both variants' simulators", describe=lambda: operator.output()[-3000:])
     assert all(result.ok for result in sim_admin(dev_cluster, serving, "speculative", {"acceptance": 0.8}))
@@ -340,7 +303,7 @@ def test_acceptance_collapse_rolls_back_as_the_charts_service_account(
         def sd() -> dict[str, Any]:
             refused = [line for line in operator.output().splitlines() if any(word in line for word in DENIED)]
             assert not refused, "the chart's RBAC refused the operator:\n" + "\n".join(refused[:5])
-            return get_json(dev_cluster, "sd", "llama-ngram", namespace=namespace)
+            return get_json(dev_cluster, "sd", SCENARIO_NAME, namespace=namespace)
 
         wait_for(lambda: (sd()["status"].get("analysis") or {}).get("verdict") == "Healthy", 90,
                  "a healthy sample", fatal=(AssertionError,), describe=lambda: operator.output()[-3000:])
@@ -355,7 +318,7 @@ def test_acceptance_collapse_rolls_back_as_the_charts_service_account(
         traffic.stop()
     assert rolled["status"]["speculation"]["lastRollback"]["reason"] == "AcceptanceBelowMinimum"
     assert rolled["metadata"]["generation"] == 1
-    wait_for(lambda: [e for e in get_json(dev_cluster, "events", "--field-selector", "involvedObject.name=llama-ngram",
+    wait_for(lambda: [e for e in get_json(dev_cluster, "events", "--field-selector", f"involvedObject.name={SCENARIO_NAME}",
                                           namespace=namespace)["items"] if e["reason"] == "SpeculationRolledBack"],
              30, "the SpeculationRolledBack Event")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e_resources import POD_MONITOR_CRD
 
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.waiters import condition, get_json, wait_for_absent, wait_for_object, wait_for_pods
@@ -267,24 +268,6 @@ def test_a_second_operator_waits_and_takes_over(
                     "replicas 3 applied by the second operator", namespace=namespace)
 
 
-POD_MONITOR_CRD = """
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: podmonitors.monitoring.coreos.com}
-spec:
-  group: monitoring.coreos.com
-  names: {kind: PodMonitor, listKind: PodMonitorList, plural: podmonitors, singular: podmonitor}
-  scope: Namespaced
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
-"""
 
 
 @pytest.fixture

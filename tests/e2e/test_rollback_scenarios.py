@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from e2e_resources import SCENARIO_NAME, SCENARIO_SD
 
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.simadmin import endpoints, sim_admin
@@ -19,26 +20,7 @@ from specdeploy.devcluster.waiters import get_json, wait_for_object
 
 pytestmark = pytest.mark.e2e
 
-NAME = "llama-ngram"
-# Short windows so a scenario takes a minute, not an hour: Prometheus scrapes every 2 s.
-SD = """
-apiVersion: specdeploy.io/v1alpha1
-kind: SpeculativeDeployment
-metadata: {name: llama-ngram}
-spec:
-  replicas: 1
-  model: {name: meta-llama/Llama-3.1-8B-Instruct}
-  speculation: {method: ngram, numSpeculativeTokens: 4}
-  serving: {maxModelLen: 8192, maxNumSeqs: 32}
-  analysis:
-    interval: 3s
-    window: 20s
-    minRequests: 10
-    failureLimit: 2
-    baseline: {mode: Control, controlReplicas: 1}
-    checks: {minAcceptanceRate: 0.5, maxP99InterTokenLatencyRatio: 2.0, maxP99E2ELatencyRatio: 3.0,
-             maxP99TimeToFirstTokenRatio: 5.0}
-"""
+NAME, SD = SCENARIO_NAME, SCENARIO_SD
 
 
 def _free_port() -> int:
@@ -190,6 +172,7 @@ def test_killed_right_after_deciding_rolls_back_exactly_once(
     assert obj["metadata"]["generation"] == 1, "the operator never writes spec: a rollback lives in status"
 
 
+@pytest.mark.timeout(1200)   # the soak itself is 10 minutes
 def test_healthy_noisy_traffic_for_ten_minutes_keeps_speculating(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
