@@ -21,9 +21,7 @@ class ConditionType(StrEnum):
 
 
 class Reason(StrEnum):
-    # MemoryFits (True reasons are the plan verdicts Fits / FitsWithWarnings)
-    FITS = "Fits"
-    FITS_WITH_WARNINGS = "FitsWithWarnings"
+    # MemoryFits (its True reasons are the plan's verdicts, api.status.Verdict: Fits, FitsWithWarnings)
     UNKNOWN_MODEL = "UnknownModel"
     # Compatible
     COMPATIBLE = "Compatible"
