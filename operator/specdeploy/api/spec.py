@@ -365,6 +365,10 @@ class Alerting(WireModel):
         description="Alertmanager base URL; rollbacks raise an alert there. The operator's --alertmanager-url when "
         "empty; no alert when both are empty",
     )
+    headers_secret_ref: str | None = Field(
+        None, max_length=253,
+        description="Secret in this namespace whose keys are HTTP headers sent to Alertmanager (e.g. Authorization)",
+    )
 
 
 class SpeculativeDeploymentSpec(WireModel):
