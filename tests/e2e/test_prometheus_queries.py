@@ -131,14 +131,18 @@ def test_query_all_reads_grouped_signals_from_real_prometheus(dev_cluster: DevCl
     def measured() -> Samples | None:
         samples = _query_all(dev_cluster.prometheus_url, [group])
         sample = samples.for_deployment(namespace, engine_pods, EngineKind.VLLM, WINDOW)
-        spec_itl = sample.speculative.p99_inter_token_latency_seconds
-        control_itl = sample.control.p99_inter_token_latency_seconds
-        ready = all(v is not None and math.isfinite(v) and v > 0 for v in (
-            sample.speculative.acceptance_rate, sample.speculative.requests, sample.control.requests,
-            spec_itl, control_itl))
+        speculative, control = sample.speculative, sample.control
+        # Every signal answered (under load one query can time out while the others answer) and every
+        # value read, over at least two scrapes of each pod.
+        ready = not sample.errors and all(v is not None and math.isfinite(v) and v > 0 for v in (
+            speculative.acceptance_rate, speculative.mean_acceptance_length, speculative.requests,
+            control.requests, speculative.p99_inter_token_latency_seconds,
+            control.p99_inter_token_latency_seconds, speculative.p99_e2e_latency_seconds,
+            speculative.p99_time_to_first_token_seconds, speculative.running, speculative.waiting))
         return samples if ready else None
 
-    samples = wait_for(measured, timeout=45, interval=0.5, what="two scrapes of both fake engine pods")
+    samples = wait_for(measured, timeout=90, interval=0.5,
+                       what="two scrapes of both fake engine pods, every query answered")
     assert samples.query_count == len(Signal)
     sample = samples.for_deployment(namespace, engine_pods, EngineKind.VLLM, WINDOW)
     assert sample.errors == {}
