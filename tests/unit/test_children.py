@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from specdeploy.api.spec import EnvVar
 from specdeploy.api.resource import SpeculativeDeployment, load_resource
 from specdeploy.api.status import SpeculationStatus, SpeculativeDeploymentStatus
 from specdeploy.planning.plan import make_plan
@@ -68,6 +69,15 @@ def test_deployment_args_are_the_rendered_engine_command() -> None:
     assert children.deployments[Variant.SPECULATIVE]["spec"]["template"]["spec"]["nodeSelector"] == {
         "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"
     }
+
+
+def test_spec_engine_env_reaches_the_container_once_in_order() -> None:
+    resource = _load("llama-8b-ngram.yaml")
+    resource.spec.engine.env = [EnvVar(name="B", value="2"), EnvVar(name="A", value="1")]
+    children = desired_children(resource, make_plan(resource.spec))
+    for variant in (Variant.SPECULATIVE, Variant.CONTROL):
+        env = [(e["name"], e["value"]) for e in _container(children.deployments[variant])["env"]]
+        assert [pair for pair in env if pair[0] in ("A", "B")] == [("B", "2"), ("A", "1")]
 
 
 def test_rollback_in_status_renders_the_target_without_speculation() -> None:

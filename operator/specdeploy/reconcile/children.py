@@ -142,7 +142,7 @@ def _deployment(
         "name": "engine",
         "image": image,
         **argv,
-        "env": [{"name": k, "value": v} for k, v in command.env] + [e.to_wire() for e in spec.engine.env],
+        "env": [{"name": k, "value": v} for k, v in command.env],   # the engine's own, then spec.engine.env
         "ports": [{"name": "http", "containerPort": command.port, "protocol": "TCP"}],
         "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
         **command.probes(),
