@@ -1,31 +1,37 @@
-"""Reconcile throughput: apply N SpeculativeDeployments at once and time the operator.
+"""Reconcile throughput: create N SpeculativeDeployments at once and time the operator.
 
-    python benchmarks/reconcile.py [--count 200] [--nodes 26]
+    python benchmarks/reconcile.py [--count 200] [--nodes N] [--steady-seconds 30]
 
-Starts its own dev cluster (enough kwok GPU nodes for one pod per SD), the operator as a process,
-applies `--count` SDs in one `kubectl apply`, and prints the time until every SD has its Deployment and
-a status for its generation, the per-object latency (p50/p99), the time until all are Ready, and the
-operator's resident memory (now and peak). Target (issue 4): 200 SDs in under 60 s, RSS under 200 MiB.
+Starts its own dev cluster (enough kwok GPU nodes for one pod per SD unless `--nodes` says otherwise),
+the operator as a process, creates `--count` SDs in one `kubectl create`, and prints: the time until
+every SD has its Deployment and a status for its generation (and so SDs reconciled per second), the
+per-object latency from creation (p50/p99), the time until all are Ready, the operator's resident
+memory (idle, peak) and its CPU (cores kept busy) over the reconcile phase and over a steady phase
+afterwards, when nothing changes (no Prometheus: the analysis loop only lists the SDs). Targets
+(issue 4): 200 SDs in under 60 s, RSS under 200 MiB.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
+from process_usage import Mark, load_average, machine, percentile, rss_kib
 
-from specdeploy.devcluster import DevCluster
+from specdeploy.api.resource import GROUP, PLURAL, VERSION
+from specdeploy.devcluster import DevCluster, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "bench"
+GPUS_PER_NODE = 8
 
 
 def _resource(index: int) -> dict[str, object]:
@@ -36,77 +42,90 @@ def _resource(index: int) -> dict[str, object]:
     return dict(document)
 
 
-def _rss_kib(pid: int) -> tuple[int, int]:
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+def _created_at(item: dict[str, Any]) -> float:
+    return datetime.fromisoformat(item["metadata"]["creationTimestamp"].replace("Z", "+00:00")).timestamp()
 
 
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
-
-
-def run(count: int, nodes: int, timeout: float) -> None:
+def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
+    load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="specdeploy-bench-") as state:
         cluster = DevCluster(Path(state) / "cluster", nodes=nodes, progress=lambda m: print(m, file=sys.stderr))
-        cluster.up()
+        cluster.up(timeout=600)
         operator = None
         try:
             cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
             cluster.kubectl("wait", "--for", "condition=established", "crd/speculativedeployments.specdeploy.io")
             cluster.kubectl("create", "namespace", NAMESPACE)
             env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-            log = open(Path(state) / "operator.log", "wb")  # noqa: SIM115 - closed with the process
+            log_path = Path(state) / "operator.log"
+            log = log_path.open("wb")
             operator = subprocess.Popen(
                 [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", NAMESPACE, "--lease-namespace",
                  NAMESPACE, "--liveness", "", "--log-format", "plain", "--resync-seconds", "300", "--metrics-port", "0"],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )
-            deadline = time.monotonic() + 60
-            while "acquired lease" not in (Path(state) / "operator.log").read_text(errors="replace"):
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the operator did not start")
-                time.sleep(0.2)
-            idle_rss, _ = _rss_kib(operator.pid)
+            wait_for(lambda: "acquired lease" in log_path.read_text(errors="replace"), 60, "the operator's lease")
+            idle_rss, _ = rss_kib(operator.pid)
             documents = yaml.safe_dump_all([_resource(i) for i in range(count)])
-            started = time.monotonic()
-            cluster.kubectl("apply", "-f", "-", input=documents)
-            applied = time.monotonic() - started
+            began, began_wall = Mark.of(operator.pid), time.time()
+            cluster.kubectl("create", "-f", "-", input=documents, timeout=1800)
+            created = time.monotonic() - began.wall
             reconciled: dict[str, float] = {}
+            latency: dict[str, float] = {}
             ready: dict[str, float] = {}
-            while len(ready) < count and time.monotonic() - started < timeout:
-                listing = json.loads(cluster.kubectl("get", "sd", "-n", NAMESPACE, "-o", "json").stdout)
-                now = time.monotonic() - started
-                for item in listing["items"]:
-                    name, status = item["metadata"]["name"], item.get("status") or {}
-                    if status.get("observedGeneration") == item["metadata"]["generation"]:
-                        reconciled.setdefault(name, now)
-                        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
-                        if conditions.get("Ready") == "True":
-                            ready.setdefault(name, now)
-                time.sleep(0.5)
-            deployments = json.loads(cluster.kubectl("get", "deployments", "-n", NAMESPACE, "-o", "json").stdout)
-            rss, peak = _rss_kib(operator.pid)
+            all_reconciled: Mark | None = None
+            path = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
+            with cluster.api_client() as api:
+                while len(ready) < count and time.monotonic() - began.wall < timeout:
+                    items = api.get(path, params={"resourceVersion": "0"}, timeout=60).raise_for_status().json()["items"]
+                    now = time.monotonic() - began.wall
+                    for item in items:
+                        name, status = item["metadata"]["name"], item.get("status") or {}
+                        if status.get("observedGeneration") == item["metadata"]["generation"]:
+                            if name not in reconciled:
+                                reconciled[name] = now
+                                latency[name] = began_wall + now - _created_at(item)
+                            conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+                            if conditions.get("Ready") == "True":
+                                ready.setdefault(name, now)
+                    if all_reconciled is None and len(reconciled) == count:
+                        all_reconciled = Mark.of(operator.pid)
+                    time.sleep(1.0)
+            all_ready = Mark.of(operator.pid)
+            deployments = cluster.kubectl("get", "deployments", "-n", NAMESPACE, "--no-headers").stdout.count("\n")
+            steady_from = Mark.of(operator.pid)
+            time.sleep(steady_seconds)   # nothing changes now: what does the operator cost at rest?
+            steady_to = Mark.of(operator.pid)
+            rss, peak = rss_kib(operator.pid)
         finally:
             if operator is not None:
                 operator.terminate()
                 operator.wait(timeout=30)
             cluster.down()
-    latencies = list(reconciled.values())
-    print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}")
-    print(f"SDs applied: {count} (kubectl apply took {applied:.1f} s); Deployments: {len(deployments['items'])}")
-    if latencies:
-        print(f"all {len(latencies)} with children and status after {max(latencies):.1f} s "
-              f"(p50 {_percentile(latencies, 0.5):.1f} s, p99 {_percentile(latencies, 0.99):.1f} s per object)")
+    print(f"machine: {machine()}; load average before {load_before}, after {load_average()}")
+    print(f"cluster: {nodes} kwok nodes of {GPUS_PER_NODE} GPUs; SDs created: {count} in one kubectl create "
+          f"({created:.1f} s, {count / created:.0f} SDs/s); Deployments: {deployments}")
+    if reconciled:
+        done = max(reconciled.values())
+        values = list(latency.values())
+        print(f"all {len(reconciled)} with children and status after {done:.1f} s: {len(reconciled) / done:.1f} SDs/s "
+              f"(per object from its creation: p50 {percentile(values, 0.5):.1f} s, "
+              f"p99 {percentile(values, 0.99):.1f} s)")
     if ready:
         print(f"{len(ready)} Ready after {max(ready.values()):.1f} s")
-    print(f"operator RSS: idle {idle_rss / 1024:.0f} MiB, after {rss / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB")
+    print(f"operator RSS: idle {idle_rss / 1024:.0f} MiB, at the end {rss / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB")
+    reconcile_cpu = began.cpu_per_wall(all_reconciled) if all_reconciled else float("nan")
+    print(f"operator CPU (cores busy): {reconcile_cpu:.2f} until all reconciled, "
+          f"{began.cpu_per_wall(all_ready):.2f} until all Ready ({all_ready.cpu - began.cpu:.0f} CPU-s in all), "
+          f"{steady_from.cpu_per_wall(steady_to):.3f} at rest over {steady_seconds:.0f} s")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--count", type=int, default=200)
-    parser.add_argument("--nodes", type=int, default=26, help="kwok nodes (8 GPUs each)")
-    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--nodes", type=int, default=0, help="kwok nodes (8 GPUs each); 0: one GPU per SD, +2")
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--steady-seconds", type=float, default=30)
     arguments = parser.parse_args()
-    run(arguments.count, arguments.nodes, arguments.timeout)
+    nodes = arguments.nodes or -(-arguments.count // GPUS_PER_NODE) + 2
+    run(arguments.count, nodes, arguments.timeout, arguments.steady_seconds)

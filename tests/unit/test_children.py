@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from specdeploy.api.spec import EnvVar
 from specdeploy.api.resource import SpeculativeDeployment, load_resource
+from specdeploy.api.spec import EnvVar
 from specdeploy.api.status import SpeculationStatus, SpeculativeDeploymentStatus
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import (

@@ -1,0 +1,65 @@
+"""What the benchmarks print about the machine and about a process' CPU and memory, read from /proc.
+
+CPU is user + system time of the process (not its children), so `cpu_per_wall` over a phase is how
+many cores it kept busy on average; on a shared machine the load average says how much else ran.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds `pid` has used so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()   # after "pid (comm) ": state is field 3, utime 14, stime 15
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_SECOND
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(resident now, peak resident) of `pid`, in KiB."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+@dataclass(frozen=True)
+class Mark:
+    """One moment of a process: wall clock and CPU seconds used."""
+
+    wall: float
+    cpu: float
+
+    @classmethod
+    def of(cls, pid: int) -> Mark:
+        return cls(time.monotonic(), cpu_seconds(pid))
+
+    def cpu_per_wall(self, later: Mark) -> float:
+        """Cores kept busy on average between this mark and `later`."""
+        return (later.cpu - self.cpu) / max(later.wall - self.wall, 1e-9)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def machine() -> str:
+    """CPU model, cores, Python and the date: what a recorded figure needs beside it."""
+    models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+              if line.startswith("model name")]
+    model = models[0] if models else platform.processor() or "unknown CPU"
+    return (f"{model}, {os.cpu_count()} cores ({platform.machine()}), Python {platform.python_version()}, "
+            f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
