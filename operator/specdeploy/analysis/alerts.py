@@ -2,7 +2,7 @@
 
     alert = rollback_alert("prod", "llama", "AcceptanceBelowMinimum", evidence,
                            generator_url="…", starts_at=rolled_back_at)
-    await post_alerts(spec.alerting.alertmanager_url, [alert])
+    await post_alerts(spec.alerting.alertmanager_url, [alert], headers=secret_headers)
 
 Alertmanager identifies an alert by its labels and deduplicates on them; annotations are always the most
 recently received ones (prometheus.io/docs/alerting/latest/clients). So the same rollback posted twice —
@@ -10,7 +10,8 @@ an operator that crashed after posting and posts again on restart, or the repeat
 as long as its labels and `startsAt` (the rollback time from status) are the same. An alert without
 `endsAt` resolves by itself after Alertmanager's `resolve_timeout` (default 5m) unless re-sent, so the
 operator re-sends it every analysis interval while speculation stays rolled back, and sends it once with
-`endsAt` when speculation comes back.
+`endsAt` when speculation comes back. `headers` (from `spec.alerting.headersSecretRef`, checked by
+analysis.headers) go with the POST and never into a message.
 
     AlertmanagerError
     ├── AlertmanagerUnavailable   connection refused, timeout, HTTP 5xx or 429: retry next cycle
@@ -19,7 +20,7 @@ operator re-sends it every analysis interval while speculation stays rolled back
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -68,14 +69,16 @@ def rollback_alert(namespace: str, name: str, reason: str, evidence: str, genera
     return alert
 
 
-async def post_alerts(url: str, alerts: Sequence[dict[str, Any]], timeout: float = 10.0,
-                      transport: httpx.AsyncBaseTransport | None = None) -> None:
-    """POST `alerts` to the Alertmanager at base URL `url`; raises AlertmanagerError unless it says 200."""
+async def post_alerts(url: str, alerts: Sequence[dict[str, Any]], headers: Mapping[str, str] | None = None,
+                      timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    """POST `alerts` to the Alertmanager at base URL `url` with `headers` (e.g. Authorization); raises
+    AlertmanagerError unless it says 200."""
     if not alerts:
         return
     target = url.rstrip("/") + ALERTS_PATH
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), transport=transport) as client:
+        async with httpx.AsyncClient(headers=dict(headers or {}), timeout=httpx.Timeout(timeout),
+                                     transport=transport) as client:
             response = await client.post(target, json=list(alerts))
     except httpx.HTTPError as exc:
         raise AlertmanagerUnavailable(f"cannot reach Alertmanager at {target}: {type(exc).__name__}: {exc}") from exc
@@ -83,5 +86,7 @@ async def post_alerts(url: str, alerts: Sequence[dict[str, Any]], timeout: float
         raise AlertmanagerUnavailable(f"Alertmanager at {target} failed (HTTP {response.status_code}): "
                                       f"{response.text[:300]}")
     if response.status_code >= 300:
+        check = ("the headers in `spec.alerting.headersSecretRef`" if response.status_code in (401, 403)
+                 else "`spec.alerting.alertmanagerUrl`")
         raise AlertmanagerRejected(f"Alertmanager at {target} rejected the alerts (HTTP {response.status_code}): "
-                                   f"{response.text[:300]}; check `spec.alerting.alertmanagerUrl`")
+                                   f"{response.text[:300]}; check {check}")

@@ -1,0 +1,116 @@
+"""Credentials for Prometheus and Alertmanager: header values from Secrets are checked before use, sent,
+and never shown — not in repr, not in error messages (httpx.MockTransport stands in for the servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+
+from specdeploy.analysis.alerts import AlertmanagerError, AlertmanagerRejected, post_alerts, rollback_alert
+from specdeploy.analysis.headers import Headers, InvalidHeaders, http_headers
+from specdeploy.analysis.prometheus import PrometheusClient, PrometheusRefused
+
+PASSWORD = "hunter2-Zq9"
+AUTHORIZATION = "Basic " + base64.b64encode(f"specdeploy:{PASSWORD}".encode()).decode()
+SOURCE = "Secret team-a/monitoring-auth"
+ALERT = rollback_alert("team-a", "llama", "AcceptanceBelowMinimum", "acceptance 0.3", "",
+                       datetime(2026, 3, 1, tzinfo=UTC))
+
+
+def _assert_hidden(text: str) -> None:
+    for secret in (PASSWORD, AUTHORIZATION, AUTHORIZATION.split()[1]):
+        assert secret not in text, text
+
+
+def test_a_secrets_keys_become_headers_with_surrounding_whitespace_stripped() -> None:
+    headers = http_headers({"Authorization": f"{AUTHORIZATION}\n".encode(), "X-Scope-OrgID": b"team-a"}, SOURCE)
+    assert headers == {"Authorization": AUTHORIZATION, "X-Scope-OrgID": "team-a"}
+
+
+def test_headers_show_their_names_only(caplog: pytest.LogCaptureFixture) -> None:
+    headers = http_headers({"Authorization": AUTHORIZATION}, SOURCE)
+    logging.getLogger("specdeploy.test").warning("headers %s %r", headers, headers)
+    for text in (repr(headers), str(headers), f"{headers}", repr({"h": headers}), caplog.text):
+        _assert_hidden(text)
+        assert "Authorization" in text
+    assert isinstance(headers, Headers) and dict(headers) == {"Authorization": AUTHORIZATION}
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("Authorization", f"{AUTHORIZATION}\r\nX-Injected: 1", "printable ASCII on one line"),
+    ("Authorization", f"{AUTHORIZATION}\x00", "printable ASCII on one line"),
+    ("Authorization", f"Basic {PASSWORD}é", "printable ASCII on one line"),
+    ("Authorization", b"Basic \xff" + PASSWORD.encode(), "not UTF-8 text"),
+    ("Authorization", "", "printable ASCII on one line"),
+    ("Author ization", AUTHORIZATION, "is not an HTTP header name"),
+])
+def test_a_value_that_cannot_be_a_header_is_refused_without_showing_it(key: str, value: str | bytes,
+                                                                      message: str) -> None:
+    with pytest.raises(InvalidHeaders, match=message) as caught:
+        http_headers({key: value}, SOURCE)
+    text = str(caught.value)
+    assert text.startswith(SOURCE)
+    _assert_hidden(text)
+
+
+def test_the_alert_carries_the_headers() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200)
+
+    headers = http_headers({"Authorization": AUTHORIZATION}, SOURCE)
+    asyncio.run(post_alerts("http://am:9093", [ALERT], headers=headers, transport=httpx.MockTransport(handler)))
+    [request] = seen
+    assert request.headers["authorization"] == AUTHORIZATION
+
+
+@pytest.mark.parametrize("answer", [
+    httpx.Response(401, text="Unauthorized"),
+    httpx.Response(403, text="Forbidden"),
+    httpx.Response(500, text="internal error"),
+    httpx.ConnectError("connection refused"),
+    httpx.ReadTimeout("timed out"),
+])
+def test_an_alert_error_never_shows_the_headers(answer: httpx.Response | Exception) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    headers = http_headers({"Authorization": AUTHORIZATION}, SOURCE)
+    with pytest.raises(AlertmanagerError) as caught:
+        asyncio.run(post_alerts("http://am:9093", [ALERT], headers=headers, transport=httpx.MockTransport(handler)))
+    _assert_hidden(str(caught.value))
+    _assert_hidden(repr(caught.value))
+
+
+def test_refused_alert_headers_point_at_the_secret_reference() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, text="Unauthorized")
+
+    with pytest.raises(AlertmanagerRejected, match=r"HTTP 401.*check the headers in `spec.alerting.headersSecretRef`"):
+        asyncio.run(post_alerts("http://am:9093", [ALERT], transport=httpx.MockTransport(handler)))
+
+
+def test_refused_prometheus_headers_name_the_secret_they_came_from() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers["authorization"] == AUTHORIZATION
+        return httpx.Response(401, text="Unauthorized")
+
+    async def query() -> None:
+        headers = http_headers({"Authorization": AUTHORIZATION}, SOURCE)
+        async with PrometheusClient("http://prom:9090", headers=headers, headers_from=SOURCE,
+                                    transport=httpx.MockTransport(handler)) as client:
+            _assert_hidden(repr(client))
+            await client.query("up")
+
+    with pytest.raises(PrometheusRefused, match=f"HTTP 401.*check the headers in {SOURCE}") as caught:
+        asyncio.run(query())
+    _assert_hidden(str(caught.value))
