@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
 from pydantic import ValidationError
 
 from specdeploy.analysis import evidence
 from specdeploy.analysis.alerts import AlertmanagerError, post_alerts, rollback_alert
+from specdeploy.analysis.headers import InvalidHeaders
 from specdeploy.analysis.metrics import OperatorMetrics
 from specdeploy.analysis.oom import out_of_memory
 from specdeploy.analysis.samples import DeploymentSample
@@ -158,14 +160,23 @@ class Reconciler:
         if speculation is None or record is None:
             return
         url = resource.spec.alerting.alertmanager_url or self.alertmanager_url
+        secret = resource.spec.alerting.headers_secret_ref
         started = evidence.parse_rfc3339(record.at)
 
         async def alert(ends_at: datetime.datetime | None) -> bool:
             if not url:
                 return True
             try:
+                headers = await kube.secret_headers(self.client, namespace, secret) if secret else None
+            except (ApiError, InvalidHeaders) as error:   # neither message holds a value
+                reason = error.status.message if isinstance(error, ApiError) else str(error)
+                logger.warning("%s/%s: cannot read Secret %s/%s for the Alertmanager headers "
+                               "(`spec.alerting.headersSecretRef`): %s; the alert is retried next cycle",
+                               namespace, name, namespace, secret, reason)
+                return False
+            try:
                 await post_alerts(url, [rollback_alert(namespace, name, record.reason, record.evidence, "",
-                                                       started, ends_at)])
+                                                       started, ends_at)], headers=headers)
             except AlertmanagerError as error:
                 logger.warning("%s/%s: could not send the rollback alert to %s: %s", namespace, name, url, error)
                 return False
