@@ -93,13 +93,16 @@ class PrometheusClient:
 
     base_url: e.g. http://prometheus.monitoring:9090 (a path prefix such as …/prometheus is kept).
     headers: sent with every request (e.g. Authorization); never logged.
+    headers_from: where the headers came from (e.g. "Secret team-a/prometheus-auth"), named when
+        Prometheus refuses them.
     timeout: seconds for connecting, the whole request, and Prometheus' own evaluation (`timeout=`).
     transport: for tests (httpx.MockTransport).
     """
 
     def __init__(self, base_url: str, headers: Mapping[str, str] | None = None, timeout: float = 10.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, headers_from: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.headers_from = headers_from
         self.timeout = timeout
         self._client = httpx.AsyncClient(headers=dict(headers or {}), timeout=httpx.Timeout(timeout),
                                          transport=transport)
@@ -133,7 +136,7 @@ class PrometheusClient:
             raise PrometheusUnavailable(
                 f"cannot reach Prometheus at {self.base_url}: {type(exc).__name__}: {_short(str(exc))}"
             ) from exc
-        return _vector(self.base_url, response)
+        return _vector(self.base_url, response, self.headers_from)
 
 
 def _envelope_error(response: httpx.Response) -> str:
@@ -147,7 +150,7 @@ def _envelope_error(response: httpx.Response) -> str:
     return _short(response.text)
 
 
-def _vector(base_url: str, response: httpx.Response) -> list[Sample]:
+def _vector(base_url: str, response: httpx.Response, headers_from: str | None = None) -> list[Sample]:
     code = response.status_code
     if code >= 400:
         detail = _envelope_error(response)
@@ -156,7 +159,7 @@ def _vector(base_url: str, response: httpx.Response) -> list[Sample]:
         if code >= 500 or code == 429:
             raise PrometheusUnavailable(f"Prometheus at {base_url} failed (HTTP {code}): {detail}")
         hint = "check `spec.analysis.prometheus.url`" if code == 404 else \
-            "check the headers in `spec.analysis.prometheus.headersSecretRef`"
+            f"check the headers in {headers_from or '`spec.analysis.prometheus.headersSecretRef`'}"
         raise PrometheusRefused(f"Prometheus at {base_url} refused the query (HTTP {code}): {detail}; {hint}")
     try:
         body: Any = response.json()

@@ -16,6 +16,7 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 
 from specdeploy.analysis import evidence
+from specdeploy.analysis.headers import InvalidHeaders
 from specdeploy.analysis.prometheus import PrometheusClient, query_all
 from specdeploy.analysis.queries import query_group
 from specdeploy.analysis.samples import Samples
@@ -80,14 +81,15 @@ async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], defaul
         if source is not None:
             by_source[source].append(resource)
     for source, members in by_source.items():
-        headers = None
+        headers, headers_from = None, None
         if source.headers_secret:
+            headers_from = f"Secret {source.namespace}/{source.headers_secret} (`spec.analysis.prometheus.headersSecretRef`)"
             try:
                 headers = await kube.secret_headers(reconciler.client, source.namespace, source.headers_secret)
-            except ApiError as error:
-                logger.warning("cannot read Secret %s/%s for Prometheus headers: %s", source.namespace,
-                               source.headers_secret, error.status.message)
-        async with PrometheusClient(source.url, headers=headers) as prometheus:
+            except (ApiError, InvalidHeaders) as error:   # neither message holds a value
+                logger.warning("cannot read %s for Prometheus headers: %s", headers_from,
+                               error.status.message if isinstance(error, ApiError) else error)
+        async with PrometheusClient(source.url, headers=headers, headers_from=headers_from) as prometheus:
             samples = await query_all(prometheus, {query_group(r.spec) for r in members}, at=now)
         reconciler.metrics.queries(samples.query_seconds)
 

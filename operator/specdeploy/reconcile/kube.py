@@ -23,6 +23,7 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Event, Pod, Secret
 from lightkube.types import PatchType
 
+from specdeploy.analysis.headers import Headers, http_headers
 from specdeploy.api.resource import GROUP, KIND, PLURAL, VERSION
 from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT, Children, Variant
 from specdeploy.reconcile.conditions import Event as SdEvent
@@ -159,10 +160,12 @@ async def speculative_pods(client: AsyncClient, namespace: str, name: str) -> li
     return [pod.to_dict() async for pod in client.list(Pod, namespace=namespace, labels=labels)]
 
 
-async def secret_headers(client: AsyncClient, namespace: str, name: str) -> dict[str, str]:
-    """HTTP headers from a Secret: each key a header name, each value its value. Never logged."""
+async def secret_headers(client: AsyncClient, namespace: str, name: str) -> Headers:
+    """HTTP headers from a Secret: each key a header name, each value its value. Never logged; raises
+    ApiError, or InvalidHeaders naming the key of a value that cannot be a header."""
     secret = await client.get(Secret, name, namespace=namespace)
-    return {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+    data = {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
+    return http_headers(data, f"Secret {namespace}/{name}")
 
 
 async def post_event(client: AsyncClient, body: dict[str, Any], event: SdEvent, name: str | None = None) -> bool:
