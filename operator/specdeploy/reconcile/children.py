@@ -19,6 +19,7 @@ from specdeploy.engines import CONFIG_MOUNT_PATH, EngineCommand, EngineInputs, i
 from specdeploy.engines.base import uses_launcher
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import Plan
+from specdeploy.reconcile import podsecurity
 
 LABEL_NAME = "specdeploy.io/name"
 LABEL_VARIANT = "specdeploy.io/variant"
@@ -142,16 +143,17 @@ def _deployment(
         "name": "engine",
         "image": image,
         **argv,
-        "env": [{"name": k, "value": v} for k, v in command.env],   # the engine's own, then spec.engine.env
+        "env": podsecurity.writable_env(command.env),   # the engine's own, then spec.engine.env
         "ports": [{"name": "http", "containerPort": command.port, "protocol": "TCP"}],
         "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
         **command.probes(),
         "volumeMounts": [
             {"name": "engine-config", "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            *podsecurity.writable_mounts(),
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": podsecurity.container_security_context(),
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
@@ -163,7 +165,13 @@ def _deployment(
                 "items": [{"key": _config_key(variant, f), "path": f} for f in sorted(files)],
             }},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            *podsecurity.writable_volumes(),
         ],
+        "securityContext": podsecurity.pod_security_context(),
+        # Engines call no Kubernetes API; and Service links would put e.g. VLLM_PORT=tcp://… (from a
+        # Service named vllm) into the environment, which vLLM reads as its own setting.
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 60,
     }
     return {

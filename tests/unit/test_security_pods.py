@@ -1,0 +1,124 @@
+"""Engine pods and the chart's operator pod meet the Kubernetes "restricted" Pod Security Standard, run
+with a read-only root filesystem whose writable places are emptyDirs, and never carry the Prometheus or
+Alertmanager credentials."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specdeploy.api.resource import SpeculativeDeployment, load_resource
+from specdeploy.api.spec import EnvVar
+from specdeploy.planning.plan import make_plan
+from specdeploy.reconcile.children import desired_children
+from specdeploy.reconcile.podsecurity import WRITABLE_ENV
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ENGINE_EXAMPLES = ["llama-70b-fp8-tp2.yaml", "sglang-llama-8b-eagle3.yaml", "trtllm-llama-8b-eagle3.yaml"]
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """What in `pod` (a PodSpec) breaks the restricted Pod Security Standard, or needs a writable root."""
+    problems = []
+    pod_context = pod.get("securityContext") or {}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            problems.append(f"pod {key}")
+    problems += [f"volume {v['name']} is a hostPath" for v in pod.get("volumes") or [] if "hostPath" in v]
+    if (pod_context.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        problems.append("pod seccompProfile is not RuntimeDefault")
+    for container in pod["containers"] + pod.get("initContainers", []):
+        context = {**pod_context, **(container.get("securityContext") or {})}
+        name = container["name"]
+        if context.get("runAsNonRoot") is not True or context.get("runAsUser", 1) == 0:
+            problems.append(f"{name} may run as root")
+        if context.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name} may escalate privileges")
+        if context.get("privileged"):
+            problems.append(f"{name} is privileged")
+        capabilities = context.get("capabilities") or {}
+        if capabilities.get("drop") != ["ALL"] or capabilities.get("add"):
+            problems.append(f"{name} keeps capabilities: {capabilities}")
+        if context.get("readOnlyRootFilesystem") is not True:
+            problems.append(f"{name} has a writable root filesystem")
+    return problems
+
+
+def _writable_mounts(pod: dict[str, Any], container: dict[str, Any]) -> list[str]:
+    empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+    return [m["mountPath"] for m in container["volumeMounts"] if m["name"] in empty_dirs and not m.get("readOnly")]
+
+
+def _on_a_writable_mount(path: str, mounts: list[str]) -> bool:
+    return any(posixpath.commonpath([path, mount]) == mount for mount in mounts)
+
+
+def _pods(resource: SpeculativeDeployment) -> list[dict[str, Any]]:
+    children = desired_children(resource, make_plan(resource.spec))
+    return [deployment["spec"]["template"]["spec"] for deployment in children.deployments.values()]
+
+
+@pytest.mark.parametrize("example", ENGINE_EXAMPLES)
+def test_engine_pods_are_restricted_with_a_read_only_root(example: str) -> None:
+    resource = load_resource((EXAMPLES / example).read_text())
+    pods = _pods(resource)
+    assert len(pods) == 2    # speculative and control
+    for pod in pods:
+        assert restricted_violations(pod) == []
+        assert pod["securityContext"]["runAsUser"] > 0 and pod["securityContext"]["runAsGroup"] > 0
+        assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+
+
+@pytest.mark.parametrize("example", ENGINE_EXAMPLES)
+def test_every_directory_an_engine_writes_is_a_writable_empty_dir(example: str) -> None:
+    resource = load_resource((EXAMPLES / example).read_text())
+    for pod in _pods(resource):
+        [container] = pod["containers"]
+        mounts = _writable_mounts(pod, container)
+        env = {e["name"]: e["value"] for e in container["env"]}
+        for variable in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "HF_HOME"):
+            assert _on_a_writable_mount(env[variable], mounts), (variable, env[variable], mounts)
+        assert env["USER"]                               # TorchInductor's getpass.getuser() without a passwd entry
+        assert {"/tmp", "/dev/shm"} <= set(mounts)
+        config = next(m for m in container["volumeMounts"] if m["name"] == "engine-config")
+        assert config["readOnly"] is True
+
+
+def test_the_users_engine_env_wins_and_each_name_appears_once() -> None:
+    resource = load_resource((EXAMPLES / "llama-8b-ngram.yaml").read_text())
+    resource.spec.engine.env = [EnvVar(name="HF_HOME", value="/models/hf"), EnvVar(name="A", value="1")]
+    for pod in _pods(resource):
+        env = [(e["name"], e["value"]) for e in pod["containers"][0]["env"]]
+        names = [name for name, _ in env]
+        assert len(names) == len(set(names))
+        assert ("HF_HOME", "/models/hf") in env and ("A", "1") in env
+        assert {name for name, _ in WRITABLE_ENV} <= set(names)
+
+
+def test_engine_pods_never_carry_the_monitoring_credentials() -> None:
+    text = (EXAMPLES / "llama-8b-ngram.yaml").read_text()
+    resource = load_resource(text)
+    resource.spec.analysis.prometheus.headers_secret_ref = "prometheus-auth-7f3a"
+    resource.spec.alerting.headers_secret_ref = "alertmanager-auth-9c1e"
+    children = desired_children(resource, make_plan(resource.spec))
+    rendered = json.dumps(children.all())
+    assert "prometheus-auth-7f3a" not in rendered and "alertmanager-auth-9c1e" not in rendered
+    for deployment in children.deployments.values():
+        pod = deployment["spec"]["template"]["spec"]
+        assert not any("secret" in volume for volume in pod["volumes"])
+        for container in pod["containers"]:
+            assert "envFrom" not in container
+            assert all("valueFrom" not in variable for variable in container["env"])
+
+
+def test_the_charts_operator_pod_is_restricted_with_a_read_only_root() -> None:
+    from test_chart import _one, _render
+
+    pod = _one(_render(), "Deployment")["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    [container] = pod["containers"]
+    assert "/tmp" in _writable_mounts(pod, container)
