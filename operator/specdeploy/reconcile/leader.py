@@ -102,7 +102,11 @@ class LeaderElection:
         logger.info("acquired lease %s/%s as %s", self.namespace, self.name, self.identity)
 
     async def keep(self, on_lost: Callable[[], None]) -> None:
-        """Renew until cancelled; call `on_lost` when the lease cannot be renewed in time."""
+        """Renew until cancelled; call `on_lost` when the lease cannot be renewed in time.
+
+        An apiserver that is unreachable (restarting) for less than `lease_seconds - renew_seconds` since
+        the last renewal is ridden out; longer, and this process gives up before another could take over.
+        """
         last_renewed = _now()
         while True:
             await asyncio.sleep(self.renew_seconds)
@@ -111,7 +115,7 @@ class LeaderElection:
                     last_renewed = _now()
                     continue
                 logger.error("lease %s/%s taken by another operator", self.namespace, self.name)
-            except (ApiError, OSError) as error:
+            except Exception as error:  # an error answer, or none (lightkube's httpx flavour's transport errors)
                 logger.warning("could not renew lease %s/%s: %s", self.namespace, self.name, error)
                 if _now() - last_renewed < datetime.timedelta(seconds=self.lease_seconds - self.renew_seconds):
                     continue
@@ -125,5 +129,5 @@ class LeaderElection:
             if lease.spec is not None and lease.spec.holderIdentity == self.identity:
                 lease.spec.holderIdentity = ""
                 await self.client.replace(lease)
-        except ApiError as error:
+        except Exception as error:  # at shutdown, e.g. with the apiserver gone: the lease expires by itself
             logger.warning("could not release lease %s/%s: %s", self.namespace, self.name, error)
