@@ -17,6 +17,7 @@ import contextlib
 import functools
 import os
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -49,7 +50,7 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 MONITORING_COMPONENTS = ("prometheus", "alertmanager", "pod-runner")
 
 #: What `stop_component` can take away and `start_component` bring back (an outage, in a test).
-RESTARTABLE_COMPONENTS = ("prometheus", "alertmanager")
+RESTARTABLE_COMPONENTS = ("kube-apiserver", "prometheus", "alertmanager")
 
 
 #: Everything `up` creates inside the state directory (and `down` removes).
@@ -312,17 +313,23 @@ class DevCluster:
         httpx.post(f"{self.prometheus_url}/-/reload", timeout=10).raise_for_status()
         return path
 
-    def stop_component(self, name: str) -> None:
-        """Stop one of `RESTARTABLE_COMPONENTS` (SIGTERM, SIGKILL after 10 s), as an outage would.
+    def stop_component(self, name: str, crash: bool = False) -> None:
+        """Stop one of `RESTARTABLE_COMPONENTS` as an outage would: SIGTERM (SIGKILL after 10 s), or with
+        `crash` SIGKILL at once (kill -9: no shutdown, a Prometheus WAL left to replay).
 
-        Its data directory stays, so `start_component` brings it back with what it had stored. While a
-        component is stopped `running()` is False, and `up` would replace the whole cluster.
+        Its data directory stays, so `start_component` brings it back with what it had stored (the
+        kube-apiserver keeps everything in etcd, which keeps running). While a component is stopped
+        `running()` is False, and `up` would replace the whole cluster.
         """
         record = self._restartable(name)
+        if crash and processes.alive(record.pid) and processes.start_ticks(record.pid) == record.started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(record.pid, signal.SIGKILL)
         processes.stop(record.pid, started=record.started)
 
     def start_component(self, name: str, timeout: float = 60.0) -> None:
-        """Start a component `stop_component` stopped: same port, config and data; returns once it is ready.
+        """Start a component `stop_component` stopped: same port, config and data; returns once it is ready
+        (the kube-apiserver: /readyz).
 
         A component that is running is left as it is.
         """
@@ -331,17 +338,26 @@ class DevCluster:
         if processes.alive(record.pid) and processes.start_ticks(record.pid) == record.started:
             return
         port = int(record.address.rsplit(":", 1)[1])
+        deadline = time.monotonic() + timeout
+        if name == "kube-apiserver":
+            etcd_url = state.components["etcd"].address
+            started = self._launch(state, name, self._apiserver_argv(self.binaries["kube-apiserver"], etcd_url, port,
+                                                                     self.pki), record.address)
+            with _admin_client(self.pki, record.address) as api:
+                self._await(started, lambda: api.get("/readyz").status_code == 200, deadline, "kube-apiserver /readyz")
+            return
         paths = self.monitoring_paths
         argv = (monitoring.prometheus_argv(paths, port) if name == "prometheus"
                 else monitoring.alertmanager_argv(paths, port))
         started = self._launch(state, name, argv, record.address)
-        self._await(started, functools.partial(_answers, f"{record.address}/-/ready"), time.monotonic() + timeout,
+        self._await(started, functools.partial(_answers, f"{record.address}/-/ready"), deadline,
                     f"{record.address}/-/ready")
 
     def _restartable(self, name: str, state: ClusterState | None = None) -> ComponentRecord:
         if name not in RESTARTABLE_COMPONENTS:
             raise ValueError(f"component must be one of {', '.join(RESTARTABLE_COMPONENTS)}, got {name!r}")
-        self._require_monitoring()
+        if name != "kube-apiserver":
+            self._require_monitoring()
         record = (state or self._state()).components.get(name)
         if record is None:
             raise ClusterNotRunning(f"the dev cluster in {self.state_dir} has no {name}")
