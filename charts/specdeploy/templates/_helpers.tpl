@@ -90,7 +90,8 @@ Server-side apply of a child that does not exist yet is a create, so apply needs
   resources: [events]
   verbs: [create]
 {{- if .Values.rbac.readSecrets }}
-# Prometheus headers from spec.analysis.prometheus.headersSecretRef.
+# Prometheus and Alertmanager headers from spec.analysis.prometheus.headersSecretRef and
+# spec.alerting.headersSecretRef.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
