@@ -122,3 +122,58 @@ def test_the_charts_operator_pod_is_restricted_with_a_read_only_root() -> None:
     assert restricted_violations(pod) == []
     [container] = pod["containers"]
     assert "/tmp" in _writable_mounts(pod, container)
+
+
+# --- RBAC: exactly the calls the code makes ----------------------------------------------------------
+
+#: Calls kopf makes for the handlers (reconcile/handlers.py's @kopf.on.* watch these) and CRD discovery.
+KOPF_CALLS = {("specdeploy.io", "speculativedeployments", v) for v in ("list", "watch", "patch")} | {
+    ("apps", "deployments", "list"), ("apps", "deployments", "watch"), ("", "pods", "list"), ("", "pods", "watch"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+}
+#: Server-side apply is a create when the object is missing and a patch otherwise; replace is an update.
+_VERBS = {"get": ("get",), "list": ("list",), "watch": ("watch",), "create": ("create",), "patch": ("patch",),
+          "delete": ("delete",), "replace": ("update",), "apply": ("create", "patch")}
+
+
+def _lightkube_calls() -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of every `client.<verb>(Resource, …)` in operator/specdeploy/reconcile; applied
+    manifests count by the kinds desired_children renders."""
+    import ast
+    import importlib
+
+    from lightkube.resources.coordination_v1 import Lease
+    from lightkube.resources.core_v1 import ConfigMap, Service
+
+    from specdeploy.reconcile import kube
+
+    calls = set()
+    package = Path(kube.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        module = importlib.import_module(f"specdeploy.reconcile.{path.stem}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in _VERBS and ast.unparse(node.func.value).endswith("client") and node.args):
+                continue
+            if node.func.attr == "apply":
+                kinds = [kube.Deployment, ConfigMap, Service, kube.PodMonitor]
+            else:
+                target = node.args[0]   # a resource class, an object built in place, or the Lease leader.py got
+                name = ast.unparse(target.func if isinstance(target, ast.Call) else target)
+                kinds = [{**vars(module), "lease": Lease}[name] if "." not in name else eval(name, vars(module))]
+            for kind in kinds:
+                info = kind._api_info
+                resource = info.plural + (f"/{info.action}" if info.action else "")   # e.g. .Status
+                calls |= {(info.resource.group, resource, verb) for verb in _VERBS[node.func.attr]}
+    return calls
+
+
+def test_the_charts_rbac_is_exactly_the_calls_the_code_makes() -> None:
+    from test_chart import CLUSTER_READS, LEASE_CALLS, OPERATOR_CALLS
+
+    admission = {("specdeploy.io", "speculativedeployments/finalizers", "update")}  # OwnerReferencesPermissionEnforcement
+    used = _lightkube_calls() | KOPF_CALLS
+    assert used | admission == OPERATOR_CALLS | CLUSTER_READS | LEASE_CALLS | admission, (
+        f"granted, unused: {sorted((OPERATOR_CALLS | CLUSTER_READS | LEASE_CALLS) - used)}; "
+        f"used, not granted: {sorted(used - OPERATOR_CALLS - CLUSTER_READS - LEASE_CALLS)}")
