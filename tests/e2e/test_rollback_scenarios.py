@@ -237,3 +237,86 @@ def test_acceptance_collapse_rolls_back_on_sglang_and_tensorrt_llm(
             dev_cluster, "configmap", f"{NAME}-engine", namespace=namespace)["data"]["speculative.trtllm.yaml"], 30,
             "TensorRT-LLM's YAML without speculative_config")
         assert "speculative_config" not in config["control.trtllm.yaml"]
+
+
+#: The load-regression scenario's SD: a 1B draft model proposing 8 tokens for Llama-3.1-8B at acceptance 0.5
+#: pays at low load and, as batches grow, makes each step verify 9 tokens per sequence until the GPU is
+#: compute bound and the speculative pods fall behind (on the simulator's virtual clock, docs/simulator.md:
+#: P99 time per output token 0.81× the control's at 8 requests/s per pod, 1.78× at 96). The simulators run
+#: 16× slower than real time (SPECDEPLOY_SIM_OPTIONS, read by the pod runner as the engine image's launcher
+#: reads it), so 96 requests/s per pod are 6 on this machine; whole answers (no streaming) keep the client
+#: cheap. The latency ratios that are not under test are loose, so the one that breaks is per-token latency.
+LOAD_NAME = "llama-draft"
+LOAD_SD = """
+apiVersion: specdeploy.io/v1alpha1
+kind: SpeculativeDeployment
+metadata: {name: llama-draft}
+spec:
+  replicas: 1
+  engine:
+    env: [{name: SPECDEPLOY_SIM_OPTIONS, value: "--time-scale 16"}]
+  model: {name: meta-llama/Llama-3.1-8B-Instruct}
+  speculation: {method: draft_model, draft: {name: meta-llama/Llama-3.2-1B-Instruct}, numSpeculativeTokens: 8}
+  resources: {gpu: {product: H100-80GB, count: 1}}
+  serving: {maxModelLen: 2048, maxNumSeqs: 128}
+  analysis:
+    interval: 5s
+    window: 30s
+    minRequests: 10
+    failureLimit: 2
+    baseline: {mode: Control, controlReplicas: 1}
+    checks: {minAcceptanceRate: 0.2, maxP99InterTokenLatencyRatio: 1.3, maxP99E2ELatencyRatio: 20.0,
+             maxP99TimeToFirstTokenRatio: 20.0}
+"""
+
+
+def _load_traffic(cluster: DevCluster, sd: str, qps: float) -> Traffic:
+    """Whole-answer traffic at temperature 0 (the acceptance knob is then the measured rate), one long chunk."""
+    return Traffic(cluster, sd, qps=qps, duration=600, chunk_seconds=600, prompt_tokens="64-128",
+                   output_tokens="32-96", temperature="0", stream=False).start()
+
+
+def test_rising_load_rolls_back_on_per_token_latency_and_low_load_keeps_speculating(
+    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
+) -> None:
+    analysing_operator()
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=LOAD_SD)
+    sd = f"{namespace}/{LOAD_NAME}"
+    wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 90,
+             "both variants' simulators")
+    assert all(result.ok for result in sim_admin(dev_cluster, sd, "speculative", {"acceptance": 0.5}))
+
+    def load_sd() -> dict[str, Any]:
+        return get_json(dev_cluster, "sd", LOAD_NAME, namespace=namespace)
+
+    # Low load (0.5 requests/s per pod, 8 at the simulators' clock): four healthy samples, speculating.
+    healthy: dict[str, float] = {}     # lastSampleAt -> P99 per-token latency, speculative ÷ control
+    low = _load_traffic(dev_cluster, sd, qps=1.0)
+    try:
+        def four_healthy() -> bool:
+            obj = load_sd()
+            assert not _rolled_back(obj), obj["status"]["speculation"]
+            analysis = _analysis(obj)
+            if analysis.get("verdict") == "Healthy":
+                healthy[analysis["lastSampleAt"]] = (analysis["p99InterTokenLatencySeconds"]
+                                                     / analysis["baselineP99InterTokenLatencySeconds"])
+            return len(healthy) >= 4
+
+        wait_for(four_healthy, 180, "four healthy samples at low load", interval=1.0)
+    finally:
+        low.stop()
+    assert max(healthy.values()) < 1.3, healthy
+    assert load_sd()["status"]["speculation"]["active"] is True
+
+    # High load (6 requests/s per pod, 96 at the simulators' clock): the speculative pod falls behind.
+    high = _load_traffic(dev_cluster, sd, qps=12.0)
+    try:
+        obj = wait_for_object(dev_cluster, ["sd", LOAD_NAME], _rolled_back, 300, "the rollback under high load",
+                              namespace=namespace)
+    finally:
+        high.stop()
+    record = obj["status"]["speculation"]["lastRollback"]
+    assert record["reason"] == "InterTokenLatencyRegressed", record
+    assert "above maxP99InterTokenLatencyRatio 1.3" in record["evidence"]
+    wait_for(lambda: "--speculative-config" not in get_json(dev_cluster, "deployment", LOAD_NAME, namespace=namespace)
+             ["spec"]["template"]["spec"]["containers"][0]["args"], 30, "the Deployment without speculation")

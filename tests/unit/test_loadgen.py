@@ -8,6 +8,7 @@ import json
 import math
 import random
 import statistics
+import threading
 
 import pytest
 from hypothesis import given
@@ -25,6 +26,7 @@ from specdeploy_engine.loadgen import (
     WorkloadError,
     main,
     parse_duration,
+    run_load,
     run_load_async,
 )
 from specdeploy_engine.loadgen.report import percentile
@@ -121,7 +123,8 @@ def test_report_percentiles_and_text() -> None:
     assert json.loads(json.dumps(report.to_dict()))["ttftSeconds"]["p99"] == pytest.approx(1.0)
 
 
-def test_a_run_against_two_simulators_spreads_the_load_and_measures_it() -> None:
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_run_against_two_simulators_spreads_the_load_and_measures_it(stream: bool) -> None:
     gpu = find_gpu("H100-80GB")
     assert gpu is not None
     argv = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama"]
@@ -138,7 +141,7 @@ def test_a_run_against_two_simulators_spreads_the_load_and_measures_it() -> None
             bases.append(f"http://{host}:{port}")
         try:
             return await run_load_async(bases, 20, 2.0, prompt_tokens="50-100", output_tokens=24,
-                                        temperature="0:1,1:1", drain_seconds=10)
+                                        temperature="0:1,1:1", drain_seconds=10, stream=stream)
         finally:
             for server, runner in zip(servers, runners, strict=True):
                 await server.stop(runner)
@@ -147,8 +150,12 @@ def test_a_run_against_two_simulators_spreads_the_load_and_measures_it() -> None
     assert report.failed == 0 and report.unfinished == 0 and report.ok == report.sent > 15
     assert sorted(report.by_target.values()) in ([report.sent // 2, report.sent - report.sent // 2],)
     assert report.output_tokens == 24 * report.ok
-    assert 0 < report.ttft.p50 < report.e2e.p50 < 2.0
-    assert report.tpot.p50 > 0 and report.itl.count > 0
+    if stream:
+        assert 0 < report.ttft.p50 < report.e2e.p50 < 2.0
+        assert report.tpot.p50 > 0 and report.itl.count > 0
+    else:  # whole answers: no first token nor chunk gaps to time, only end to end
+        assert 0 < report.e2e.p50 < 2.0 and report.e2e.count == report.ok
+        assert report.ttft.count == report.tpot.count == report.itl.count == 0
     assert report.duration < 2.0 + 10
 
 
@@ -173,3 +180,14 @@ def test_the_command_line_prints_a_report_and_fails_on_errors(capsys: pytest.Cap
 def test_an_unreachable_target_is_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--target", f"http://127.0.0.1:{free_port()}", "--qps", "1", "--duration", "1s"]) == 2
     assert "cannot ask the targets for their model" in capsys.readouterr().err
+
+
+def test_a_stop_event_ends_a_run_early_from_another_thread() -> None:
+    stop = threading.Event()
+    timer = threading.Timer(0.5, stop.set)
+    timer.start()
+    try:   # nothing listens there: each request fails at once, and without the stop the run would take 60 s
+        report = run_load([f"http://127.0.0.1:{free_port()}"], 20, 60.0, model="m", drain_seconds=60.0, stop=stop)
+    finally:
+        timer.cancel()
+    assert 0 < report.sent < 60 and report.duration < 10

@@ -107,6 +107,17 @@ def test_the_seed_is_stable_per_pod_and_differs_between_pods() -> None:
     assert engine.seed != second.seed and 0 <= engine.seed < 2**31
 
 
+def test_simulator_options_come_from_the_engine_containers_environment() -> None:
+    pod = _pod_from("llama-8b-ngram.yaml")
+    assert engine_pod(pod).simulator_options == ()  # type: ignore[union-attr]
+    pod["spec"]["containers"][0].setdefault("env", []).append(
+        {"name": "SPECDEPLOY_SIM_OPTIONS", "value": "--time-scale 8 --seed '7'"})
+    assert engine_pod(pod).simulator_options == ("--time-scale", "8", "--seed", "7")  # type: ignore[union-attr]
+    pod["spec"]["containers"][0]["env"][-1]["value"] = "--time-scale '8"
+    with pytest.raises(ValueError, match="quotation"):
+        engine_pod(pod).simulator_options  # type: ignore[union-attr]  # noqa: B018 - the property raises
+
+
 @given(st.lists(st.binary(max_size=120), max_size=200))
 def test_termination_message_is_at_most_80_lines_and_2048_bytes_of_the_end(lines: list[bytes]) -> None:
     log = b"\n".join(line.replace(b"\n", b" ") for line in lines)

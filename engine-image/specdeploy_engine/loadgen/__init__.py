@@ -17,6 +17,7 @@ import asyncio
 import json
 import re
 import sys
+import threading
 from collections.abc import Sequence
 
 import httpx
@@ -70,12 +71,15 @@ async def run_load_async(
     balance: str = "round-robin",
     seed: int = 0,
     drain_seconds: float = 60.0,
+    stream: bool = True,
+    stop: threading.Event | None = None,
 ) -> LoadReport:
     """`run_load` for callers already in an event loop."""
     workload = Workload(_schedule(qps), _lengths(prompt_tokens), _lengths(output_tokens), _temperatures(temperature))
     planned = workload.plan(duration, max_requests=max_requests, seed=seed)
     return await send_workload(targets, planned, duration=duration, model=model, chat=chat, balance=balance,
-                               seed=seed, drain_seconds=drain_seconds)
+                               seed=seed, drain_seconds=drain_seconds, stream=stream,
+                               stop=stop)
 
 
 def run_load(targets: Sequence[str], qps: float | str | QpsSchedule, duration: float, **options: object) -> LoadReport:
@@ -83,7 +87,8 @@ def run_load(targets: Sequence[str], qps: float | str | QpsSchedule, duration: f
     `duration` seconds and return what the client measured. Options: max_requests, prompt_tokens and
     output_tokens (Lengths or their text: "256", "100-300", "lognormal:220,0.6"), temperature ("0.7" or
     "0:0.5,1.0:0.5"), chat, model (default: discovered from /v1/models), balance ("round-robin" or
-    "random"), seed, drain_seconds (how long to wait for answers after `duration`)."""
+    "random"), seed, drain_seconds (how long to wait for answers after `duration`), stream (False: whole
+    answers, end-to-end latency only), stop (a threading.Event that ends the run early when set)."""
     return asyncio.run(run_load_async(targets, qps, duration, **options))  # type: ignore[arg-type]
 
 
@@ -110,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--chat", action="store_true", help="use /v1/chat/completions instead of /v1/completions")
     parser.add_argument("--model", help="model name to send (default: the first of each target's /v1/models)")
     parser.add_argument("--balance", choices=("round-robin", "random"), default="round-robin")
+    parser.add_argument("--no-stream", dest="stream", action="store_false",
+                        help="ask for whole answers (end-to-end latency only; far fewer client events per request)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--drain", type=parse_duration, default=60.0, help="wait this long for answers after --duration")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -124,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             options.target, options.qps, options.duration, max_requests=options.max_requests,
             prompt_tokens=options.prompt_tokens, output_tokens=options.output_tokens,
             temperature=options.temperature, chat=options.chat, model=options.model, balance=options.balance,
-            seed=options.seed, drain_seconds=options.drain,
+            seed=options.seed, drain_seconds=options.drain, stream=options.stream,
         )
     except (WorkloadError, ValueError) as error:
         print(f"specdeploy-load: {error}", file=sys.stderr)

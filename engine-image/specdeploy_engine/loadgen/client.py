@@ -5,7 +5,9 @@
 Open loop: each request leaves at its planned time whether or not earlier ones have answered (a closed
 loop would slow down with the server and hide its queueing). Targets are chosen round-robin or at random,
 as a Kubernetes Service spreads connections. Requests stream (`stream: true` with usage), so the client
-sees the first token and every chunk.
+sees the first token and every chunk; with `stream=False` each answer comes whole, so only the end-to-end
+latency is measured, and a high request rate costs the client one response per request instead of one
+event per token.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import itertools
 import json
 import random
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -41,11 +44,13 @@ async def discover_model(client: httpx.AsyncClient, target: str) -> str:
     return str(data[0]["id"])
 
 
-def _body(planned: PlannedRequest, model: str, chat: bool, rng: random.Random) -> dict[str, Any]:
+def _body(planned: PlannedRequest, model: str, chat: bool, stream: bool, rng: random.Random) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model, "max_tokens": planned.output_tokens, "temperature": planned.temperature,
-        "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+        "stream": stream, "ignore_eos": True,
     }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     text = prompt_text(planned.prompt_tokens, rng)
     if chat:
         body["messages"] = [{"role": "user", "content": text}]
@@ -65,16 +70,26 @@ def _chunk_text(chunk: dict[str, Any]) -> str:
 
 
 async def send_one(client: httpx.AsyncClient, target: str, model: str, planned: PlannedRequest, *, chat: bool,
-                   start: float, rng: random.Random) -> RequestRecord:
-    """One streamed request; never raises (failures are recorded)."""
+                   start: float, rng: random.Random, stream: bool = True) -> RequestRecord:
+    """One request, streamed or not; never raises (failures are recorded)."""
     record = RequestRecord(target=target, sent_at=time.monotonic() - start, prompt_tokens=planned.prompt_tokens,
                            max_tokens=planned.output_tokens, temperature=planned.temperature)
     path = "/v1/chat/completions" if chat else "/v1/completions"
     sent = time.monotonic()
     last: float | None = None
     words = 0
+    body = _body(planned, model, chat, stream, rng)
     try:
-        async with client.stream("POST", target + path, json=_body(planned, model, chat, rng)) as response:
+        if not stream:
+            response = await client.post(target + path, json=body)
+            record.status = response.status_code
+            if response.status_code != 200:
+                record.error = f"HTTP {response.status_code}: {response.text[:200]}"
+                return record
+            record.output_tokens = int((response.json().get("usage") or {}).get("completion_tokens") or 0)
+            record.e2e = time.monotonic() - sent
+            return record
+        async with client.stream("POST", target + path, json=body) as response:
             record.status = response.status_code
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:200]
@@ -118,9 +133,12 @@ async def send_workload(
     seed: int = 0,
     drain_seconds: float = 60.0,
     max_connections: int = 1000,
+    stream: bool = True,
+    stop: threading.Event | None = None,
 ) -> LoadReport:
     """Send `planned` (offsets in seconds) to `targets` and wait at most `drain_seconds` after `duration`
-    for the answers still streaming."""
+    for the answers still coming. Setting `stop` (from any thread) ends sending at the next request and
+    abandons the answers still coming."""
     if not targets:
         raise ValueError("at least one target URL is needed")
     if balance not in ("round-robin", "random"):
@@ -135,15 +153,18 @@ async def send_workload(
         start = time.monotonic()
         tasks: list[asyncio.Task[RequestRecord]] = []
         for item in planned:
-            if item.at >= duration:
+            if item.at >= duration or (stop is not None and stop.is_set()):
                 break
             delay = item.at - (time.monotonic() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
             base = next(cycle) if balance == "round-robin" else rng.choice(bases)
             tasks.append(asyncio.create_task(send_one(
-                client, base, models[base], item, chat=chat, start=start, rng=random.Random(rng.random()))))
+                client, base, models[base], item, chat=chat, start=start, rng=random.Random(rng.random()),
+                stream=stream)))
         remaining = max(0.0, duration - (time.monotonic() - start)) + drain_seconds
+        if stop is not None and stop.is_set():
+            remaining = 0.0
         done, pending = await asyncio.wait(tasks, timeout=remaining) if tasks else (set(), set())
         for task in pending:
             task.cancel()

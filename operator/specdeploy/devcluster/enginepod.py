@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,9 @@ LABEL_VARIANT = "specdeploy.io/variant"
 ENGINE_CONTAINER = "engine"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 FALLBACK_TO_LOGS = "FallbackToLogsOnError"
+#: Extra simulator options from the engine container's environment, shell-quoted ("--time-scale 8"): the
+#: engine image's launcher (specdeploy_engine.launch) reads the same variable.
+SIM_OPTIONS_ENV = "SPECDEPLOY_SIM_OPTIONS"
 
 #: Environment variables of the pod that would break the local Python running the simulator.
 _HOST_ENV = frozenset({"PATH", "HOME", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD"})
@@ -80,6 +84,11 @@ class EnginePod:
         """A seed stable for this pod (same namespace and name, same randomness), below 2**31."""
         digest = hashlib.sha256(f"{self.namespace}/{self.name}".encode()).hexdigest()
         return int(digest[:8], 16) & 0x7FFFFFFF
+
+    @property
+    def simulator_options(self) -> tuple[str, ...]:
+        """The container's SPECDEPLOY_SIM_OPTIONS, split as a shell would (ValueError on bad quoting)."""
+        return tuple(shlex.split(self.env.get(SIM_OPTIONS_ENV, "")))
 
     @property
     def target_name(self) -> str:

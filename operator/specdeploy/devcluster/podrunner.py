@@ -3,8 +3,9 @@
     python -m specdeploy.devcluster.podrunner --state-dir DIR     # `dev-cluster up --monitoring` starts it
 
 For every pod labelled `specdeploy.io/name` that kwok marks Running, it starts
-`python -m specdeploy_engine.sim --port P --seed S --config-dir D -- <the engine container's command + args>`
-with the pod's ConfigMap files in D, registers it as a Prometheus scrape target with the labels a
+`python -m specdeploy_engine.sim --seed S [$SPECDEPLOY_SIM_OPTIONS] --port P --config-dir D -- <the engine
+container's command + args>` with the pod's ConfigMap files in D (the container's SPECDEPLOY_SIM_OPTIONS, e.g.
+"--time-scale 8", as the engine image's launcher reads it), registers it as a Prometheus scrape target with the labels a
 PodMonitor gives, and lists it in ``<state>/podrunner/sims.json``. When the pod is deleted it stops the
 process and removes the target. When the process exits on its own it does what a kubelet does: writes
 the end into the pod's status (restartCount, lastState.terminated with exit code, reason and the log tail
@@ -403,8 +404,10 @@ class PodRunner:
 
     async def _spawn(self, engine: EnginePod, port: int, config_dir: Path,
                      log_path: Path) -> tuple[asyncio.subprocess.Process, int, datetime]:
-        argv = [self.python, "-m", self.simulator_module, "--host", "127.0.0.1", "--port", str(port),
-                "--seed", str(engine.seed), "--config-dir", str(config_dir)]
+        # The pod's own simulator options (e.g. --time-scale, --seed) first: where to listen and read the
+        # config files is the runner's to say, so its options come last and win.
+        argv = [self.python, "-m", self.simulator_module, "--seed", str(engine.seed), *engine.simulator_options,
+                "--host", "127.0.0.1", "--port", str(port), "--config-dir", str(config_dir)]
         if engine.gpu_product:
             argv += ["--gpu", engine.gpu_product]
         argv += ["--", *engine.argv]

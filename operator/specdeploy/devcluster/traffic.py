@@ -13,21 +13,24 @@ from dataclasses import dataclass, field
 
 from specdeploy.devcluster.cluster import DevCluster
 from specdeploy.devcluster.simadmin import NoSimulators, endpoints
-from specdeploy_engine.loadgen import run_load
+from specdeploy_engine.loadgen import DEFAULT_PROMPT, run_load
 from specdeploy_engine.loadgen.report import LoadReport, RequestRecord
 
 
 @dataclass
 class Traffic:
-    """Send `qps` requests/s to SD `sd` (NAMESPACE/NAME) until `duration` or `stop()`; bounded by both."""
+    """Send `qps` requests/s (or a schedule such as "0-60s:1,60-300s:12", restarted with each chunk) to
+    SD `sd` (NAMESPACE/NAME) until `duration` or `stop()`; bounded by both."""
 
     cluster: DevCluster
     sd: str
-    qps: float
+    qps: float | str
     duration: float
     chunk_seconds: float = 5.0
     output_tokens: str = "32-96"
+    prompt_tokens: str = DEFAULT_PROMPT
     temperature: str = "0.7"
+    stream: bool = True          # False: whole answers, so a high request rate stays cheap for the client
     on_chunk: Callable[[LoadReport], None] | None = None
     records: list[RequestRecord] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -46,7 +49,8 @@ class Traffic:
                 self._stop.wait(0.5)
                 continue
             report = run_load(targets, self.qps, min(self.chunk_seconds, left), output_tokens=self.output_tokens,
-                              temperature=self.temperature, seed=chunk, drain_seconds=10.0)
+                              prompt_tokens=self.prompt_tokens, temperature=self.temperature, seed=chunk,
+                              drain_seconds=10.0, stream=self.stream, stop=self._stop)
             chunk += 1
             self.records += report.records
             if self.on_chunk is not None:
