@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel
 
 from specdeploy.api.base import WireModel
-from specdeploy.api.names import MAX_NAME_LENGTH, name_rule_message
+from specdeploy.api.names import DNS_1035_LABEL, MAX_NAME_LENGTH, name_pattern_message, name_rule_message
 from specdeploy.api.resource import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import SpeculativeDeploymentStatus
@@ -142,6 +142,7 @@ def crd() -> dict[str, Any]:
         },
         "x-kubernetes-validations": [
             {"rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}", "message": name_rule_message()},
+            {"rule": f"self.metadata.name.matches('{DNS_1035_LABEL}')", "message": name_pattern_message()},
         ],
     }
     return {

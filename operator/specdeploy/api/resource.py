@@ -1,16 +1,20 @@
 """The whole SpeculativeDeployment object (apiVersion, kind, metadata, spec, status) and its loading.
 
 Loading turns YAML and validation errors into `InvalidResource` with the field path and a hint, so the
-CLI prints a sentence, never a traceback.
+CLI prints a sentence, never a traceback. It reads values as the apiserver does (a boolean or a string
+is not a number, 2.0 is the integer 2, a null field is absent), so a file `specdeploy plan` accepts is one
+the CRD accepts.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from specdeploy.api.names import name_problems
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import SpeculativeDeploymentStatus
 
@@ -47,6 +51,13 @@ class SpeculativeDeployment(BaseModel):
     spec: SpeculativeDeploymentSpec
     status: SpeculativeDeploymentStatus | None = None
 
+    @model_validator(mode="after")
+    def _check_name(self) -> Self:
+        problems = name_problems(self.metadata.name)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
 
 def _field_path(location: tuple[int | str, ...]) -> str:
     path = ""
@@ -72,6 +83,18 @@ def describe_validation_error(error: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def _as_decoded(value: Any) -> Any:
+    """`value` as the apiserver stores it: a null field is dropped (its default applies), a float with no
+    fraction is an integer."""
+    if isinstance(value, dict):
+        return {key: _as_decoded(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_as_decoded(item) for item in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def parse_resource(document: dict[str, Any]) -> SpeculativeDeployment:
     """A validated SpeculativeDeployment from a decoded YAML/JSON document."""
     if not isinstance(document, dict):
@@ -79,7 +102,7 @@ def parse_resource(document: dict[str, Any]) -> SpeculativeDeployment:
     if document.get("kind") != KIND:
         raise InvalidResource(f"expected kind {KIND}, got {document.get('kind')!r}")
     try:
-        return SpeculativeDeployment.model_validate(document)
+        return SpeculativeDeployment.model_validate_json(json.dumps(_as_decoded(document), default=str), strict=True)
     except ValidationError as error:
         raise InvalidResource(describe_validation_error(error)) from error
 

@@ -7,6 +7,7 @@ Field names are the contract of ../shared/DESIGN.md; the CRD schema is generated
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import Field
 
@@ -79,11 +80,22 @@ def _words(values: tuple[StrEnum, ...]) -> str:
     return ", ".join(names[:-1]) + " or " + names[-1]
 
 
+MAX_ENGINE_TEXT = 16384
+"""Characters of `extraArgs` and `env` together. The operator copies them into each Deployment, the engine
+ConfigMap (1 MiB at most) and kopf's last-handled annotation (256 KiB for all annotations, beside
+kubectl's last-applied copy of the whole object); a few hundred KiB would fail there, after the
+apiserver had accepted the object."""
+
+
 class EnvVar(WireModel):
     """An environment variable for the engine container."""
 
     name: str = Field(min_length=1, max_length=256, description="Variable name.")
-    value: str = Field("", max_length=32768, description="Variable value.")
+    value: str = Field("", max_length=MAX_ENGINE_TEXT, description="Variable value.")
+
+
+def _engine_text(engine: Engine) -> int:
+    return sum(len(a) for a in engine.extra_args) + sum(len(e.name) + len(e.value) for e in engine.env)
 
 
 class Engine(WireModel):
@@ -93,13 +105,24 @@ class Engine(WireModel):
     image: str | None = Field(
         None, max_length=512, description="Container image; a default per engine when empty."
     )
-    extra_args: list[str] = Field(
+    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list,
         max_length=128,
         description="Further engine arguments. Flags the operator manages (speculation, memory, "
         "parallelism) are refused here; set the matching spec field instead.",
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment.")
+
+    cel_rules = (
+        CelRule(
+            "self.extraArgs.map(a, a.size()).sum() + self.env.map(e, e.name.size() + e.value.size()).sum() "
+            f"<= {MAX_ENGINE_TEXT}",
+            f"`spec.engine.extraArgs` and `spec.engine.env` must together be at most {MAX_ENGINE_TEXT} characters: "
+            "the operator copies them into every Deployment and the engine ConfigMap; keep large configuration "
+            "in the image or a mounted file",
+            lambda e: _engine_text(e) <= MAX_ENGINE_TEXT,
+        ),
+    )
 
 
 class Architecture(WireModel):

@@ -18,6 +18,8 @@ _DURATION_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 # Kubernetes resource.Quantity suffixes (binary and decimal); a bare number means GiB here.
 QUANTITY_PATTERN = r"^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|K|k|M|G|T)?$"
+ZERO_QUANTITY_PATTERN = r"^0+([.]0+)?[A-Za-z]*$"
+QUANTITY_MESSAGE = "must be a memory size: a positive number of GiB or a quantity such as 80Gi or 81920Mi"
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|K|k|M|G|T)?$")
 _QUANTITY_BYTES = {
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
@@ -34,7 +36,7 @@ def parse_duration(value: Any) -> float:
         if value < 0 or not math.isfinite(value):
             raise ValueError(f"a duration must be a non-negative number of seconds, got {value!r}")
         return float(value)
-    if isinstance(value, str) and re.fullmatch(DURATION_PATTERN, value.strip()):
+    if isinstance(value, str) and re.fullmatch(DURATION_PATTERN, value):
         return sum(float(n) * _DURATION_UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(value))
     raise ValueError(f"expected a duration such as '30s', '5m' or '1h30m', got {value!r}")
 
@@ -54,19 +56,20 @@ def format_duration(seconds: float) -> str:
 def parse_gib(value: Any) -> float:
     """GiB in `value`: a number (GiB) or a Kubernetes quantity such as "80Gi", "81920Mi" or "85G"."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a memory size such as 80 or '80Gi', got {value!r}")
+        raise ValueError(f"{QUANTITY_MESSAGE}, got {value!r}")
     if isinstance(value, int | float):
-        if value < 0 or not math.isfinite(value):
-            raise ValueError(f"a memory size must be a non-negative number of GiB, got {value!r}")
+        if value <= 0 or not math.isfinite(value):
+            raise ValueError(f"{QUANTITY_MESSAGE}, got {value!r}")
         return float(value)
     if isinstance(value, str):
-        match = _QUANTITY.fullmatch(value.strip())
+        match = _QUANTITY.fullmatch(value)
         if match:
             number, suffix = match.groups()
-            if suffix is None:
-                return float(number)
-            return float(number) * _QUANTITY_BYTES[suffix] / GIB
-    raise ValueError(f"expected a memory size such as 80, '80Gi' or '81920Mi', got {value!r}")
+            gib = float(number) * (_QUANTITY_BYTES[suffix] / GIB if suffix else 1.0)
+            if gib <= 0:
+                raise ValueError(f"{QUANTITY_MESSAGE}, got {value!r}")
+            return gib
+    raise ValueError(f"{QUANTITY_MESSAGE}, got {value!r}")
 
 
 def format_gib(gib: float) -> int | str:
@@ -89,8 +92,9 @@ MemoryGiB = Annotated[
     WithJsonSchema({
         "x-kubernetes-int-or-string": True,
         "x-kubernetes-validations": [{
-            "rule": f"type(self) == int || self.matches('{QUANTITY_PATTERN}')",
-            "message": "must be a number of GiB or a quantity such as 80Gi or 81920Mi",
+            "rule": f"type(self) == int ? self > 0 : (self.matches('{QUANTITY_PATTERN}') "
+                    f"&& !self.matches('{ZERO_QUANTITY_PATTERN}'))",
+            "message": QUANTITY_MESSAGE,
         }],
     }),
 ]
