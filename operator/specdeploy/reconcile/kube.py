@@ -23,7 +23,7 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Event, Pod, Secret
 from lightkube.types import PatchType
 
-from specdeploy.analysis.headers import Headers, http_headers
+from specdeploy.analysis.headers import HEADERS_SECRET_LABEL, Headers, InvalidHeaders, http_headers
 from specdeploy.api.resource import GROUP, KIND, PLURAL, VERSION
 from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT, Children, Variant
 from specdeploy.reconcile.conditions import Event as SdEvent
@@ -145,13 +145,23 @@ async def prune_children(
 
 
 async def write_status(client: AsyncClient, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
-    """Merge-patch the status subresource to `new`; keys `old` had and `new` lacks are removed."""
+    """Merge-patch the status subresource to `new`; keys `old` had and `new` lacks are removed.
+
+    An SD deleted while it was being reconciled (during a rollback, say) has no status left to write:
+    that is logged, not raised; its children go with it (owner references), and the next trigger finds
+    it gone.
+    """
     patch: dict[str, Any] = {key: None for key in old if key not in new}
     patch.update(new)
-    await client.patch(
-        SpeculativeDeploymentResource.Status, name, {"status": patch}, namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )
+    try:
+        await client.patch(
+            SpeculativeDeploymentResource.Status, name, {"status": patch}, namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+    except ApiError as error:
+        if error.status.code != 404:
+            raise
+        logger.info("%s/%s was deleted; its status is not written", namespace, name)
 
 
 async def speculative_pods(client: AsyncClient, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -161,9 +171,16 @@ async def speculative_pods(client: AsyncClient, namespace: str, name: str) -> li
 
 
 async def secret_headers(client: AsyncClient, namespace: str, name: str) -> Headers:
-    """HTTP headers from a Secret: each key a header name, each value its value. Never logged; raises
-    ApiError, or InvalidHeaders naming the key of a value that cannot be a header."""
+    """HTTP headers from a Secret labelled `specdeploy.io/headers: "true"`: each key a header name, each
+    value its value. Never logged; raises ApiError, or InvalidHeaders for a Secret without the label or
+    naming the key of a value that cannot be a header."""
     secret = await client.get(Secret, name, namespace=namespace)
+    labels = (secret.metadata.labels if secret.metadata else None) or {}
+    if labels.get(HEADERS_SECRET_LABEL) != "true":
+        raise InvalidHeaders(
+            f"Secret {namespace}/{name} is not labelled {HEADERS_SECRET_LABEL}=true; the operator sends only "
+            f"Secrets labelled so as HTTP headers (`kubectl label secret -n {namespace} {name} "
+            f"{HEADERS_SECRET_LABEL}=true`)")
     data = {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
     return http_headers(data, f"Secret {namespace}/{name}")
 
