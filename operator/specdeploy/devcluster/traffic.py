@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import httpx
+
 from specdeploy.devcluster.cluster import DevCluster
 from specdeploy.devcluster.simadmin import NoSimulators, endpoints
 from specdeploy_engine.loadgen import DEFAULT_PROMPT, run_load
@@ -48,9 +50,13 @@ class Traffic:
             if not targets:
                 self._stop.wait(0.5)
                 continue
-            report = run_load(targets, self.qps, min(self.chunk_seconds, left), output_tokens=self.output_tokens,
-                              prompt_tokens=self.prompt_tokens, temperature=self.temperature, seed=chunk,
-                              drain_seconds=10.0, stream=self.stream, stop=self._stop)
+            try:
+                report = run_load(targets, self.qps, min(self.chunk_seconds, left), output_tokens=self.output_tokens,
+                                  prompt_tokens=self.prompt_tokens, temperature=self.temperature, seed=chunk,
+                                  drain_seconds=10.0, stream=self.stream, stop=self._stop)
+            except httpx.HTTPError:  # a target went away after it was listed (its pod rolled): list again
+                self._stop.wait(0.5)
+                continue
             chunk += 1
             self.records += report.records
             if self.on_chunk is not None:
