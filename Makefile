@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo plan test unit lint system-deps cluster-binaries clean
+.PHONY: venv demo plan test test-long unit lint system-deps cluster-binaries clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ unit: $(STAMP)
 
 test: $(STAMP) system-deps cluster-binaries lint
 	$(BIN)/pytest tests
+
+# The long fault runs: the operator SIGKILLed at 20 seeded random points of the rollback (about 25 minutes).
+test-long: $(STAMP) system-deps cluster-binaries
+	SPECDEPLOY_FAULT_RUNS=20 $(BIN)/pytest tests/e2e/test_faults.py
 
 clean:
 	rm -rf $(VENV)
