@@ -191,6 +191,7 @@ def test_install_then_reconcile_and_roll_back_as_the_charts_service_account(
     # Prometheus headers from a Secret: the analysis loop reads it every cycle.
     dev_cluster.kubectl("create", "secret", "generic", "prometheus-headers", "-n", watched,
                         "--from-literal=X-Scope-OrgID=team-a")
+    dev_cluster.kubectl("label", "secret", "prometheus-headers", "-n", watched, "specdeploy.io/headers=true")
     resource = yaml.safe_load(EXAMPLE.read_text())
     resource["spec"]["replicas"] = 1
     resource["spec"]["analysis"].setdefault("prometheus", {})["headersSecretRef"] = "prometheus-headers"

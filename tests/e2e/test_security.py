@@ -136,8 +136,10 @@ def _forms(password: str) -> list[str]:
             base64.b64encode(password.encode()).decode()]
 
 
-def _secret(cluster: DevCluster, namespace: str, name: str, authorization: str) -> None:
+def _secret(cluster: DevCluster, namespace: str, name: str, authorization: str, labelled: bool = True) -> None:
     cluster.kubectl("create", "secret", "generic", name, "-n", namespace, f"--from-literal=Authorization={authorization}")
+    if labelled:   # the operator sends only Secrets labelled for it
+        cluster.kubectl("label", "secret", name, "-n", namespace, "specdeploy.io/headers=true")
 
 
 def _scenario(prometheus_url: str, prometheus_secret: str, alertmanager_url: str, alertmanager_secret: str) -> str:
@@ -223,7 +225,7 @@ def test_credentials_reach_prometheus_and_alertmanager_and_nowhere_else(
     _assert_locked_down(dev_cluster, namespace)
 
 
-@pytest.mark.parametrize("secret", ["wrong-password", "missing"])
+@pytest.mark.parametrize("secret", ["wrong-password", "missing", "unlabelled"])
 def test_a_refused_secret_is_inconclusive_naming_the_secret_not_its_value(
     dev_cluster: DevCluster, namespace: str, operator_processes: Callable[..., Any], auth_monitoring: AuthMonitoring,
     secret: str
@@ -231,6 +233,9 @@ def test_a_refused_secret_is_inconclusive_naming_the_secret_not_its_value(
     wrong = f"wrong-{secrets.token_hex(8)}"
     if secret == "wrong-password":
         _secret(dev_cluster, namespace, "prometheus-auth", _authorization(wrong))
+    if secret == "unlabelled":   # the right password, in a Secret not labelled for the operator
+        _secret(dev_cluster, namespace, "prometheus-auth", _authorization(auth_monitoring.prometheus_password),
+                labelled=False)
     operator = operator_processes("operator", "--analysis-tick-seconds", "1")
     dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=_scenario(
         auth_monitoring.prometheus_url, "prometheus-auth", auth_monitoring.alertmanager_url, "alertmanager-auth"))
@@ -244,10 +249,13 @@ def test_a_refused_secret_is_inconclusive_naming_the_secret_not_its_value(
     obj = get_json(dev_cluster, "sd", NAME, namespace=namespace)
     condition = refused(obj)
     assert condition is not None and condition["status"] == "Unknown"
-    assert f"Secret {namespace}/prometheus-auth" in condition["message"] and "HTTP 401" in condition["message"]
+    assert f"Secret {namespace}/prometheus-auth" in condition["message"]
+    assert {"wrong-password": "HTTP 401", "missing": "not found",
+            "unlabelled": "is not labelled specdeploy.io/headers=true"}[secret] in condition["message"]
     assert _analysis(obj)["verdict"].startswith("Inconclusive")
     assert obj["status"]["speculation"]["active"] is True
     if secret == "missing":
         wait_for(lambda: f"cannot read Secret {namespace}/prometheus-auth" in operator.output(), 30,
                  "the warning about the missing Secret")
-    _assert_no_leak(_everything_readable(dev_cluster, namespace, operator.output()), wrong)
+    _assert_no_leak(_everything_readable(dev_cluster, namespace, operator.output()), wrong,
+                    auth_monitoring.prometheus_password)

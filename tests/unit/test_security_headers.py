@@ -114,3 +114,20 @@ def test_refused_prometheus_headers_name_the_secret_they_came_from() -> None:
     with pytest.raises(PrometheusRefused, match=f"HTTP 401.*check the headers in {SOURCE}") as caught:
         asyncio.run(query())
     _assert_hidden(str(caught.value))
+
+
+def test_headers_that_could_not_be_had_stop_every_query_before_it_is_sent() -> None:
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    async def query() -> None:
+        async with PrometheusClient("http://prom:9090", transport=httpx.MockTransport(handler),
+                                    unusable_headers=f"cannot read {SOURCE}: not labelled") as client:
+            await client.query("up")
+
+    with pytest.raises(PrometheusRefused, match=f"no query sent to Prometheus at http://prom:9090: cannot read {SOURCE}"):
+        asyncio.run(query())
+    assert sent == []   # without its tenant header a query could read another tenant's series

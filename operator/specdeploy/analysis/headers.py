@@ -16,6 +16,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+HEADERS_SECRET_LABEL = "specdeploy.io/headers"
+"""The label a Secret needs before the operator sends its keys as headers: naming a Secret in an SD is not
+enough, so whoever may create SDs but not read Secrets cannot have any Secret sent to a URL of theirs."""
+
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")       # RFC 9110 §5.6.2 field-name
 _VALUE = re.compile(r"^[\x21-\x7e]([\x20-\x7e\t]*[\x21-\x7e])?$")   # visible ASCII, inner spaces and tabs
 

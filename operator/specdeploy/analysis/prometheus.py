@@ -95,14 +95,19 @@ class PrometheusClient:
     headers: sent with every request (e.g. Authorization); never logged.
     headers_from: where the headers came from (e.g. "Secret team-a/prometheus-auth"), named when
         Prometheus refuses them.
+    unusable_headers: why the headers meant for this Prometheus could not be had; every query then fails
+        with PrometheusRefused saying so instead of going out without them (without a tenant header, a
+        Mimir or Thanos could answer with another tenant's series).
     timeout: seconds for connecting, the whole request, and Prometheus' own evaluation (`timeout=`).
     transport: for tests (httpx.MockTransport).
     """
 
     def __init__(self, base_url: str, headers: Mapping[str, str] | None = None, timeout: float = 10.0,
-                 transport: httpx.AsyncBaseTransport | None = None, headers_from: str | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, headers_from: str | None = None,
+                 unusable_headers: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.headers_from = headers_from
+        self.unusable_headers = unusable_headers
         self.timeout = timeout
         self._client = httpx.AsyncClient(headers=dict(headers or {}), timeout=httpx.Timeout(timeout),
                                          transport=transport)
@@ -122,6 +127,8 @@ class PrometheusClient:
 
     async def query(self, promql: str, at: float | None = None) -> list[Sample]:
         """The instant vector `promql` evaluates to, now or at Unix time `at`; raises PrometheusError."""
+        if self.unusable_headers is not None:
+            raise PrometheusRefused(f"no query sent to Prometheus at {self.base_url}: {self.unusable_headers}")
         form = {"query": promql, "timeout": _timeout_param(self.timeout)}
         if at is not None:
             form["time"] = f"{at:.3f}"

@@ -81,15 +81,17 @@ async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], defaul
         if source is not None:
             by_source[source].append(resource)
     for source, members in by_source.items():
-        headers, headers_from = None, None
+        headers, headers_from, unusable = None, None, None
         if source.headers_secret:
             headers_from = f"Secret {source.namespace}/{source.headers_secret} (`spec.analysis.prometheus.headersSecretRef`)"
             try:
                 headers = await kube.secret_headers(reconciler.client, source.namespace, source.headers_secret)
             except (ApiError, InvalidHeaders) as error:   # neither message holds a value
-                logger.warning("cannot read %s for Prometheus headers: %s", headers_from,
-                               error.status.message if isinstance(error, ApiError) else error)
-        async with PrometheusClient(source.url, headers=headers, headers_from=headers_from) as prometheus:
+                unusable = f"cannot read {headers_from}: " + (
+                    error.status.message if isinstance(error, ApiError) else str(error))
+                logger.warning("%s", unusable)
+        async with PrometheusClient(source.url, headers=headers, headers_from=headers_from,
+                                    unusable_headers=unusable) as prometheus:
             samples = await query_all(prometheus, {query_group(r.spec) for r in members}, at=now)
         reconciler.metrics.queries(samples.query_seconds)
 
