@@ -137,6 +137,9 @@ def _reconcile_offline(resource: SpeculativeDeployment) -> None:
         assert DNS_1035_LABEL.fullmatch(name), name
         size = len(json.dumps(manifest, ensure_ascii=False).encode())
         assert size < CONFIG_MAP_LIMIT, f"{manifest['kind']} {name} is {size} bytes"
+        for container in manifest.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            env = [variable["name"] for variable in container.get("env", [])]
+            assert len(env) == len(set(env)), f"{name}: env names twice (server-side apply refuses): {env}"
 
 
 @HOSTILE

@@ -122,6 +122,11 @@ class Engine(WireModel):
             "in the image or a mounted file",
             lambda e: _engine_text(e) <= MAX_ENGINE_TEXT,
         ),
+        CelRule(
+            "self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+            "`spec.engine.env` must not set a variable twice: a container's env is keyed by name",
+            lambda e: len({v.name for v in e.env}) == len(e.env),
+        ),
     )
 
 
