@@ -1,19 +1,21 @@
-"""Analysis cost: Prometheus queries per cycle, cycle time and detection latency, with 1, 100 and 1000 SDs.
+"""Analysis cost: Prometheus queries per cycle, cycle time, operator CPU and memory, and detection
+latency, with 1, 100 and 1000 SDs.
 
     python benchmarks/analysis.py [--counts 1,100,1000] [--cycles 3]
 
-Starts its own dev cluster with monitoring (Prometheus, Alertmanager, the pod runner), the operator as
-one process reading the dev Prometheus every analysis interval, and one SD whose two pods run engine
-simulators under steady traffic. Then:
+Starts its own dev cluster with monitoring (Prometheus, Alertmanager, the pod runner) and the operator
+as one process reading the dev Prometheus every analysis interval. At each count, in ascending order:
 
-1. Detection latency: with that one SD healthy (acceptance 0.8), acceptance is set to 0.3 on the
-   speculative simulators; the time until `status.speculation.active` is false is printed, measured
-   from the knob change and also to the rollback's own timestamp.
-2. Cost: more SDs are added (`replicas: 0`, baseline None: no pods, the same engine and window, so
-   they share the first SD's query group) until there are 1, 100, 1000; at each count, after every SD
-   has been sampled once, `--cycles` full cycles are timed from the operator's own /metrics
-   (`specdeploy_analysis_query_seconds_count`, `specdeploy_analysis_cycle_seconds`), and the queries
-   are also counted on Prometheus' side (`prometheus_http_requests_total{handler="/api/v1/query"}`).
+1. SDs are added until there are that many: idle ones (`replicas: 0`, baseline None: no pods, the same
+   engine and window, so they all share one query group) and one served SD whose two pods (Control
+   baseline) run engine simulators.
+2. Cost: after every SD has been sampled once, `--cycles` full cycles are timed one by one from the
+   operator's own /metrics (`specdeploy_analysis_query_seconds`, `specdeploy_analysis_cycle_seconds`),
+   the queries also counted on Prometheus' side (`prometheus_http_requests_total{handler="/api/v1/query"}`),
+   and the CPU of the operator, kube-apiserver and etcd over those cycles read from /proc.
+3. Detection latency: with the new served SD healthy under 4 QPS (acceptance 0.8), acceptance is set
+   to 0.3 on its speculative simulators; the time until `status.speculation.active` is false is
+   printed, measured from the knob change and also to the rollback's own timestamp.
 
 The analysis tick equals the SDs' interval, so every cycle finds every SD due and queries per cycle =
 Δqueries / Δcycles exactly.
@@ -22,9 +24,7 @@ The analysis tick equals the SDs' interval, so every cycle finds every SD due an
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
 import socket
 import subprocess
@@ -37,7 +37,9 @@ from typing import Any
 
 import httpx
 import yaml
+from process_usage import Mark, load_average, machine, percentile, rss_kib
 
+from specdeploy.api.resource import GROUP, PLURAL, VERSION
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.simadmin import endpoints, sim_admin
 from specdeploy.devcluster.traffic import Traffic
@@ -49,7 +51,9 @@ ANALYSIS = {
     "checks": {"minAcceptanceRate": 0.5, "maxP99InterTokenLatencyRatio": 2.0, "maxP99E2ELatencyRatio": 3.0,
                "maxP99TimeToFirstTokenRatio": 5.0},
 }
-SERVED = "served"
+TRAFFIC_QPS = 4
+WATCHED = ("kube-apiserver", "etcd")
+"""Cluster processes whose CPU is printed beside the operator's: the cost of its API calls."""
 
 
 def _sd(name: str, replicas: int, baseline: dict[str, Any]) -> dict[str, Any]:
@@ -98,9 +102,13 @@ class Counters:
         self.served = _metric_sum(prometheus, "prometheus_http_requests_total", 'handler="/api/v1/query"')
 
 
-def _sds(cluster: DevCluster) -> list[dict[str, Any]]:
-    listing = json.loads(cluster.kubectl("get", "sd", "-n", NAMESPACE, "-o", "json", timeout=300).stdout)
-    return list(listing["items"])
+def _sds(cluster: DevCluster, name: str = "") -> Any:
+    """The SDs (or SD `name`) as the apiserver's cache has them: over HTTP, not kubectl, which costs
+    more CPU than the operator on this machine."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}" + (f"/{name}" if name else "")
+    with cluster.api_client() as api:
+        answer = api.get(path, params={"resourceVersion": "0"}, timeout=120).raise_for_status().json()
+    return answer if name else answer["items"]
 
 
 def _sampled_after(item: dict[str, Any], moment: float) -> bool:
@@ -112,28 +120,27 @@ def _sampled_after(item: dict[str, Any], moment: float) -> bool:
     return bool(at) and datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp() >= moment
 
 
-def detection_latency(cluster: DevCluster) -> tuple[float, float, str]:
-    """Collapse acceptance on the served SD; (seconds to seen rolled back, seconds to lastRollback.at, reason)."""
-    sd = f"{NAMESPACE}/{SERVED}"
-    wait_for(lambda: endpoints(cluster, sd, "speculative") and endpoints(cluster, sd, "control"), 120,
+def detection_latency(cluster: DevCluster, served: str) -> tuple[float, float, str]:
+    """Collapse acceptance on SD `served`; (seconds to seen rolled back, seconds to lastRollback.at, reason)."""
+    sd = f"{NAMESPACE}/{served}"
+    wait_for(lambda: endpoints(cluster, sd, "speculative") and endpoints(cluster, sd, "control"), 300,
              "both variants' simulators")
     sim_admin(cluster, sd, "speculative", {"acceptance": 0.8})
-    traffic = Traffic(cluster, sd, qps=4, duration=300).start()
-    try:
-        def healthy() -> bool:
-            item = json.loads(cluster.kubectl("get", "sd", SERVED, "-n", NAMESPACE, "-o", "json").stdout)
-            return ((item.get("status") or {}).get("analysis") or {}).get("verdict") == "Healthy"
+    traffic = Traffic(cluster, sd, qps=TRAFFIC_QPS, duration=1800).start()
 
-        wait_for(healthy, 120, "a healthy sample")
+    def status() -> dict[str, Any]:
+        return dict(_sds(cluster, served).get("status") or {})
+
+    try:
+        wait_for(lambda: (status().get("analysis") or {}).get("verdict") == "Healthy", 900, "a healthy sample")
         began = time.time()
         sim_admin(cluster, sd, "speculative", {"acceptance": 0.3})
 
         def rolled_back() -> dict[str, Any] | None:
-            item = json.loads(cluster.kubectl("get", "sd", SERVED, "-n", NAMESPACE, "-o", "json").stdout)
-            speculation = (item.get("status") or {}).get("speculation") or {}
+            speculation = status().get("speculation") or {}
             return speculation if speculation.get("active") is False else None
 
-        speculation = wait_for(rolled_back, 180, "the rollback", interval=0.25)
+        speculation = wait_for(rolled_back, 900, "the rollback", interval=0.25)
         seen = time.time() - began
     finally:
         traffic.stop()
@@ -148,34 +155,50 @@ def _after_cycle(metrics_url: str, prometheus_url: str, cycles: float) -> Counte
     A cycle counts its queries when they return and itself when it ends, and the next one starts a tick
     later: read between the two, queries and cycles belong to the same cycles.
     """
-    return wait_for(lambda: (c := Counters(metrics_url, prometheus_url)).cycles > cycles and c, 900,
+    return wait_for(lambda: (c := Counters(metrics_url, prometheus_url)).cycles > cycles and c, 1800,
                     f"analysis cycle {cycles + 1:.0f} to end", interval=0.1)
 
 
-def measure(cluster: DevCluster, metrics_url: str, count: int, cycles: int) -> dict[str, float]:
-    """With `count` SDs, wait until each was sampled, then time `cycles` cycles."""
+def _cluster_pids(cluster: DevCluster) -> dict[str, int]:
+    return {c.name: c.pid for c in cluster.status().components if c.name in WATCHED}
+
+
+def measure(cluster: DevCluster, metrics_url: str, operator: int, count: int, cycles: int) -> dict[str, Any]:
+    """With `count` SDs, wait until each was sampled, then time `cycles` cycles one by one."""
     moment = time.time()
     wait_for(lambda: (items := _sds(cluster)) and len(items) >= count and all(_sampled_after(i, moment) for i in items),
-             900, f"all {count} SDs sampled", interval=2.0)
+             1800, f"all {count} SDs sampled", interval=2.0)
+    pids = {"operator": operator, **_cluster_pids(cluster)}
     start = _after_cycle(metrics_url, cluster.prometheus_url, Counters(metrics_url, cluster.prometheus_url).cycles)
-    end = _after_cycle(metrics_url, cluster.prometheus_url, start.cycles + cycles - 1)
+    marks = {name: Mark.of(pid) for name, pid in pids.items()}
+    previous, times = start, []
+    while previous.cycles < start.cycles + cycles:
+        current = _after_cycle(metrics_url, cluster.prometheus_url, previous.cycles)
+        done = current.cycles - previous.cycles   # more than 1 only when a read fell between two cycles
+        times += [(current.cycle_seconds - previous.cycle_seconds) / done] * int(done)
+        previous = current
+    end = previous
+    busy = {name: marks[name].cpu_per_wall(Mark.of(pid)) for name, pid in pids.items()}
     done = end.cycles - start.cycles
     return {
         "cycles": done,
         "queries_per_cycle": (end.queries - start.queries) / done,
         "served_per_cycle": (end.served - start.served) / done,
-        "cycle_seconds": (end.cycle_seconds - start.cycle_seconds) / done,
+        "cycle_mean": sum(times) / len(times), "cycle_p50": percentile(times, 0.5), "cycle_max": max(times),
         "query_seconds": (end.query_seconds - start.query_seconds) / max(end.queries - start.queries, 1),
+        "busy": busy,
+        "rss_peak_mib": rss_kib(operator)[1] / 1024,
     }
 
 
 def run(counts: list[int], cycles: int) -> None:
+    load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="specdeploy-bench-analysis-") as state:
         cluster = DevCluster(Path(state) / "cluster", nodes=2, monitoring=True,
                              progress=lambda m: print(m, file=sys.stderr))
         cluster.up()
         operator = None
-        rows: list[tuple[int, dict[str, float]]] = []
+        rows: list[tuple[int, dict[str, Any], tuple[float, float, str]]] = []
         try:
             repo = Path(__file__).resolve().parents[1]
             cluster.kubectl("apply", "--server-side", "-f", str(repo / "crds"))
@@ -193,33 +216,38 @@ def run(counts: list[int], cycles: int) -> None:
                 env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
             )
             wait_for(lambda: "acquired lease" in log_path.read_text(errors="replace"), 60, "the operator's lease")
-            cluster.kubectl("apply", "-f", "-",
-                            input=yaml.safe_dump(_sd(SERVED, 1, {"mode": "Control", "controlReplicas": 1})))
-            seen, decided, reason = detection_latency(cluster)
-            present = 1
+            present = 0
             for count in counts:
-                if count > present:
-                    documents = [_sd(f"idle-{i:04d}", 0, {"mode": "None"}) for i in range(present, count)]
-                    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(documents), timeout=600)
-                    present = count
-                rows.append((count, measure(cluster, metrics_url, count, cycles)))
-                print(f"  {count} SDs: {rows[-1][1]}", file=sys.stderr)
+                served = f"served-{count:04d}"
+                documents = [_sd(f"idle-{i:04d}", 0, {"mode": "None"}) for i in range(present, count - 1)]
+                documents.append(_sd(served, 1, {"mode": "Control", "controlReplicas": 1}))
+                cluster.kubectl("create", "-f", "-", input=yaml.safe_dump_all(documents), timeout=1800)
+                present = count
+                cost = measure(cluster, metrics_url, operator.pid, count, cycles)
+                print(f"  {count} SDs: {cost}", file=sys.stderr)
+                detection = detection_latency(cluster, served)
+                print(f"  {count} SDs: detection {detection}", file=sys.stderr)
+                rows.append((count, cost, detection))
         finally:
             if operator is not None:
                 operator.terminate()
                 operator.wait(timeout=30)
             cluster.down()
-    print(f"machine: {platform.machine()} {os.cpu_count()} CPUs ({platform.processor() or 'unknown CPU'}), "
-          f"Python {platform.python_version()}")
+    print(f"machine: {machine()}; load average before {load_before}, after {load_average()}")
     print(f"analysis: interval {ANALYSIS['interval']}, window {ANALYSIS['window']}, "
-          f"failureLimit {ANALYSIS['failureLimit']}, tick {INTERVAL:g}s; Prometheus scrapes every 2s")
-    print(f"detection latency (acceptance 0.8 -> 0.3 at 4 QPS): rolled back ({reason}) {decided:.1f} s after "
-          f"the change, seen in status after {seen:.1f} s")
-    print("| SDs | queries/cycle (operator) | queries/cycle (Prometheus) | cycle time | per query |")
-    print("| --- | --- | --- | --- | --- |")
-    for count, row in rows:
-        print(f"| {count} | {row['queries_per_cycle']:.1f} | {row['served_per_cycle']:.1f} | "
-              f"{row['cycle_seconds']:.2f} s | {row['query_seconds'] * 1000:.0f} ms |")
+          f"failureLimit {ANALYSIS['failureLimit']}, tick {INTERVAL:g}s; Prometheus scrapes every 2s; "
+          f"detection: acceptance 0.8 -> 0.3 at {TRAFFIC_QPS} QPS")
+    print("| SDs | queries/cycle (operator / Prometheus) | cycle time mean / p50 / max | per query "
+          "| CPU cores busy: operator / apiserver / etcd | operator RSS peak | detection: decided / seen |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for count, cost, (seen, decided, reason) in rows:
+        busy = cost["busy"]
+        print(f"| {count} | {cost['queries_per_cycle']:.1f} / {cost['served_per_cycle']:.1f} "
+              f"| {cost['cycle_mean']:.2f} / {cost['cycle_p50']:.2f} / {cost['cycle_max']:.2f} s "
+              f"| {cost['query_seconds'] * 1000:.0f} ms "
+              f"| {busy['operator']:.2f} / {busy.get('kube-apiserver', float('nan')):.2f} / "
+              f"{busy.get('etcd', float('nan')):.2f} | {cost['rss_peak_mib']:.0f} MiB "
+              f"| {decided:.1f} s / {seen:.1f} s ({reason}) |")
 
 
 if __name__ == "__main__":
