@@ -58,8 +58,9 @@ def _parse_time(text: str) -> datetime.datetime:
 def analysing_operator(dev_cluster: DevCluster, operator_processes: Callable[..., Any]) -> Callable[..., Any]:
     """Start an operator that samples Prometheus every second and alerts the dev Alertmanager."""
 
-    def start(label: str = "operator") -> Any:
-        port = _free_port()
+    def start(label: str = "operator", metrics: bool = False) -> Any:
+        # a /metrics port only when the test reads it: a free port probed here can be taken before the bind
+        port = _free_port() if metrics else 0
         process = operator_processes(
             label, "--prometheus-url", dev_cluster.prometheus_url, "--alertmanager-url",
             dev_cluster.alertmanager_url, "--analysis-tick-seconds", "1", "--metrics-port", str(port))
@@ -224,7 +225,11 @@ def test_kube_apiserver_restart_the_operator_resumes_its_watches_and_misses_noth
     the apiserver is back."""
     operator = operator_processes("operator", "--resync-seconds", "600")
     _two_reconciled_sds(dev_cluster, namespace)
-    holder = _lease(dev_cluster, namespace)["holderIdentity"]
+    lease = _lease(dev_cluster, namespace)
+    holder = lease["holderIdentity"]
+    # right after a renewal, so the outage has the whole renew deadline (10 s) to be ridden out, not 5-10 s
+    wait_for(lambda: _lease(dev_cluster, namespace)["renewTime"] != lease["renewTime"], 30, "a lease renewal",
+             interval=0.1)
     down = time.monotonic()
     dev_cluster.stop_component("kube-apiserver", crash=True)
     dev_cluster.start_component("kube-apiserver")
@@ -401,7 +406,7 @@ def test_sd_deleted_during_its_rollback_everything_is_cleaned_up(
     dev_cluster.kubectl("apply", "--server-side", "-f", "-", input=POD_MONITOR_CRD)
     dev_cluster.kubectl("wait", "--for", "condition=established", "--timeout=30s",
                         "crd/podmonitors.monitoring.coreos.com")
-    operator = analysing_operator()
+    operator = analysing_operator(metrics=True)
     serving = _serve(dev_cluster, namespace)
     assert get_json(dev_cluster, "podmonitor", NAME, namespace=namespace)
     traffic = Traffic(dev_cluster, serving, qps=4, duration=240).start()
