@@ -300,3 +300,30 @@ def test_a_child_deleted_or_edited_by_hand_is_restored(dev_cluster: DevCluster, 
     wait_for(lambda: _container(_deployments(dev_cluster, namespace, name)[name])["args"] == expected, 30,
              "the engine args restored")
     _wait_sd(dev_cluster, namespace, name, _is("Ready", "True"), "Ready again")
+
+
+def test_a_child_the_apiserver_refuses_is_ready_false_with_its_reason_until_fixed(
+    dev_cluster: DevCluster, operator: None, namespace: str
+) -> None:
+    """A quota that allows no Service: the apiserver answers 403 for the Service on every try, so the status
+    says so (Ready False, ApplyRefused, the apiserver's words) instead of a retry loop that writes nothing."""
+    dev_cluster.kubectl("create", "quota", "no-services", "--hard=services=0", "-n", namespace)
+    example = EXAMPLES / "llama-8b-ngram.yaml"
+    name = _name(example)
+    assert _apply(dev_cluster, namespace, example).returncode == 0
+
+    def refused(obj: dict[str, Any]) -> bool:
+        ready = condition(obj, "Ready")
+        return ready is not None and ready["reason"] == "ApplyRefused"
+
+    obj = _wait_sd(dev_cluster, namespace, name, refused, "Ready False ApplyRefused")
+    ready = condition(obj, "Ready")
+    assert ready is not None and ready["status"] == "False" and "exceeded quota" in ready["message"]
+    assert obj["status"]["phase"] == "Rejected" and obj["status"]["observedGeneration"] == 1
+    wait_for(lambda: [e for e in _events(dev_cluster, namespace, name)
+                      if e["reason"] == "ApplyRefused" and e["type"] == "Warning"], 30, "an ApplyRefused Event")
+    dev_cluster.kubectl("delete", "quota", "no-services", "-n", namespace)
+    obj = _wait_sd(dev_cluster, namespace, name, lambda o: not refused(o) and o["status"]["phase"] != "Rejected",
+                   "converged once the quota is gone")
+    assert get_json(dev_cluster, "service", name, namespace=namespace)["metadata"]["name"] == name
+    assert len([e for e in _events(dev_cluster, namespace, name) if e["reason"] == "ApplyRefused"]) == 1

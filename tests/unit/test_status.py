@@ -8,9 +8,9 @@ from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import Condition, ConditionStatus, Phase, SpeculativeDeploymentStatus
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import Variant
-from specdeploy.reconcile.conditions import transition_events
+from specdeploy.reconcile.conditions import Reason, transition_events
 from specdeploy.reconcile.speculation import step_speculation
-from specdeploy.reconcile.status import DeploymentState, Planned
+from specdeploy.reconcile.status import DeploymentState, Planned, refused_status
 from specdeploy.reconcile.status import next_status as next_status_with
 
 T_DATES = {"2026-11-29T10:00:00Z": datetime(2026, 11, 29, 10, 0, tzinfo=UTC),
@@ -117,3 +117,22 @@ def test_events_only_on_transitions() -> None:
     bad = _spec("llama-70b-bf16-h100-rejected.yaml")
     rejected = next_status(SpeculativeDeploymentStatus(), bad, 1, Planned(make_plan(bad)), [], T0)
     assert [e.reason for e in transition_events([], rejected.conditions)] == ["MemoryPlanRejected"]
+
+
+def test_a_refused_generation_is_ready_false_rejected_with_one_warning_per_refusal() -> None:
+    spec = _spec("llama-8b-ngram.yaml")
+    running = [_deployment(Variant.SPECULATIVE, 2, 2), _deployment(Variant.CONTROL, 1, 1)]
+    ready = next_status(SpeculativeDeploymentStatus(), spec, 1, Planned(make_plan(spec)), running, T0)
+    refused = refused_status(ready, 2, Reason.APPLY_REFUSED, "the apiserver refused a child: exceeded quota", T1)
+    assert refused.phase == Phase.REJECTED and refused.observed_generation == 2
+    assert (_condition(refused, "Ready").status, _condition(refused, "Ready").reason) == (
+        ConditionStatus.FALSE, "ApplyRefused")
+    assert _condition(refused, "MemoryFits") == _condition(ready, "MemoryFits")   # the rest is kept
+    assert [c.type for c in refused.conditions] == [c.type for c in ready.conditions]
+    assert [(e.type.value, e.reason, e.message) for e in transition_events(ready.conditions, refused.conditions)] \
+        == [("Warning", "ApplyRefused", "the apiserver refused a child: exceeded quota")]
+    assert transition_events(refused.conditions, refused.conditions) == []     # once, not every resync
+    # A refusal is news even for a resource that was never Ready; another refusal raises its own Event.
+    invalid = refused_status(SpeculativeDeploymentStatus(), 1, Reason.INVALID_SPEC, "does not validate", T0)
+    assert [e.reason for e in transition_events([], invalid.conditions)] == ["InvalidSpec"]
+    assert [e.reason for e in transition_events(invalid.conditions, refused.conditions)] == ["ApplyRefused"]

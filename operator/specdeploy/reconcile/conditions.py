@@ -31,6 +31,8 @@ class Reason(StrEnum):
     PROGRESSING = "Progressing"
     UNAVAILABLE = "Unavailable"
     REJECTED = "Rejected"
+    INVALID_SPEC = "InvalidSpec"        # admitted by the CRD installed, refused by the operator's own model
+    APPLY_REFUSED = "ApplyRefused"      # the apiserver refused a child (400/403/413/422)
     # SpeculationHealthy (False and Unknown reasons come from the analysis: AcceptanceBelowMinimum, NoData …)
     HEALTHY = "Healthy"
     NOT_MEASURED = "NotMeasured"
@@ -81,6 +83,9 @@ _TRANSITION_EVENTS: dict[tuple[str, ConditionStatus], tuple[EventType, str]] = {
     (ConditionType.READY, ConditionStatus.FALSE): (EventType.WARNING, "NotReady"),
 }
 
+#: Ready=False reasons that are refusals: each raises its own Warning Event, also when Ready was never True.
+REFUSALS = frozenset({Reason.INVALID_SPEC, Reason.APPLY_REFUSED})
+
 
 def transition_events(previous: list[Condition], current: list[Condition]) -> list[Event]:
     """Events for conditions whose status or reason changed (a new message alone raises nothing)."""
@@ -92,6 +97,9 @@ def transition_events(previous: list[Condition], current: list[Condition]) -> li
             continue
         key = (now.type, now.status)
         if key not in _TRANSITION_EVENTS:
+            continue
+        if now.type == ConditionType.READY and now.reason in REFUSALS:
+            events.append(Event.warning(now.reason, now.message))
             continue
         if (now.type, now.status) == (ConditionType.READY, ConditionStatus.FALSE) and (
             old is None or old.status != ConditionStatus.TRUE or now.reason == Reason.PROGRESSING

@@ -38,7 +38,7 @@ from specdeploy.reconcile import kube
 from specdeploy.reconcile.children import desired_children, engine_command, variants
 from specdeploy.reconcile.conditions import Event, Reason, transition_events
 from specdeploy.reconcile.speculation import SpeculationStep, step_speculation
-from specdeploy.reconcile.status import Planned, next_status
+from specdeploy.reconcile.status import Planned, next_status, refused_status
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ ROLLBACK_EVENT_REASON = "SpeculationRolledBack"
 FAULT_ENV = "SPECDEPLOY_FAULT"
 """Fault injection for the crash tests: `exit-after-rollback-decision` kills the process (as SIGKILL would,
 no clean-up) right after a rollback decision is written, before anything acts on it."""
+REFUSED_CODES = frozenset({400, 403, 413, 422})
+"""Apiserver answers to a child that retrying the same request cannot change (invalid, forbidden, too large):
+they go into status as Ready=False ApplyRefused instead of an exception retried without end."""
 
 
 def plan_resource(resource: SpeculativeDeployment) -> Planned:
@@ -94,7 +97,13 @@ class Reconciler:
             resource = SpeculativeDeployment.model_validate({**body, "status": None})
         except ValidationError as error:
             # The CRD admitted it (an older CRD, or a rule only Python checks): say so, change nothing.
-            logger.warning("%s/%s does not validate: %s", namespace, name, describe_validation_error(error))
+            problem = describe_validation_error(error)
+            logger.warning("%s/%s does not validate: %s", namespace, name, problem)
+            refused = refused_status(previous, generation, Reason.INVALID_SPEC, (
+                f"generation {generation} does not validate, so nothing was changed: {problem}; fix the spec "
+                "(the CRD installed may be older than the operator: apply this version's CRD)"),
+                evidence.rfc3339(datetime.datetime.now(datetime.UTC)))
+            await self._write_status_and_events(body, previous, old_status, refused, [])
             return
         planned = plan_resource(resource)
         moment = datetime.datetime.now(datetime.UTC)
@@ -116,20 +125,39 @@ class Reconciler:
         if planned.plan is not None and planned.accepted:
             children = desired_children(resource.model_copy(update={"status": status}), planned.plan,
                                         pod_monitor=self.pod_monitors)
-            events += await kube.apply_children(self.client, children, generation, existing)
-            events += await kube.prune_children(self.client, namespace, name, children, existing, self.pod_monitors)
+            refusal = None
+            try:
+                events += await kube.apply_children(self.client, children, generation, existing)
+                events += await kube.prune_children(self.client, namespace, name, children, existing,
+                                                    self.pod_monitors)
+            except ApiError as error:
+                if error.status.code not in REFUSED_CODES:
+                    raise
+                refusal = error.status.message
             existing = await kube.observe_deployments(self.client, namespace, name)
             status = next_status(previous, resource.spec, generation, planned, existing, now,
                                  step.speculation, step.analysis)
-        events += transition_events(previous.conditions, status.conditions)
+            if refusal is not None:
+                logger.warning("%s/%s: the apiserver refused a child: %s", namespace, name, refusal)
+                status = refused_status(status, generation, Reason.APPLY_REFUSED, (
+                    f"the apiserver refused a child of generation {generation}: {refusal}; change the spec "
+                    "so that its children are valid (names, sizes), or grant the operator what it lacks"), now)
+        await self._write_status_and_events(body, previous, old_status, status, events)
+        self._observe(namespace, name, status, step)
+        await self._notify(body, resource, status, step, moment, sampled=sample is not None)
+
+    async def _write_status_and_events(self, body: dict[str, Any], previous: SpeculativeDeploymentStatus,
+                                       old_status: dict[str, Any], status: SpeculativeDeploymentStatus,
+                                       events: list[Event]) -> None:
+        """Write `status` when it changed, then post `events` and those its condition transitions raise."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        events = [*events, *transition_events(previous.conditions, status.conditions)]
         new_status = status.to_wire()
         if new_status != old_status:
             await kube.write_status(self.client, namespace, name, old_status, new_status)
         for event in events:
             logger.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
             await kube.post_event(self.client, body, event)
-        self._observe(namespace, name, status, step)
-        await self._notify(body, resource, status, step, moment, sampled=sample is not None)
 
     async def _step(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus,
                     planned: Planned, sample: DeploymentSample | None, now: datetime.datetime) -> SpeculationStep:

@@ -196,6 +196,20 @@ def _phase(planned: Planned, ready: ConditionStatus, ready_reason: str, previous
     return Phase.SPECULATING if healthy == ConditionStatus.TRUE else Phase.MEASURING
 
 
+def refused_status(
+    previous: SpeculativeDeploymentStatus, generation: int, reason: Reason, message: str, now: str
+) -> SpeculativeDeploymentStatus:
+    """`previous` with Ready=False for a generation the operator cannot act on although the CRD admitted it
+    (reason InvalidSpec or ApplyRefused, the message saying why and what to do); phase Rejected, the
+    generation observed, the other conditions kept."""
+    conditions = set_condition(list(previous.conditions), condition(
+        ConditionType.READY, ConditionStatus.FALSE, reason, message, now, generation))
+    order = {t.value: i for i, t in enumerate(ConditionType)}
+    conditions.sort(key=lambda c: order.get(c.type, len(order)))
+    return previous.model_copy(update={"observed_generation": generation, "phase": Phase.REJECTED,
+                                       "conditions": conditions})
+
+
 def next_status(
     previous: SpeculativeDeploymentStatus,
     spec: SpeculativeDeploymentSpec,
