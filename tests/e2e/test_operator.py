@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -327,3 +328,19 @@ def test_a_child_the_apiserver_refuses_is_ready_false_with_its_reason_until_fixe
                    "converged once the quota is gone")
     assert get_json(dev_cluster, "service", name, namespace=namespace)["metadata"]["name"] == name
     assert len([e for e in _events(dev_cluster, namespace, name) if e["reason"] == "ApplyRefused"]) == 1
+
+
+def test_a_metrics_port_in_use_stops_the_operator_before_it_takes_the_lease(
+    dev_cluster: DevCluster, namespace: str, operator_processes: Callable[..., Any]
+) -> None:
+    """A port in use stays in use: the operator exits at once saying which, instead of kopf retrying its
+    start-up beside tasks (and a lease) of the first attempt."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        operator = operator_processes("port-taken", "--metrics-port", str(port))
+        wait_for(lambda: operator.process.poll() is not None, 60, "the operator to exit", describe=operator.output)
+    assert operator.process.returncode != 0
+    assert f"cannot serve /metrics on port {port}" in operator.output()
+    assert "acquired" not in operator.output().lower()

@@ -147,6 +147,34 @@ def test_out_of_memory_of_a_speculative_pod_rolls_back_at_once(
     assert "out of memory" in record["evidence"].lower()
 
 
+def test_the_retry_annotation_speculates_again_and_resolves_the_alert(
+    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
+) -> None:
+    analysing_operator()
+    serving = _serve(dev_cluster, namespace)
+    sim_admin(dev_cluster, serving, "speculative", {"oom": True})
+    wait_for_object(dev_cluster, ["sd", NAME], _rolled_back, 60, "the OOM rollback", namespace=namespace)
+    wait_for(lambda: _alerts(dev_cluster, namespace), 30, "the rollback alert")
+    wait_for(lambda: "--speculative-config" not in _speculative_args(dev_cluster, namespace), 60,
+             "the Deployment without speculation")
+
+    dev_cluster.kubectl("annotate", "sd", NAME, "-n", namespace, "specdeploy.io/retry-speculation=after-fix-1")
+    obj = wait_for_object(dev_cluster, ["sd", NAME], lambda o: o["status"]["speculation"]["active"] is True, 60,
+                          "speculation active again", namespace=namespace)
+    assert obj["status"]["speculation"]["retryAnnotationSeen"] == "after-fix-1"
+    assert obj["metadata"]["generation"] == 1, "a retry is not a spec change"
+    wait_for(lambda: "--speculative-config" in _speculative_args(dev_cluster, namespace), 60,
+             "the Deployment speculating again")
+    listing = get_json(dev_cluster, "events", "--field-selector", f"involvedObject.name={NAME}", namespace=namespace)
+    reenabled = [e for e in listing["items"] if e["reason"] == "SpeculationReenabled"]
+    assert len(reenabled) == 1 and "retry-speculation" in reenabled[0]["message"]
+    wait_for(lambda: not _alerts(dev_cluster, namespace), 60, "the alert resolved (endsAt sent)")
+    # The fresh speculative pod's simulator has no OOM knob: speculation stays on, the annotation is spent.
+    obj = wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("lastSampleAt", "") > obj["status"]
+                          ["speculation"]["since"], 60, "a sample after the retry", namespace=namespace)
+    assert obj["status"]["speculation"]["active"] is True and obj["status"]["speculation"]["rollbacks"] == 1
+
+
 def test_killed_right_after_deciding_rolls_back_exactly_once(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:

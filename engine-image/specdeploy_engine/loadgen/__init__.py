@@ -88,7 +88,7 @@ def run_load(targets: Sequence[str], qps: float | str | QpsSchedule, duration: f
     output_tokens (Lengths or their text: "256", "100-300", "lognormal:220,0.6"), temperature ("0.7" or
     "0:0.5,1.0:0.5"), chat, model (default: discovered from /v1/models), balance ("round-robin" or
     "random"), seed, drain_seconds (how long to wait for answers after `duration`), stream (False: whole
-    answers, end-to-end latency only), stop (a threading.Event that ends the run early when set)."""
+    answers, end-to-end latency only), stop (a threading.Event that ends the sending early when set)."""
     return asyncio.run(run_load_async(targets, qps, duration, **options))  # type: ignore[arg-type]
 
 

@@ -137,8 +137,8 @@ async def send_workload(
     stop: threading.Event | None = None,
 ) -> LoadReport:
     """Send `planned` (offsets in seconds) to `targets` and wait at most `drain_seconds` after `duration`
-    for the answers still coming. Setting `stop` (from any thread) ends sending at the next request and
-    abandons the answers still coming."""
+    for the answers still coming. Setting `stop` (from any thread) ends sending at the next request; the
+    answers under way get `drain_seconds` as after `duration`."""
     if not targets:
         raise ValueError("at least one target URL is needed")
     if balance not in ("round-robin", "random"):
@@ -164,7 +164,7 @@ async def send_workload(
                 stream=stream)))
         remaining = max(0.0, duration - (time.monotonic() - start)) + drain_seconds
         if stop is not None and stop.is_set():
-            remaining = 0.0
+            remaining = drain_seconds   # the answers under way may still come; cancelling them leaks sockets
         done, pending = await asyncio.wait(tasks, timeout=remaining) if tasks else (set(), set())
         for task in pending:
             task.cancel()

@@ -115,6 +115,9 @@ async def analyse_forever(reconciler: Reconciler, namespaces: list[str], default
     while True:
         try:
             await analyse_once(reconciler, namespaces, default_url)
+        except kube.API_UNREACHABLE as error:
+            logger.warning("analysis cycle skipped: the apiserver does not answer (%s: %s)",
+                           type(error).__name__, error)
         except Exception:
             logger.exception("analysis cycle failed")
         await asyncio.sleep(tick)

@@ -1,7 +1,11 @@
 """kopf handlers: thin. Each one calls `Reconciler.reconcile` and nothing else.
 
-Triggers: the SD was created, changed or found at start-up (resume); a child Deployment changed (so
-Ready follows the rollout); and a periodic resync of every SD (drift, missed events). There are no
+Triggers: the SD was created, its spec changed, or it was found at start-up (resume); a new value of the
+`specdeploy.io/retry-speculation` annotation; a child Deployment changed (so Ready follows the rollout);
+a speculative pod restarted; and a periodic resync of every SD (drift, missed events). kopf's record of
+the last handled spec (an annotation) leaves out the SD's labels and annotations: they are the user's,
+as large as the user makes them, and a copy of them could push the object past the apiserver's 256 KiB
+limit on annotations, after which kopf could record nothing. There are no
 timers or daemons per object, so kopf puts no finalizer on SpeculativeDeployments: deleting one never
 waits for the operator, and owner references garbage-collect the children.
 """
@@ -18,6 +22,7 @@ from typing import Any
 import kopf
 from lightkube import ALL_NS, AsyncClient
 
+from specdeploy.analysis.rollback import RETRY_ANNOTATION
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
 from specdeploy.reconcile import kube
 from specdeploy.reconcile.analysis_loop import analyse_forever
@@ -42,7 +47,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     """Production settings: own annotation prefix, no kopf peering CRDs, bounded API calls."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration",
+        ignored_fields=["metadata.labels", "metadata.annotations"],
     )
     settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
     settings.peering.standalone = True          # one active instance comes from the Lease instead
@@ -68,12 +74,19 @@ def _lost_lease() -> None:
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure(settings)
     client = AsyncClient(field_manager=kube.FIELD_MANAGER)
+    # Everything that can fail comes before the lease: kopf retries a failed startup handler from the top,
+    # and a retry must not find tasks of the first attempt running, or a lease it holds itself.
+    reconciler = Reconciler(client, pod_monitors=await kube.pod_monitors_supported(client),
+                            alertmanager_url=os.environ.get(ENV_ALERTMANAGER_URL) or None)
+    port = int(os.environ.get(ENV_METRICS_PORT) or 0)
+    try:
+        memo.metrics_server = await serve_metrics(reconciler.metrics, port) if port else None
+    except OSError as error:   # a port in use stays in use: stop, and say which
+        raise kopf.PermanentError(f"cannot serve /metrics on port {port}: {error}") from error
     election = LeaderElection(client, namespace=os.environ.get(ENV_LEASE_NAMESPACE, "default"))
     await election.acquire()
     memo.election = election
     memo.lease_task = asyncio.create_task(election.keep(on_lost=_lost_lease))
-    reconciler = Reconciler(client, pod_monitors=await kube.pod_monitors_supported(client),
-                            alertmanager_url=os.environ.get(ENV_ALERTMANAGER_URL) or None)
     memo.reconciler = reconciler
     memo.resync_task = asyncio.create_task(
         _resync_forever(reconciler, float(os.environ.get(ENV_RESYNC_SECONDS, "30")))
@@ -82,8 +95,6 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         reconciler, _namespaces() or [ALL_NS], os.environ.get(ENV_PROMETHEUS_URL) or None,
         float(os.environ.get(ENV_ANALYSIS_TICK_SECONDS, "5")),
     ))
-    port = int(os.environ.get(ENV_METRICS_PORT) or 0)
-    memo.metrics_server = await serve_metrics(reconciler.metrics, port) if port else None
 
 
 @kopf.on.cleanup()
@@ -106,6 +117,22 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile")
 async def reconcile_sd(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     await memo.reconciler.reconcile(namespace or "", name)
+
+
+def _retry_not_acted_on(annotations: Mapping[str, str], status: Mapping[str, Any], **_: Any) -> bool:
+    value = annotations.get(RETRY_ANNOTATION)
+    return bool(value) and value != (status.get("speculation") or {}).get("retryAnnotationSeen")
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=_retry_not_acted_on)
+async def retry_speculation_asked(namespace: str | None, name: str, memo: Any, type: str, **_: Any) -> None:
+    """`kubectl annotate sd … specdeploy.io/retry-speculation=<new value>`: act now, not at the next resync."""
+    if not type:   # the initial listing: resume covers it
+        return
+    try:
+        await memo.reconciler.reconcile(namespace or "", name)
+    except Exception:  # the resync retries; one bad event must not stop the watch
+        logger.exception("reconciling %s/%s after a retry annotation failed", namespace, name)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "specdeploy"})
@@ -147,5 +174,8 @@ async def _resync_forever(reconciler: Reconciler, interval: float) -> None:
                 async for sd in reconciler.client.list(kube.SpeculativeDeploymentResource, namespace=namespace):
                     assert sd.metadata is not None
                     await reconciler.reconcile(sd.metadata.namespace or "", sd.metadata.name or "")
+            except kube.API_UNREACHABLE as error:
+                logger.warning("periodic resync of namespace %s skipped: the apiserver does not answer (%s: %s)",
+                               namespace, type(error).__name__, error)
             except Exception:
                 logger.exception("periodic resync of namespace %s failed", namespace)

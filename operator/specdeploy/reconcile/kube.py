@@ -13,6 +13,7 @@ import datetime
 import logging
 from typing import Any
 
+import httpx2
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
@@ -168,6 +169,11 @@ async def speculative_pods(client: AsyncClient, namespace: str, name: str) -> li
     """The speculative engine pods of SD `name`, as JSON (their container states tell OOM deaths)."""
     labels: dict[str, Any] = {LABEL_NAME: name, LABEL_VARIANT: Variant.SPECULATIVE.value}
     return [pod.to_dict() async for pod in client.list(Pod, namespace=namespace, labels=labels)]
+
+
+API_UNREACHABLE: tuple[type[Exception], ...] = (httpx2.TransportError, OSError)
+"""What lightkube raises when the apiserver does not answer at all (restarting, the network): a periodic
+loop logs one line for it, not a traceback every cycle, and tries again next time."""
 
 
 async def secret_headers(client: AsyncClient, namespace: str, name: str) -> Headers:
