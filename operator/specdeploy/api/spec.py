@@ -310,7 +310,9 @@ class PrometheusSource(WireModel):
         "when empty",
     )
     headers_secret_ref: str | None = Field(
-        None, max_length=253, description="Secret in this namespace whose keys are HTTP headers (e.g. Authorization)"
+        None, max_length=253,
+        description="Secret in this namespace, labelled specdeploy.io/headers=true, whose keys are HTTP headers "
+        "sent to Prometheus (e.g. Authorization, X-Scope-OrgID)",
     )
 
 
@@ -395,7 +397,8 @@ class Alerting(WireModel):
     )
     headers_secret_ref: str | None = Field(
         None, max_length=253,
-        description="Secret in this namespace whose keys are HTTP headers sent to Alertmanager (e.g. Authorization)",
+        description="Secret in this namespace, labelled specdeploy.io/headers=true, whose keys are HTTP headers "
+        "sent to Alertmanager (e.g. Authorization)",
     )
 
 
