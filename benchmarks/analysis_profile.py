@@ -4,12 +4,12 @@
 
 Starts its own dev cluster with monitoring, creates `--count` idle SDs (`replicas: 0`, baseline None,
 one query group) and runs the operator's reconciler and analysis loop in this process, without kopf:
-first every SD is reconciled once (as the operator does when they appear) and sampled once, then `--cycles` analysis
-cycles are run one reconcile at a time, so that the wall time of each step adds up to the cycle's, and
-then as many with the operator's `CONCURRENT_RECONCILES`. For the one-at-a-time cycles it prints the
+first every SD is reconciled once (as the operator does when they appear) and sampled once, then
+`--cycles` analysis cycles are run one reconcile at a time, so that the wall time of each step adds up
+to the cycle's, and then as many with the operator's `CONCURRENT_RECONCILES`. For the one-at-a-time cycles it prints the
 API calls (count per SD, milliseconds per SD, share of the cycle), the pure steps (plan, render,
-status), this process' CPU beside kube-apiserver's and etcd's, and the functions that took most CPU
-(cProfile, own time).
+status), this process' CPU beside kube-apiserver's and etcd's, the functions that took most CPU
+(cProfile, own time), and what one read of an SD's children costs when asked in other ways.
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ import yaml
 from lightkube import AsyncClient, KubeConfig
 from process_usage import Mark, load_average, machine
 
+from specdeploy.api import names as names_module
 from specdeploy.devcluster import DevCluster
 from specdeploy.reconcile import analysis_loop, kube
 from specdeploy.reconcile import reconciler as reconciler_module
+from specdeploy.reconcile.children import LABEL_NAME
 from specdeploy.reconcile.reconciler import Reconciler
 
 NAMESPACE = "bench"
@@ -166,6 +168,33 @@ async def _cycle(reconciler: Reconciler, prometheus_url: str, count: int) -> Non
         print(f"warning: {sampled} of {count} SDs sampled", file=sys.stderr)
 
 
+def read_costs(cluster: DevCluster, count: int, samples: int) -> None:
+    """What one read of an SD's children costs, by how it is asked: a label-selector list (what
+    `kube.observe_deployments` and `kube.speculative_pods` do), the same from the apiserver's watch cache
+    (`resourceVersion=0`), or a get by the child's known name."""
+    names = [f"sd-{i:04d}" for i in range(0, count, max(1, count // samples))][:samples]
+    deployments = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
+    pods = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    ways: dict[str, Callable[[str], tuple[str, dict[str, str]]]] = {
+        "list Deployment by label (consistent read)": lambda n: (deployments, {"labelSelector": f"{LABEL_NAME}={n}"}),
+        "list Deployment by label, resourceVersion=0": lambda n: (
+            deployments, {"labelSelector": f"{LABEL_NAME}={n}", "resourceVersion": "0"}),
+        "get Deployment by name": lambda n: (f"{deployments}/{names_module.engine_deployment_name(n)}", {}),
+        "list Pod by label (consistent read)": lambda n: (pods, {"labelSelector": f"{LABEL_NAME}={n}"}),
+        "list Pod by label, resourceVersion=0": lambda n: (
+            pods, {"labelSelector": f"{LABEL_NAME}={n}", "resourceVersion": "0"}),
+    }
+    print(f"\n| one read, {count} SDs' children in the namespace (httpx, one at a time) | ms per call |")
+    print("| --- | --- |")
+    with cluster.api_client() as api:
+        for way, request in ways.items():
+            started = time.perf_counter()
+            for name in names:
+                path, params = request(name)
+                api.get(path, params=params, timeout=60).raise_for_status()
+            print(f"| {way} | {(time.perf_counter() - started) / len(names) * 1000:.1f} |")
+
+
 async def profile(cluster: DevCluster, count: int, cycles: int, top: int) -> None:
     client = AsyncClient(config=KubeConfig.from_file(cluster.kubeconfig), field_manager=kube.FIELD_MANAGER)
     reconciler = Reconciler(client)
@@ -241,6 +270,7 @@ def run(count: int, cycles: int, top: int) -> None:
             cluster.kubectl("create", "-f", "-", input=yaml.safe_dump_all(documents), timeout=1800)
             print(f"machine: {machine()}; load average before {load_before}")
             asyncio.run(profile(cluster, count, cycles, top))
+            read_costs(cluster, count, samples=100)
         finally:
             cluster.down()
     print(f"load average after: {load_average()}")

@@ -104,7 +104,7 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
             cluster.down()
     print(f"machine: {machine()}; load average before {load_before}, after {load_average()}")
     print(f"cluster: {nodes} kwok nodes of {GPUS_PER_NODE} GPUs; SDs created: {count} in one kubectl create "
-          f"({created:.1f} s, {count / created:.0f} SDs/s); Deployments: {deployments}")
+          f"({created:.1f} s, {count / created:.1f} SDs/s); Deployments: {deployments}")
     if reconciled:
         done = max(reconciled.values())
         values = list(latency.values())
