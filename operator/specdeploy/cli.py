@@ -94,12 +94,20 @@ def render(file: str, pod_monitor: bool) -> None:
               help="Prometheus for SDs that set no spec.analysis.prometheus.url.")
 @click.option("--alertmanager-url", envvar="SPECDEPLOY_ALERTMANAGER_URL", default=None,
               help="Alertmanager for SDs that set no spec.alerting.alertmanagerUrl.")
+@click.option("--prometheus-headers-dir", envvar="SPECDEPLOY_PROMETHEUS_HEADERS_DIR", default=None,
+              type=click.Path(file_okay=False),
+              help="Directory with one file per HTTP header (a mounted Secret), sent to --prometheus-url for "
+              "SDs that name neither a URL nor a headers Secret.")
+@click.option("--alertmanager-headers-dir", envvar="SPECDEPLOY_ALERTMANAGER_HEADERS_DIR", default=None,
+              type=click.Path(file_okay=False),
+              help="The same for --alertmanager-url.")
 @click.option("--analysis-tick-seconds", default=5.0, show_default=True,
               help="How often the analysis loop looks for SDs whose interval has passed.")
 @click.option("--metrics-port", default=8081, show_default=True, help="Port of the operator's /metrics; 0: off.")
 @click.option("-v", "--verbose", is_flag=True)
 def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_namespace: str | None,
         resync_seconds: float, prometheus_url: str | None, alertmanager_url: str | None,
+        prometheus_headers_dir: str | None, alertmanager_headers_dir: str | None,
         analysis_tick_seconds: float, metrics_port: int, verbose: bool) -> None:
     """Run the operator against the cluster of $KUBECONFIG (or in-cluster credentials)."""
     import logging
@@ -114,6 +122,8 @@ def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_names
     os.environ[handlers.ENV_LEASE_NAMESPACE] = lease_namespace or os.environ.get("POD_NAMESPACE", "default")
     os.environ[handlers.ENV_PROMETHEUS_URL] = prometheus_url or ""
     os.environ[handlers.ENV_ALERTMANAGER_URL] = alertmanager_url or ""
+    os.environ[handlers.ENV_PROMETHEUS_HEADERS_DIR] = prometheus_headers_dir or ""
+    os.environ[handlers.ENV_ALERTMANAGER_HEADERS_DIR] = alertmanager_headers_dir or ""
     os.environ[handlers.ENV_ANALYSIS_TICK_SECONDS] = str(analysis_tick_seconds)
     os.environ[handlers.ENV_METRICS_PORT] = str(metrics_port)
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN)

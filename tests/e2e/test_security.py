@@ -191,17 +191,35 @@ def _assert_locked_down(cluster: DevCluster, namespace: str) -> None:
         assert all("valueFrom" not in variable for variable in container["env"]) and "envFrom" not in container
 
 
+@pytest.mark.parametrize("source", ["sd-secrets", "operator-directories"])
 def test_credentials_reach_prometheus_and_alertmanager_and_nowhere_else(
-    dev_cluster: DevCluster, namespace: str, operator_processes: Callable[..., Any], auth_monitoring: AuthMonitoring
+    dev_cluster: DevCluster, namespace: str, operator_processes: Callable[..., Any], auth_monitoring: AuthMonitoring,
+    source: str, tmp_path: Path
 ) -> None:
+    """Either each SD names labelled Secrets and URLs, or the SD names nothing and the operator's own URLs
+    get the headers of directories (the chart mounts Secrets there)."""
     monitoring_pair = auth_monitoring
     for url in (monitoring_pair.prometheus_url, monitoring_pair.alertmanager_url):
         assert httpx.get(f"{url}/-/ready", timeout=5).status_code == 401     # they do demand credentials
-    _secret(dev_cluster, namespace, "prometheus-auth", _authorization(monitoring_pair.prometheus_password))
-    _secret(dev_cluster, namespace, "alertmanager-auth", _authorization(monitoring_pair.alertmanager_password))
-    operator = operator_processes("operator", "--analysis-tick-seconds", "1")
-    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=_scenario(
-        monitoring_pair.prometheus_url, "prometheus-auth", monitoring_pair.alertmanager_url, "alertmanager-auth"))
+    if source == "sd-secrets":
+        _secret(dev_cluster, namespace, "prometheus-auth", _authorization(monitoring_pair.prometheus_password))
+        _secret(dev_cluster, namespace, "alertmanager-auth", _authorization(monitoring_pair.alertmanager_password))
+        operator = operator_processes("operator", "--analysis-tick-seconds", "1")
+        manifest = _scenario(monitoring_pair.prometheus_url, "prometheus-auth", monitoring_pair.alertmanager_url,
+                             "alertmanager-auth")
+    else:
+        directories = []
+        for which, password in (("prometheus", monitoring_pair.prometheus_password),
+                                ("alertmanager", monitoring_pair.alertmanager_password)):
+            directory = tmp_path / f"{which}-headers"
+            directory.mkdir()
+            (directory / "Authorization").write_text(_authorization(password) + "\n")
+            directories += [f"--{which}-headers-dir", str(directory)]
+        operator = operator_processes("operator", "--analysis-tick-seconds", "1", "--prometheus-url",
+                                      monitoring_pair.prometheus_url, "--alertmanager-url",
+                                      monitoring_pair.alertmanager_url, *directories)
+        manifest = SCENARIO_SD
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
     serving = f"{namespace}/{NAME}"
     wait_for(lambda: endpoints(dev_cluster, serving, "speculative") and endpoints(dev_cluster, serving, "control"),
              90, "both variants' simulators")

@@ -170,6 +170,19 @@ extraArgs: [--verbose]
                       "liveness": "http://0.0.0.0:9200/healthz", "verbose": True}
 
 
+def test_operator_headers_secrets_are_mounted_where_the_flags_point() -> None:
+    assert "prometheus_headers_dir" not in {k for k, v in _run_params(_container(_render())).items() if v}
+    docs = _render("prometheusHeadersSecret=prom-auth", "alertmanagerHeadersSecret=am-auth")
+    container = _container(docs)
+    params = _run_params(container)
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in _one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    for which, secret in (("prometheus", "prom-auth"), ("alertmanager", "am-auth")):
+        mount = mounts[f"{which}-headers"]
+        assert params[f"{which}_headers_dir"] == mount["mountPath"] and mount["readOnly"] is True
+        assert volumes[f"{which}-headers"]["secret"]["secretName"] == secret
+
+
 def test_metrics_port_zero_drops_the_port_and_the_service() -> None:
     docs = _render("metricsPort=0")
     assert _kinds(docs, "Service") == []

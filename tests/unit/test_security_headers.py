@@ -7,13 +7,16 @@ import asyncio
 import base64
 import logging
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 import pytest
 
 from specdeploy.analysis.alerts import AlertmanagerError, AlertmanagerRejected, post_alerts, rollback_alert
-from specdeploy.analysis.headers import Headers, InvalidHeaders, http_headers
+from specdeploy.analysis.headers import Headers, InvalidHeaders, directory_headers, http_headers
 from specdeploy.analysis.prometheus import PrometheusClient, PrometheusRefused
+from specdeploy.api.resource import SpeculativeDeployment
+from specdeploy.reconcile.analysis_loop import Source, source_of
 
 PASSWORD = "hunter2-Zq9"
 AUTHORIZATION = "Basic " + base64.b64encode(f"specdeploy:{PASSWORD}".encode()).decode()
@@ -131,3 +134,39 @@ def test_headers_that_could_not_be_had_stop_every_query_before_it_is_sent() -> N
     with pytest.raises(PrometheusRefused, match=f"no query sent to Prometheus at http://prom:9090: cannot read {SOURCE}"):
         asyncio.run(query())
     assert sent == []   # without its tenant header a query could read another tenant's series
+
+
+def test_a_mounted_secret_directory_is_one_header_per_file_without_the_kubelets_links(tmp_path: Path) -> None:
+    # What the kubelet writes for a Secret volume: the keys as links into a hidden timestamped directory.
+    data = tmp_path / "..2026_11_29_12_00_00.1"
+    data.mkdir()
+    (data / "Authorization").write_text(AUTHORIZATION + "\n")
+    (data / "X-Scope-OrgID").write_text("team-a")
+    (tmp_path / "..data").symlink_to(data.name)
+    for key in ("Authorization", "X-Scope-OrgID"):
+        (tmp_path / key).symlink_to(f"..data/{key}")
+    headers = directory_headers(tmp_path)
+    assert headers == {"Authorization": AUTHORIZATION, "X-Scope-OrgID": "team-a"}
+    _assert_hidden(repr(headers))
+    (data / "Authorization").write_text("Basic a\nb")
+    with pytest.raises(InvalidHeaders, match="the headers directory .*Authorization") as caught:
+        directory_headers(tmp_path)
+    _assert_hidden(str(caught.value))
+    with pytest.raises(InvalidHeaders, match="cannot be read: No such file or directory"):
+        directory_headers(tmp_path / "missing")
+
+
+def test_the_operators_headers_go_only_to_its_own_url_for_sds_that_name_no_secret() -> None:
+    def resource(prometheus: dict[str, str]) -> SpeculativeDeployment:
+        return SpeculativeDeployment.model_validate({
+            "metadata": {"name": "llama", "namespace": "team-a"},
+            "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "speculation": {"method": "ngram"},
+                     "analysis": {"prometheus": prometheus}}})
+
+    own, operator_url = Path("/etc/specdeploy/prometheus-headers"), "http://prometheus.monitoring:9090"
+    assert source_of(resource({}), operator_url, own) == Source(operator_url, "", None, own)
+    assert source_of(resource({"url": "http://elsewhere:9090"}), operator_url, own) == \
+        Source("http://elsewhere:9090", "", None, None)
+    assert source_of(resource({"headersSecretRef": "auth"}), operator_url, own) == \
+        Source(operator_url, "team-a", "auth", None)
+    assert source_of(resource({}), None, own) is None

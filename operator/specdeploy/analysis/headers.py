@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 HEADERS_SECRET_LABEL = "specdeploy.io/headers"
 """The label a Secret needs before the operator sends its keys as headers: naming a Secret in an SD is not
@@ -51,3 +52,16 @@ def http_headers(data: Mapping[str, bytes | str], source: str) -> Headers:
             raise InvalidHeaders(f"{source}: the value of {key!r} must be printable ASCII on one line (not shown)")
         headers[key] = value
     return headers
+
+
+def directory_headers(directory: Path) -> Headers:
+    """Headers from a directory with one file per header (a Secret mounted into the operator's pod: the
+    operator's own credentials for its --prometheus-url and --alertmanager-url). Names starting with a dot
+    (the kubelet's `..data` links) are skipped. Read at each use, so a rotated Secret takes effect."""
+    source = f"the headers directory {directory}"
+    try:
+        data = {path.name: path.read_bytes() for path in sorted(directory.iterdir())
+                if not path.name.startswith(".") and path.is_file()}
+    except OSError as error:   # its text names the path, never a content
+        raise InvalidHeaders(f"{source} cannot be read: {error.strerror}") from None
+    return http_headers(data, source)

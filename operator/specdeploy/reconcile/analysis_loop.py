@@ -11,12 +11,13 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 
 from specdeploy.analysis import evidence
-from specdeploy.analysis.headers import InvalidHeaders
+from specdeploy.analysis.headers import InvalidHeaders, directory_headers
 from specdeploy.analysis.prometheus import PrometheusClient, query_all
 from specdeploy.analysis.queries import query_group
 from specdeploy.analysis.samples import Samples
@@ -32,11 +33,13 @@ CONCURRENT_RECONCILES = 16
 
 @dataclass(frozen=True)
 class Source:
-    """Where an SD's metrics are: a Prometheus URL and the Secret holding its headers."""
+    """Where an SD's metrics are: a Prometheus URL, and the Secret or (for the operator's own URL) the
+    directory holding its headers."""
 
     url: str
     namespace: str
     headers_secret: str | None
+    headers_dir: Path | None = None
 
 
 def due(resource: SpeculativeDeployment, now: float) -> bool:
@@ -48,13 +51,16 @@ def due(resource: SpeculativeDeployment, now: float) -> bool:
     return now - evidence.parse_rfc3339(last).timestamp() >= resource.spec.analysis.interval - 0.5
 
 
-def source_of(resource: SpeculativeDeployment, default_url: str | None) -> Source | None:
+def source_of(resource: SpeculativeDeployment, default_url: str | None,
+              default_headers_dir: Path | None = None) -> Source | None:
+    """The operator's headers go only to the operator's URL, and only when the SD names no Secret."""
     url = resource.spec.analysis.prometheus.url or default_url
     if not url:
         return None
     secret = resource.spec.analysis.prometheus.headers_secret_ref
     namespace = (resource.metadata.namespace or "") if secret else ""  # headers are per namespace's Secret
-    return Source(url, namespace, secret)
+    own = resource.spec.analysis.prometheus.url is None and secret is None
+    return Source(url, namespace, secret, default_headers_dir if own else None)
 
 
 async def _list(client: AsyncClient, namespaces: Iterable[str]) -> list[SpeculativeDeployment]:
@@ -69,7 +75,8 @@ async def _list(client: AsyncClient, namespaces: Iterable[str]) -> list[Speculat
     return resources
 
 
-async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], default_url: str | None) -> int:
+async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], default_url: str | None,
+                       default_headers_dir: Path | None = None) -> int:
     """One cycle: sample every due SD and reconcile it with its sample; returns how many were sampled."""
     started = time.monotonic()
     now = time.time()
@@ -77,7 +84,7 @@ async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], defaul
     resources = [r for r in await _list(reconciler.client, namespaces) if due(r, now)]
     by_source: defaultdict[Source, list[SpeculativeDeployment]] = defaultdict(list)
     for resource in resources:
-        source = source_of(resource, default_url)
+        source = source_of(resource, default_url, default_headers_dir)
         if source is not None:
             by_source[source].append(resource)
     for source, members in by_source.items():
@@ -89,6 +96,13 @@ async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], defaul
             except (ApiError, InvalidHeaders) as error:   # neither message holds a value
                 unusable = f"cannot read {headers_from}: " + (
                     error.status.message if isinstance(error, ApiError) else str(error))
+                logger.warning("%s", unusable)
+        elif source.headers_dir is not None:
+            headers_from = f"the operator's headers directory {source.headers_dir} (--prometheus-headers-dir)"
+            try:
+                headers = await asyncio.to_thread(directory_headers, source.headers_dir)
+            except InvalidHeaders as error:   # its message holds no value
+                unusable = str(error)
                 logger.warning("%s", unusable)
         async with PrometheusClient(source.url, headers=headers, headers_from=headers_from,
                                     unusable_headers=unusable) as prometheus:
@@ -110,11 +124,11 @@ async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], defaul
 
 
 async def analyse_forever(reconciler: Reconciler, namespaces: list[str], default_url: str | None,
-                          tick: float) -> None:
+                          tick: float, default_headers_dir: Path | None = None) -> None:
     """Run `analyse_once` every `tick` seconds until cancelled."""
     while True:
         try:
-            await analyse_once(reconciler, namespaces, default_url)
+            await analyse_once(reconciler, namespaces, default_url, default_headers_dir)
         except kube.API_UNREACHABLE as error:
             logger.warning("analysis cycle skipped: the apiserver does not answer (%s: %s)",
                            type(error).__name__, error)

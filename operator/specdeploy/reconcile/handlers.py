@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -37,6 +38,8 @@ ENV_RESYNC_SECONDS = "SPECDEPLOY_RESYNC_SECONDS"
 ENV_NAMESPACES = "SPECDEPLOY_NAMESPACES"   # comma-separated; empty: all namespaces
 ENV_PROMETHEUS_URL = "SPECDEPLOY_PROMETHEUS_URL"
 ENV_ALERTMANAGER_URL = "SPECDEPLOY_ALERTMANAGER_URL"
+ENV_PROMETHEUS_HEADERS_DIR = "SPECDEPLOY_PROMETHEUS_HEADERS_DIR"     # a mounted Secret: one file per header
+ENV_ALERTMANAGER_HEADERS_DIR = "SPECDEPLOY_ALERTMANAGER_HEADERS_DIR"
 ENV_ANALYSIS_TICK_SECONDS = "SPECDEPLOY_ANALYSIS_TICK_SECONDS"
 ENV_METRICS_PORT = "SPECDEPLOY_METRICS_PORT"      # empty or 0: no /metrics server
 
@@ -65,6 +68,11 @@ def _namespaces() -> list[str]:
     return [ns for ns in os.environ.get(ENV_NAMESPACES, "").split(",") if ns]
 
 
+def _directory(variable: str) -> Path | None:
+    value = os.environ.get(variable)
+    return Path(value) if value else None
+
+
 def _lost_lease() -> None:
     logger.error("lost the operator lease; stopping so that only one operator acts")
     os.kill(os.getpid(), signal.SIGTERM)
@@ -77,7 +85,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # Everything that can fail comes before the lease: kopf retries a failed startup handler from the top,
     # and a retry must not find tasks of the first attempt running, or a lease it holds itself.
     reconciler = Reconciler(client, pod_monitors=await kube.pod_monitors_supported(client),
-                            alertmanager_url=os.environ.get(ENV_ALERTMANAGER_URL) or None)
+                            alertmanager_url=os.environ.get(ENV_ALERTMANAGER_URL) or None,
+                            alertmanager_headers_dir=_directory(ENV_ALERTMANAGER_HEADERS_DIR))
     port = int(os.environ.get(ENV_METRICS_PORT) or 0)
     try:
         memo.metrics_server = await serve_metrics(reconciler.metrics, port) if port else None
@@ -93,7 +102,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     memo.analysis_task = asyncio.create_task(analyse_forever(
         reconciler, _namespaces() or [ALL_NS], os.environ.get(ENV_PROMETHEUS_URL) or None,
-        float(os.environ.get(ENV_ANALYSIS_TICK_SECONDS, "5")),
+        float(os.environ.get(ENV_ANALYSIS_TICK_SECONDS, "5")), _directory(ENV_PROMETHEUS_HEADERS_DIR),
     ))
 
 

@@ -16,6 +16,7 @@ import logging
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
@@ -24,7 +25,7 @@ from pydantic import ValidationError
 
 from specdeploy.analysis import evidence
 from specdeploy.analysis.alerts import AlertmanagerError, post_alerts, rollback_alert
-from specdeploy.analysis.headers import InvalidHeaders
+from specdeploy.analysis.headers import InvalidHeaders, directory_headers
 from specdeploy.analysis.metrics import OperatorMetrics
 from specdeploy.analysis.oom import out_of_memory
 from specdeploy.analysis.samples import DeploymentSample
@@ -74,6 +75,7 @@ class Reconciler:
     client: AsyncClient
     pod_monitors: bool = False
     alertmanager_url: str | None = None     # used when an SD sets no spec.alerting.alertmanagerUrl
+    alertmanager_headers_dir: Path | None = None   # headers for alertmanager_url when the SD names no Secret
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     _locks: defaultdict[tuple[str, str], asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
 
@@ -189,18 +191,26 @@ class Reconciler:
             return
         url = resource.spec.alerting.alertmanager_url or self.alertmanager_url
         secret = resource.spec.alerting.headers_secret_ref
+        own = resource.spec.alerting.alertmanager_url is None and secret is None
+        headers_dir = self.alertmanager_headers_dir if own else None   # the operator's only to its own URL
         started = evidence.parse_rfc3339(record.at)
 
         async def alert(ends_at: datetime.datetime | None) -> bool:
             if not url:
                 return True
             try:
-                headers = await kube.secret_headers(self.client, namespace, secret) if secret else None
+                if secret:
+                    headers = await kube.secret_headers(self.client, namespace, secret)
+                elif headers_dir is not None:
+                    headers = await asyncio.to_thread(directory_headers, headers_dir)
+                else:
+                    headers = None
             except (ApiError, InvalidHeaders) as error:   # neither message holds a value
                 reason = error.status.message if isinstance(error, ApiError) else str(error)
-                logger.warning("%s/%s: cannot read Secret %s/%s for the Alertmanager headers "
-                               "(`spec.alerting.headersSecretRef`): %s; the alert is retried next cycle",
-                               namespace, name, namespace, secret, reason)
+                where = (f"Secret {namespace}/{secret} (`spec.alerting.headersSecretRef`)" if secret
+                         else "--alertmanager-headers-dir")
+                logger.warning("%s/%s: cannot read the Alertmanager headers from %s: %s; the alert is retried "
+                               "next cycle", namespace, name, where, reason)
                 return False
             try:
                 await post_alerts(url, [rollback_alert(namespace, name, record.reason, record.evidence, "",
