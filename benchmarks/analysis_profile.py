@@ -33,6 +33,7 @@ from lightkube import AsyncClient, KubeConfig
 from process_usage import Mark, load_average, machine
 
 from specdeploy.api import names as names_module
+from specdeploy.api.resource import GROUP, PLURAL, VERSION
 from specdeploy.devcluster import DevCluster
 from specdeploy.reconcile import analysis_loop, kube
 from specdeploy.reconcile import reconciler as reconciler_module
@@ -171,7 +172,9 @@ async def _cycle(reconciler: Reconciler, prometheus_url: str, count: int) -> Non
 def read_costs(cluster: DevCluster, count: int, samples: int) -> None:
     """What one read of an SD's children costs, by how it is asked: a label-selector list (what
     `kube.observe_deployments` and `kube.speculative_pods` do), the same from the apiserver's watch cache
-    (`resourceVersion=0`), or a get by the child's known name."""
+    (`resourceVersion=0`), or a get by the child's known name; each alone, and each right after a write
+    (a status patch of another SD), as in a cycle, where a consistent list waits for the watch cache to
+    catch up with the write."""
     names = [f"sd-{i:04d}" for i in range(0, count, max(1, count // samples))][:samples]
     deployments = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
     pods = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -184,15 +187,25 @@ def read_costs(cluster: DevCluster, count: int, samples: int) -> None:
         "list Pod by label, resourceVersion=0": lambda n: (
             pods, {"labelSelector": f"{LABEL_NAME}={n}", "resourceVersion": "0"}),
     }
-    print(f"\n| one read, {count} SDs' children in the namespace (httpx, one at a time) | ms per call |")
-    print("| --- | --- |")
+    written = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}/{names[0]}/status"
+    print(f"\n| one read, {count} SDs' children in the namespace (httpx, one at a time) | ms alone "
+          "| ms right after a write |")
+    print("| --- | --- | --- |")
     with cluster.api_client() as api:
         for way, request in ways.items():
-            started = time.perf_counter()
-            for name in names:
-                path, params = request(name)
-                api.get(path, params=params, timeout=60).raise_for_status()
-            print(f"| {way} | {(time.perf_counter() - started) / len(names) * 1000:.1f} |")
+            costs = []
+            for after_write in (False, True):
+                seconds = 0.0
+                for index, name in enumerate(names):
+                    if after_write:
+                        api.patch(written, json={"status": {"observedGeneration": index}}, timeout=60,
+                                  headers={"Content-Type": "application/merge-patch+json"}).raise_for_status()
+                    path, params = request(name)
+                    started = time.perf_counter()
+                    api.get(path, params=params, timeout=60).raise_for_status()
+                    seconds += time.perf_counter() - started
+                costs.append(seconds / len(names) * 1000)
+            print(f"| {way} | {costs[0]:.1f} | {costs[1]:.1f} |")
 
 
 async def profile(cluster: DevCluster, count: int, cycles: int, top: int) -> None:
