@@ -1,4 +1,7 @@
-"""Resources several e2e modules apply: one copy each."""
+"""Resources several e2e modules apply, and the step that serves the scenario SD: one copy each."""
+
+from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.simadmin import endpoints, sim_admin
 
 #: A stand-in for prometheus-operator's PodMonitor CRD (the operator renders PodMonitors when it exists).
 POD_MONITOR_CRD = """
@@ -41,3 +44,15 @@ spec:
     checks: {minAcceptanceRate: 0.5, maxP99InterTokenLatencyRatio: 2.0, maxP99E2ELatencyRatio: 3.0,
              maxP99TimeToFirstTokenRatio: 5.0}
 """
+
+
+def serve_scenario(cluster: DevCluster, namespace: str, manifest: str = SCENARIO_SD, name: str = SCENARIO_NAME,
+                   acceptance: float = 0.8) -> str:
+    """Apply `manifest` (an operator runs), wait for both variants' simulators, set the speculative ones'
+    acceptance; returns NAMESPACE/NAME."""
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+    sd = f"{namespace}/{name}"
+    wait_for(lambda: endpoints(cluster, sd, "speculative") and endpoints(cluster, sd, "control"), 120,
+             "both variants' simulators")
+    assert all(result.ok for result in sim_admin(cluster, sd, "speculative", {"acceptance": acceptance}))
+    return sd

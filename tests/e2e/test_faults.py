@@ -22,10 +22,10 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_resources import POD_MONITOR_CRD, SCENARIO_NAME, SCENARIO_SD
+from e2e_resources import POD_MONITOR_CRD, SCENARIO_NAME, SCENARIO_SD, serve_scenario
 
 from specdeploy.devcluster import DevCluster, wait_for
-from specdeploy.devcluster.simadmin import endpoints, sim_admin
+from specdeploy.devcluster.simadmin import sim_admin
 from specdeploy.devcluster.traffic import Traffic
 from specdeploy.devcluster.waiters import condition, get_json, wait_for_absent, wait_for_object
 
@@ -130,17 +130,6 @@ def _rendered_from(deployment: dict[str, Any] | None, generation: int) -> bool:
     """The Deployment exists and was applied from SD generation `generation`."""
     annotations = (deployment or {}).get("metadata", {}).get("annotations") or {}
     return annotations.get("specdeploy.io/generation") == str(generation)
-
-
-def _serve(cluster: DevCluster, namespace: str, resource: str = SCENARIO_SD) -> str:
-    """Apply the scenario SD (an operator runs), wait for both variants' simulators, set acceptance 0.8;
-    returns NAMESPACE/NAME."""
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=resource)
-    sd = f"{namespace}/{NAME}"
-    wait_for(lambda: endpoints(cluster, sd, "speculative") and endpoints(cluster, sd, "control"), 120,
-             "both variants' simulators")
-    assert all(result.ok for result in sim_admin(cluster, sd, "speculative", {"acceptance": 0.8}))
-    return sd
 
 
 def _healthy(cluster: DevCluster, namespace: str) -> dict[str, Any]:
@@ -280,7 +269,7 @@ def test_prometheus_killed_mid_analysis_no_spurious_rollback_and_a_real_regressi
     and between the failing samples of a real acceptance collapse (which must still roll back, once)."""
     analysing_operator()
     # failureLimit 4 (3 s apart): room to kill Prometheus between the first failing sample and the rollback
-    serving = _serve(dev_cluster, namespace, SCENARIO_SD.replace("failureLimit: 2", "failureLimit: 4"))
+    serving = serve_scenario(dev_cluster, namespace, SCENARIO_SD.replace("failureLimit: 2", "failureLimit: 4"))
     traffic = Traffic(dev_cluster, serving, qps=4, duration=300).start()
     try:
         _healthy(dev_cluster, namespace)
@@ -361,7 +350,7 @@ def test_operator_sigkilled_at_a_random_point_of_the_rollback_rolls_back_exactly
 ) -> None:
     where, delay = _kill_point(run)
     first = analysing_operator("first")
-    serving = _serve(dev_cluster, namespace)
+    serving = serve_scenario(dev_cluster, namespace)
     traffic = Traffic(dev_cluster, serving, qps=4, duration=300).start()
     try:
         _healthy(dev_cluster, namespace)
@@ -407,7 +396,7 @@ def test_sd_deleted_during_its_rollback_everything_is_cleaned_up(
     dev_cluster.kubectl("wait", "--for", "condition=established", "--timeout=30s",
                         "crd/podmonitors.monitoring.coreos.com")
     operator = analysing_operator(metrics=True)
-    serving = _serve(dev_cluster, namespace)
+    serving = serve_scenario(dev_cluster, namespace)
     assert get_json(dev_cluster, "podmonitor", NAME, namespace=namespace)
     traffic = Traffic(dev_cluster, serving, qps=4, duration=240).start()
     try:

@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_resources import SCENARIO_NAME, SCENARIO_SD
+from e2e_resources import SCENARIO_NAME, SCENARIO_SD, serve_scenario
 
 from specdeploy.devcluster import DevCluster, wait_for
-from specdeploy.devcluster.simadmin import endpoints, sim_admin
+from specdeploy.devcluster.simadmin import sim_admin
 from specdeploy.devcluster.traffic import Traffic
 from specdeploy.devcluster.waiters import get_json, wait_for_object
 
@@ -43,17 +43,6 @@ def analysing_operator(dev_cluster: DevCluster, namespace: str,
         return process
 
     return start
-
-
-def _serve(dev_cluster: DevCluster, namespace: str) -> str:
-    """Apply the SD (an operator runs), wait for both variants' simulators, set acceptance 0.8;
-    returns NAMESPACE/NAME."""
-    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=SD)
-    sd = f"{namespace}/{NAME}"
-    wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 90,
-             "both variants' simulators")
-    assert all(result.ok for result in sim_admin(dev_cluster, sd, "speculative", {"acceptance": 0.8}))
-    return sd
 
 
 def _sd(cluster: DevCluster, namespace: str) -> dict[str, Any]:
@@ -89,7 +78,7 @@ def test_acceptance_collapse_under_load_rolls_back_with_evidence(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
     operator = analysing_operator()
-    serving = _serve(dev_cluster, namespace)
+    serving = serve_scenario(dev_cluster, namespace)
     traffic = Traffic(dev_cluster, serving, qps=4, duration=240).start()
     try:
         wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
@@ -123,7 +112,7 @@ def test_an_idle_endpoint_is_inconclusive_and_keeps_speculating(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
     analysing_operator()
-    _serve(dev_cluster, namespace)
+    serve_scenario(dev_cluster, namespace)
     obj = wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("consecutiveInconclusive", 0) >= 8,
                           90, "eight inconclusive samples", namespace=namespace)
     assert obj["status"]["speculation"]["active"] is True
@@ -137,7 +126,7 @@ def test_out_of_memory_of_a_speculative_pod_rolls_back_at_once(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
     analysing_operator()
-    serving = _serve(dev_cluster, namespace)
+    serving = serve_scenario(dev_cluster, namespace)
     wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("lastSampleAt"), 60, "a first sample",
                     namespace=namespace)
     sim_admin(dev_cluster, serving, "speculative", {"oom": True})
@@ -151,7 +140,7 @@ def test_the_retry_annotation_speculates_again_and_resolves_the_alert(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
     analysing_operator()
-    serving = _serve(dev_cluster, namespace)
+    serving = serve_scenario(dev_cluster, namespace)
     sim_admin(dev_cluster, serving, "speculative", {"oom": True})
     wait_for_object(dev_cluster, ["sd", NAME], _rolled_back, 60, "the OOM rollback", namespace=namespace)
     wait_for(lambda: _alerts(dev_cluster, namespace), 30, "the rollback alert")
@@ -179,7 +168,7 @@ def test_killed_right_after_deciding_rolls_back_exactly_once(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
     crashing = analysing_operator("crashing", env={"SPECDEPLOY_FAULT": "exit-after-rollback-decision"})
-    serving = _serve(dev_cluster, namespace)
+    serving = serve_scenario(dev_cluster, namespace)
     sim_admin(dev_cluster, serving, "speculative", {"oom": True})
     wait_for(lambda: crashing.process.poll() is not None, 60, "the operator to die after its decision",
              describe=crashing.output)
@@ -207,7 +196,7 @@ def test_healthy_noisy_traffic_for_ten_minutes_keeps_speculating(
     """Acceptance 0.7 ± 0.1 per request, under steady load, for SPECDEPLOY_SOAK_SECONDS (600): no rollback."""
     seconds = float(os.environ.get("SPECDEPLOY_SOAK_SECONDS", "600"))
     analysing_operator()
-    serving = _serve(dev_cluster, namespace)
+    serving = serve_scenario(dev_cluster, namespace)
     sim_admin(dev_cluster, serving, "speculative", {"acceptance": 0.7, "noise": 0.1})
     # temperature 0: the knob is then the rate the metrics show (acceptance falls as temperature rises)
     traffic = Traffic(dev_cluster, serving, qps=3, duration=seconds + 60, temperature="0").start()
@@ -241,12 +230,7 @@ def test_acceptance_collapse_rolls_back_on_sglang_and_tensorrt_llm(
     """The same scenario with the engine's own command line and metric names (SGLang exports acceptance
     as gauges, TensorRT-LLM as counters on /prometheus/metrics)."""
     analysing_operator()
-    resource = SD.replace("spec:\n", f"spec:\n  engine: {{kind: {engine}}}\n", 1)
-    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=resource)
-    sd = f"{namespace}/{NAME}"
-    wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 90,
-             "both variants' simulators")
-    sim_admin(dev_cluster, sd, "speculative", {"acceptance": 0.8})
+    sd = serve_scenario(dev_cluster, namespace, SD.replace("spec:\n", f"spec:\n  engine: {{kind: {engine}}}\n", 1))
     traffic = Traffic(dev_cluster, sd, qps=4, duration=240).start()
     try:
         wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
@@ -308,11 +292,7 @@ def test_rising_load_rolls_back_on_per_token_latency_and_low_load_keeps_speculat
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
     analysing_operator()
-    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=LOAD_SD)
-    sd = f"{namespace}/{LOAD_NAME}"
-    wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 90,
-             "both variants' simulators")
-    assert all(result.ok for result in sim_admin(dev_cluster, sd, "speculative", {"acceptance": 0.5}))
+    sd = serve_scenario(dev_cluster, namespace, LOAD_SD, LOAD_NAME, acceptance=0.5)
 
     def load_sd() -> dict[str, Any]:
         return get_json(dev_cluster, "sd", LOAD_NAME, namespace=namespace)
