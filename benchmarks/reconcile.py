@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,7 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
             time.sleep(steady_seconds)   # nothing changes now: what does the operator cost at rest?
             steady_to = Mark.of(operator.pid)
             rss, peak = rss_kib(operator.pid)
+            log_text = log_path.read_text(errors="replace")
         finally:
             if operator is not None:
                 operator.terminate()
@@ -113,6 +115,11 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
               f"p99 {percentile(values, 0.99):.1f} s)")
     if ready:
         print(f"{len(ready)} Ready after {max(ready.values()):.1f} s")
+    retried = log_text.count("failed with an exception and will try again")
+    dropped = len(re.findall(r"reconciling \S+ after a (?:Deployment change|pod restart) failed", log_text))
+    timeouts = len(re.findall(r"^httpx\d*\.\w*Timeout$", log_text, re.MULTILINE))   # a traceback's last line
+    print(f"operator log: {retried} reconciles failed and retried by kopf, {dropped} child-triggered reconciles "
+          f"failed (left to the resync); {timeouts} of the failures were client timeouts")
     print(f"operator RSS: idle {idle_rss / 1024:.0f} MiB, at the end {rss / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB")
     reconcile_cpu = began.cpu_per_wall(all_reconciled) if all_reconciled else float("nan")
     print(f"operator CPU (cores busy): {reconcile_cpu:.2f} until all reconciled, "
