@@ -38,9 +38,11 @@ unit: $(STAMP)
 test: $(STAMP) system-deps cluster-binaries lint
 	$(BIN)/pytest tests
 
-# The long fault runs: the operator SIGKILLed at 20 seeded random points of the rollback (about 25 minutes).
+# The long runs: the operator SIGKILLed at 20 seeded random points of the rollback, and 400 hostile
+# SpeculativeDeployments against the apiserver (about 30 minutes).
 test-long: $(STAMP) system-deps cluster-binaries
-	SPECDEPLOY_FAULT_RUNS=20 $(BIN)/pytest tests/e2e/test_faults.py
+	SPECDEPLOY_FAULT_RUNS=20 SPECDEPLOY_HOSTILE_EXAMPLES=400 $(BIN)/pytest tests/e2e/test_faults.py \
+		tests/e2e/test_hostile_input.py
 
 clean:
 	rm -rf $(VENV)
