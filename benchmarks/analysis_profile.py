@@ -56,7 +56,7 @@ PURE_STEPS = (
 API_STEPS = (
     (kube, "get_resource"), (kube, "observe_deployments"), (kube, "speculative_pods"), (kube, "apply_children"),
     (kube, "prune_children"), (kube, "write_status"),
-    (analysis_loop, "_list"), (analysis_loop, "query_all"),
+    (analysis_loop, "_list_due"), (analysis_loop, "query_all"),
 )
 
 
@@ -171,7 +171,7 @@ async def _cycle(reconciler: Reconciler, prometheus_url: str, count: int) -> Non
 
 def read_costs(cluster: DevCluster, count: int, samples: int) -> None:
     """What one read of an SD's children costs, by how it is asked: a label-selector list (what
-    `kube.observe_deployments` and `kube.speculative_pods` do), the same from the apiserver's watch cache
+    `kube.speculative_pods` does, and `kube.observe_deployments` did), the same from the apiserver's watch cache
     (`resourceVersion=0`), or a get by the child's known name; each alone, and each right after a write
     (a status patch of another SD), as in a cycle, where a consistent list waits for the watch cache to
     catch up with the write."""

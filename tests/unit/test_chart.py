@@ -205,7 +205,8 @@ OPERATOR_CALLS = {
     ("specdeploy.io", "speculativedeployments", verb) for verb in ("get", "list", "watch", "patch")
 } | {
     ("specdeploy.io", "speculativedeployments/status", "patch"),
-    ("apps", "deployments", "list"), ("apps", "deployments", "watch"), ("apps", "deployments", "create"),
+    ("apps", "deployments", "get"), ("apps", "deployments", "list"),
+    ("apps", "deployments", "watch"), ("apps", "deployments", "create"),
     ("apps", "deployments", "patch"), ("apps", "deployments", "delete"),
     ("", "configmaps", "create"), ("", "configmaps", "patch"),
     ("", "services", "create"), ("", "services", "patch"),

@@ -17,6 +17,8 @@ from specdeploy.reconcile.children import (
     desired_children,
     engine_command,
 )
+from specdeploy.reconcile.kube import already_applied
+from specdeploy.reconcile.status import DeploymentState
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 ACCEPTED_EXAMPLES = [path for path in EXAMPLES if "rejected" not in path.stem]
@@ -158,3 +160,33 @@ def test_specdeploy_engine_images_get_the_argv_as_args_for_their_launcher() -> N
     container = _container(desired_children(resource, plan).deployments[Variant.SPECULATIVE])
     assert "command" not in container
     assert container["args"] == engine_command(plan, Variant.SPECULATIVE, speculate=True).argv()
+
+
+def test_the_fingerprint_changes_with_the_children_and_the_generation_only() -> None:
+    resource = _load("llama-8b-ngram.yaml")
+    plan = make_plan(resource.spec)
+    children = desired_children(resource, plan)
+    rolled_back = desired_children(resource.model_copy(update={"status": SpeculativeDeploymentStatus(
+        speculation=SpeculationStatus(active=False, rollbacks=1))}), plan)
+    assert children.fingerprint(1) == desired_children(resource, plan).fingerprint(1)   # stable
+    assert len({children.fingerprint(1), children.fingerprint(2), rolled_back.fingerprint(1)}) == 3
+
+
+def test_already_applied_means_every_wanted_deployment_from_this_apply_and_no_other() -> None:
+    resource = _load("llama-8b-ngram.yaml")
+    children = desired_children(resource, make_plan(resource.spec))
+
+    def state(variant: Variant, fingerprint: str | None) -> DeploymentState:
+        return DeploymentState(name=children.deployments[variant]["metadata"]["name"], variant=variant,
+                               replicas=1, updated_replicas=1, available_replicas=1, generation=1,
+                               observed_generation=1, sd_generation=1, children_fingerprint=fingerprint)
+
+    current = children.fingerprint(1)
+    both = [state(Variant.SPECULATIVE, current), state(Variant.CONTROL, current)]
+    assert already_applied(children, 1, both)
+    assert not already_applied(children, 2, both)                                  # a new generation
+    assert not already_applied(children, 1, both[:1])                              # one is missing
+    assert not already_applied(children, 1, [both[0], state(Variant.CONTROL, None)])  # before fingerprints
+    assert not already_applied(children, 1, [*both, DeploymentState(
+        name="llama-8b-ngram-old", variant=Variant.CONTROL, replicas=1, updated_replicas=1, available_replicas=1,
+        generation=1, observed_generation=1, sd_generation=1, children_fingerprint=current)])   # one too many

@@ -73,10 +73,11 @@ Server-side apply of a child that does not exist yet is a create, so apply needs
 - apiGroups: [specdeploy.io]
   resources: [speculativedeployments/finalizers]
   verbs: [update]
-# Engine Deployments: applied, listed (readiness), watched by kopf, deleted when no longer wanted.
+# Engine Deployments: applied, read by name (readiness), listed and watched by kopf, deleted when no
+# longer wanted.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # The engine ConfigMap (plan.json, engine config files) and the Service: applied.
 - apiGroups: [""]
   resources: [configmaps, services]

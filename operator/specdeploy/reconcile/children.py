@@ -47,6 +47,12 @@ class Children:
         manifests = [self.config_map, *self.deployments.values(), self.service]
         return manifests + ([self.pod_monitor] if self.pod_monitor else [])
 
+    def fingerprint(self, generation: int) -> str:
+        """A hash of every manifest and the SD generation they come from: equal fingerprints, equal children.
+        Stored on the Deployments, it lets an analysis cycle skip applying what is already applied."""
+        text = json.dumps([generation, self.all()], sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
 
 def speculation_active(resource: SpeculativeDeployment) -> bool:
     """Speculation runs unless the spec turns it off or a rollback (in status) took it away."""

@@ -121,9 +121,10 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
         await election.client.close()
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile")
-@kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile")
-@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile")
+# A failed reconcile is retried after 5 s (kopf's default is 60 s); the resync catches anything else.
+@kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", backoff=5)
+@kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", backoff=5)
+@kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", backoff=5)
 async def reconcile_sd(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     await memo.reconciler.reconcile(namespace or "", name)
 

@@ -25,6 +25,7 @@ from lightkube.resources.core_v1 import Event, Pod, Secret
 from lightkube.types import PatchType
 
 from specdeploy.analysis.headers import HEADERS_SECRET_LABEL, Headers, InvalidHeaders, http_headers
+from specdeploy.api import names
 from specdeploy.api.resource import GROUP, KIND, PLURAL, VERSION
 from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT, Children, Variant
 from specdeploy.reconcile.conditions import Event as SdEvent
@@ -32,6 +33,7 @@ from specdeploy.reconcile.status import DeploymentState
 
 FIELD_MANAGER = "specdeploy"
 ANNOTATION_SD_GENERATION = "specdeploy.io/generation"
+ANNOTATION_CHILDREN_FINGERPRINT = "specdeploy.io/children-fingerprint"
 POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
 
 SpeculativeDeploymentResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
@@ -80,24 +82,46 @@ def _deployment_state(obj: Deployment) -> DeploymentState | None:
         generation=(obj.metadata.generation or 0) if obj.metadata else 0,
         observed_generation=(status.observedGeneration or 0) if status else 0,
         sd_generation=int(sd_generation) if sd_generation and sd_generation.isdigit() else None,
+        children_fingerprint=annotations.get(ANNOTATION_CHILDREN_FINGERPRINT),
     )
 
 
 async def observe_deployments(client: AsyncClient, namespace: str, name: str) -> list[DeploymentState]:
-    """The child Deployments of SD `name` that exist now."""
+    """The child Deployments of SD `name` that exist now, got by their names: a get is answered at once,
+    where a label list right after a write waits ~90 ms for the apiserver's watch cache
+    (benchmarks/analysis_profile.py)."""
     states = []
-    async for obj in client.list(Deployment, namespace=namespace, labels={LABEL_NAME: name}):
-        state = _deployment_state(obj)
+    for child in (names.engine_deployment_name(name), names.control_deployment_name(name)):
+        try:
+            obj = await client.get(Deployment, child, namespace=namespace)
+        except ApiError as error:
+            if error.status.code == 404:
+                continue
+            raise
+        labels = (obj.metadata.labels if obj.metadata else None) or {}
+        state = _deployment_state(obj) if labels.get(LABEL_NAME) == name else None
         if state is not None:
             states.append(state)
     return states
 
 
-def _with_generation(manifest: dict[str, Any], generation: int) -> dict[str, Any]:
-    """A Deployment manifest carrying the SD generation it was rendered from (not in the pod template)."""
+def _annotated(manifest: dict[str, Any], generation: int, fingerprint: str) -> dict[str, Any]:
+    """A Deployment manifest carrying the SD generation and the children's fingerprint it was rendered
+    from (on the Deployment, not in its pod template: they restart nothing)."""
     metadata = {**manifest["metadata"]}
-    metadata["annotations"] = {**metadata.get("annotations", {}), ANNOTATION_SD_GENERATION: str(generation)}
+    metadata["annotations"] = {**metadata.get("annotations", {}), ANNOTATION_SD_GENERATION: str(generation),
+                               ANNOTATION_CHILDREN_FINGERPRINT: fingerprint}
     return {**manifest, "metadata": metadata}
+
+
+def already_applied(children: Children, generation: int, existing: list[DeploymentState]) -> bool:
+    """Whether the last apply wrote exactly `children` of `generation`: every wanted Deployment exists with
+    their fingerprint and no other does. (The ConfigMap and Service are in the fingerprint, but only the
+    periodic resync, which always applies, restores them when deleted by hand.)"""
+    wanted = {manifest["metadata"]["name"] for manifest in children.deployments.values()}
+    fingerprint = children.fingerprint(generation)
+    return {state.name for state in existing} == wanted and all(
+        state.children_fingerprint == fingerprint for state in existing)
 
 
 async def apply_children(
@@ -107,7 +131,8 @@ async def apply_children(
     events: list[SdEvent] = []
     before = {state.name: state.generation for state in existing}
     manifests = [children.config_map]
-    manifests += [_with_generation(d, generation) for d in children.deployments.values()]
+    fingerprint = children.fingerprint(generation)
+    manifests += [_annotated(d, generation, fingerprint) for d in children.deployments.values()]
     manifests.append(children.service)
     if children.pod_monitor is not None:
         manifests.append(children.pod_monitor)

@@ -47,6 +47,10 @@ ROLLBACK_EVENT_REASON = "SpeculationRolledBack"
 FAULT_ENV = "SPECDEPLOY_FAULT"
 """Fault injection for the crash tests: `exit-after-rollback-decision` kills the process (as SIGKILL would,
 no clean-up) right after a rollback decision is written, before anything acts on it."""
+CONCURRENT_RECONCILES = 32
+"""Reconciles in flight at once, whatever triggered them: a burst (1000 SDs applied together, a restart)
+would otherwise start one per SD on one HTTP connection pool of 100 and time out by the hundred
+(benchmarks/reconcile.py, docs/performance.md)."""
 REFUSED_CODES = frozenset({400, 403, 413, 422})
 """Apiserver answers to a child that retrying the same request cannot change (invalid, forbidden, too large):
 they go into status as Ready=False ApplyRefused instead of an exception retried without end."""
@@ -78,11 +82,12 @@ class Reconciler:
     alertmanager_headers_dir: Path | None = None   # headers for alertmanager_url when the SD names no Secret
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     _locks: defaultdict[tuple[str, str], asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    _slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(CONCURRENT_RECONCILES))
 
     async def reconcile(self, namespace: str, name: str, sample: DeploymentSample | None = None) -> None:
         """Bring SD `namespace/name` and its children to what its spec and status say; `sample` is an
         analysis sample taken for it this cycle."""
-        async with self._locks[(namespace, name)]:
+        async with self._locks[(namespace, name)], self._slots:
             body = await kube.get_resource(self.client, namespace, name)
             if body is None:
                 self._locks.pop((namespace, name), None)
@@ -124,9 +129,13 @@ class Reconciler:
             logger.warning("%s/%s rolled back: %s", namespace, name, step.rollback.evidence)
             if os.environ.get(FAULT_ENV) == "exit-after-rollback-decision":
                 os._exit(137)
+        children = None
         if planned.plan is not None and planned.accepted:
             children = desired_children(resource.model_copy(update={"status": status}), planned.plan,
                                         pod_monitor=self.pod_monitors)
+        # An analysis sample whose step changed no child needs no apply: most of a cycle's cost with many
+        # SDs. Every other trigger (the resync included) applies, which restores hand edits.
+        if children is not None and (sample is None or not kube.already_applied(children, generation, existing)):
             refusal = None
             try:
                 events += await kube.apply_children(self.client, children, generation, existing)

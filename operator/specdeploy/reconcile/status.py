@@ -48,6 +48,7 @@ class DeploymentState:
     generation: int
     observed_generation: int
     sd_generation: int | None   # the SpeculativeDeployment generation it was last rendered from
+    children_fingerprint: str | None = None   # Children.fingerprint of the apply that last wrote it
 
     @property
     def rolled_out(self) -> bool:
