@@ -172,10 +172,14 @@ class Reconciler:
 
     async def _step(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus,
                     planned: Planned, sample: DeploymentSample | None, now: datetime.datetime) -> SpeculationStep:
-        """The speculation step, with the OOM deaths of the speculative pods since speculation started."""
+        """The speculation step, with the OOM deaths of the speculative pods since speculation started.
+
+        Pods are listed on every trigger but an analysis sample: a restart is a pod event, which
+        reconciles at once, and the resync looks again; a label list is the costliest read of a cycle with
+        many SDs (~90 ms right after a write, docs/performance.md)."""
         deaths = []
         speculation = previous.speculation
-        if planned.accepted and speculation is not None and speculation.active:
+        if sample is None and planned.accepted and speculation is not None and speculation.active:
             pods = await kube.speculative_pods(self.client, resource.metadata.namespace or "", resource.metadata.name)
             since = evidence.parse_rfc3339(speculation.since) if speculation.since else None
             deaths = out_of_memory(pods, since)
