@@ -197,6 +197,12 @@ def _phase(planned: Planned, ready: ConditionStatus, ready_reason: str, previous
     return Phase.SPECULATING if healthy == ConditionStatus.TRUE else Phase.MEASURING
 
 
+def _in_type_order(conditions: list[Condition]) -> list[Condition]:
+    """Conditions in ConditionType's order (unknown types last), so `kubectl describe` reads the same."""
+    order = {t.value: i for i, t in enumerate(ConditionType)}
+    return sorted(conditions, key=lambda c: order.get(c.type, len(order)))
+
+
 def refused_status(
     previous: SpeculativeDeploymentStatus, generation: int, reason: Reason, message: str, now: str
 ) -> SpeculativeDeploymentStatus:
@@ -205,8 +211,7 @@ def refused_status(
     generation observed, the other conditions kept."""
     conditions = set_condition(list(previous.conditions), condition(
         ConditionType.READY, ConditionStatus.FALSE, reason, message, now, generation))
-    order = {t.value: i for i, t in enumerate(ConditionType)}
-    conditions.sort(key=lambda c: order.get(c.type, len(order)))
+    conditions = _in_type_order(conditions)
     return previous.model_copy(update={"observed_generation": generation, "phase": Phase.REJECTED,
                                        "conditions": conditions})
 
@@ -238,8 +243,7 @@ def next_status(
         conditions = set_condition(conditions, condition(type_, status, reason, message, now, generation))
     previous_ready = next((c for c in previous.conditions if c.type == ConditionType.READY), None)
     phase = _phase(planned, ready[0], ready[1], previous_ready, speculation, speculation_healthy[0])
-    order = {t.value: i for i, t in enumerate(ConditionType)}
-    conditions.sort(key=lambda c: order.get(c.type, len(order)))
+    conditions = _in_type_order(conditions)
     return previous.model_copy(update={
         "observed_generation": generation,
         "phase": phase,
