@@ -24,10 +24,7 @@ The analysis tick equals the SDs' interval, so every cycle finds every SD due an
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,10 +34,12 @@ from typing import Any
 
 import httpx
 import yaml
+from bench_operator import watching_operator
 from process_usage import Mark, load_average, machine, percentile, rss_kib
 
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
 from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.processes import free_port
 from specdeploy.devcluster.simadmin import endpoints, sim_admin
 from specdeploy.devcluster.traffic import Traffic
 
@@ -68,12 +67,6 @@ def _sd(name: str, replicas: int, baseline: dict[str, Any]) -> dict[str, Any]:
             "analysis": {**ANALYSIS, "baseline": baseline},
         },
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
@@ -197,41 +190,27 @@ def run(counts: list[int], cycles: int) -> None:
         cluster = DevCluster(Path(state) / "cluster", nodes=2, monitoring=True,
                              progress=lambda m: print(m, file=sys.stderr))
         cluster.up()
-        operator = None
         rows: list[tuple[int, dict[str, Any], tuple[float, float, str]]] = []
+        port = free_port()
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
+        operator_args = ("--resync-seconds", "600", "--metrics-port", str(port), "--prometheus-url",
+                         cluster.prometheus_url, "--alertmanager-url", cluster.alertmanager_url,
+                         "--analysis-tick-seconds", f"{INTERVAL:g}")
         try:
-            repo = Path(__file__).resolve().parents[1]
-            cluster.kubectl("apply", "--server-side", "-f", str(repo / "crds"))
-            cluster.kubectl("wait", "--for", "condition=established", "crd/speculativedeployments.specdeploy.io")
-            cluster.kubectl("create", "namespace", NAMESPACE)
-            port = _free_port()
-            metrics_url = f"http://127.0.0.1:{port}/metrics"
-            log_path = Path(state) / "operator.log"
-            log = log_path.open("wb")
-            operator = subprocess.Popen(
-                [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", NAMESPACE, "--lease-namespace",
-                 NAMESPACE, "--liveness", "", "--log-format", "plain", "--resync-seconds", "600",
-                 "--metrics-port", str(port), "--prometheus-url", cluster.prometheus_url,
-                 "--alertmanager-url", cluster.alertmanager_url, "--analysis-tick-seconds", f"{INTERVAL:g}"],
-                env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
-            )
-            wait_for(lambda: "acquired lease" in log_path.read_text(errors="replace"), 60, "the operator's lease")
-            present = 0
-            for count in counts:
-                served = f"served-{count:04d}"
-                documents = [_sd(f"idle-{i:04d}", 0, {"mode": "None"}) for i in range(present, count - 1)]
-                documents.append(_sd(served, 1, {"mode": "Control", "controlReplicas": 1}))
-                cluster.kubectl("create", "-f", "-", input=yaml.safe_dump_all(documents), timeout=1800)
-                present = count
-                cost = measure(cluster, metrics_url, operator.pid, count, cycles)
-                print(f"  {count} SDs: {cost}", file=sys.stderr)
-                detection = detection_latency(cluster, served)
-                print(f"  {count} SDs: detection {detection}", file=sys.stderr)
-                rows.append((count, cost, detection))
+            with watching_operator(cluster, Path(state), NAMESPACE, *operator_args) as (operator, _):
+                present = 0
+                for count in counts:
+                    served = f"served-{count:04d}"
+                    documents = [_sd(f"idle-{i:04d}", 0, {"mode": "None"}) for i in range(present, count - 1)]
+                    documents.append(_sd(served, 1, {"mode": "Control", "controlReplicas": 1}))
+                    cluster.kubectl("create", "-f", "-", input=yaml.safe_dump_all(documents), timeout=1800)
+                    present = count
+                    cost = measure(cluster, metrics_url, operator.pid, count, cycles)
+                    print(f"  {count} SDs: {cost}", file=sys.stderr)
+                    detection = detection_latency(cluster, served)
+                    print(f"  {count} SDs: detection {detection}", file=sys.stderr)
+                    rows.append((count, cost, detection))
         finally:
-            if operator is not None:
-                operator.terminate()
-                operator.wait(timeout=30)
             cluster.down()
     print(f"machine: {machine()}; load average before {load_before}, after {load_average()}")
     print(f"analysis: interval {ANALYSIS['interval']}, window {ANALYSIS['window']}, "

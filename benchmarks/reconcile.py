@@ -15,9 +15,7 @@ for the resync). Targets (issue 4): 200 SDs in under 60 s, RSS under 200 MiB.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from bench_operator import watching_operator
 from process_usage import Mark, load_average, machine, percentile, rss_kib
 
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
-from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster import DevCluster
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "bench"
@@ -53,57 +52,43 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
     with tempfile.TemporaryDirectory(prefix="specdeploy-bench-") as state:
         cluster = DevCluster(Path(state) / "cluster", nodes=nodes, progress=lambda m: print(m, file=sys.stderr))
         cluster.up(timeout=600)
-        operator = None
         try:
-            cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-            cluster.kubectl("wait", "--for", "condition=established", "crd/speculativedeployments.specdeploy.io")
-            cluster.kubectl("create", "namespace", NAMESPACE)
-            env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-            log_path = Path(state) / "operator.log"
-            log = log_path.open("wb")
-            operator = subprocess.Popen(
-                [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", NAMESPACE, "--lease-namespace",
-                 NAMESPACE, "--liveness", "", "--log-format", "plain", "--resync-seconds", "300", "--metrics-port", "0"],
-                env=env, stdout=log, stderr=subprocess.STDOUT,
-            )
-            wait_for(lambda: "acquired lease" in log_path.read_text(errors="replace"), 60, "the operator's lease")
-            idle_rss, _ = rss_kib(operator.pid)
-            documents = yaml.safe_dump_all([_resource(i) for i in range(count)])
-            began, began_wall = Mark.of(operator.pid), time.time()
-            cluster.kubectl("create", "-f", "-", input=documents, timeout=1800)
-            created = time.monotonic() - began.wall
-            reconciled: dict[str, float] = {}
-            latency: dict[str, float] = {}
-            ready: dict[str, float] = {}
-            all_reconciled: Mark | None = None
-            path = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
-            with cluster.api_client() as api:
-                while len(ready) < count and time.monotonic() - began.wall < timeout:
-                    items = api.get(path, params={"resourceVersion": "0"}, timeout=60).raise_for_status().json()["items"]
-                    now = time.monotonic() - began.wall
-                    for item in items:
-                        name, status = item["metadata"]["name"], item.get("status") or {}
-                        if status.get("observedGeneration") == item["metadata"]["generation"]:
-                            if name not in reconciled:
-                                reconciled[name] = now
-                                latency[name] = began_wall + now - _created_at(item)
-                            conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
-                            if conditions.get("Ready") == "True":
-                                ready.setdefault(name, now)
-                    if all_reconciled is None and len(reconciled) == count:
-                        all_reconciled = Mark.of(operator.pid)
-                    time.sleep(1.0)
-            all_ready = Mark.of(operator.pid)
-            deployments = cluster.kubectl("get", "deployments", "-n", NAMESPACE, "--no-headers").stdout.count("\n")
-            steady_from = Mark.of(operator.pid)
-            time.sleep(steady_seconds)   # nothing changes now: what does the operator cost at rest?
-            steady_to = Mark.of(operator.pid)
-            rss, peak = rss_kib(operator.pid)
-            log_text = log_path.read_text(errors="replace")
+            with watching_operator(cluster, Path(state), NAMESPACE, "--resync-seconds", "300",
+                                   "--metrics-port", "0") as (operator, log_path):
+                idle_rss, _ = rss_kib(operator.pid)
+                documents = yaml.safe_dump_all([_resource(i) for i in range(count)])
+                began, began_wall = Mark.of(operator.pid), time.time()
+                cluster.kubectl("create", "-f", "-", input=documents, timeout=1800)
+                created = time.monotonic() - began.wall
+                reconciled: dict[str, float] = {}
+                latency: dict[str, float] = {}
+                ready: dict[str, float] = {}
+                all_reconciled: Mark | None = None
+                path = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
+                with cluster.api_client() as api:
+                    while len(ready) < count and time.monotonic() - began.wall < timeout:
+                        items = api.get(path, params={"resourceVersion": "0"}, timeout=60).raise_for_status().json()["items"]
+                        now = time.monotonic() - began.wall
+                        for item in items:
+                            name, status = item["metadata"]["name"], item.get("status") or {}
+                            if status.get("observedGeneration") == item["metadata"]["generation"]:
+                                if name not in reconciled:
+                                    reconciled[name] = now
+                                    latency[name] = began_wall + now - _created_at(item)
+                                conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+                                if conditions.get("Ready") == "True":
+                                    ready.setdefault(name, now)
+                        if all_reconciled is None and len(reconciled) == count:
+                            all_reconciled = Mark.of(operator.pid)
+                        time.sleep(1.0)
+                all_ready = Mark.of(operator.pid)
+                deployments = cluster.kubectl("get", "deployments", "-n", NAMESPACE, "--no-headers").stdout.count("\n")
+                steady_from = Mark.of(operator.pid)
+                time.sleep(steady_seconds)   # nothing changes now: what does the operator cost at rest?
+                steady_to = Mark.of(operator.pid)
+                rss, peak = rss_kib(operator.pid)
+                log_text = log_path.read_text(errors="replace")
         finally:
-            if operator is not None:
-                operator.terminate()
-                operator.wait(timeout=30)
             cluster.down()
     print(f"machine: {machine()}; load average before {load_before}, after {load_average()}")
     print(f"cluster: {nodes} kwok nodes of {GPUS_PER_NODE} GPUs; SDs created: {count} in one kubectl create "

@@ -1,0 +1,40 @@
+"""The operator as the benchmarks run it: the CRD applied, one namespace, `specdeploy run` watching it.
+
+    with watching_operator(cluster, state_dir, "bench", "--resync-seconds", "300") as (operator, log_path):
+        ...   # operator.pid for /proc readings, log_path for what it logged
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from specdeploy.devcluster import DevCluster, wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def watching_operator(cluster: DevCluster, state_dir: Path, namespace: str,
+                      *args: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """Yields the operator process (its Lease acquired) and its log file; stops it on the way out."""
+    cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    cluster.kubectl("wait", "--for", "condition=established", "crd/speculativedeployments.specdeploy.io")
+    cluster.kubectl("create", "namespace", namespace)
+    log_path = state_dir / "operator.log"
+    with log_path.open("wb") as log:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", namespace, "--lease-namespace",
+             namespace, "--liveness", "", "--log-format", "plain", *args],
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(lambda: "acquired lease" in log_path.read_text(errors="replace"), 60, "the operator's lease")
+            yield operator, log_path
+        finally:
+            operator.terminate()
+            operator.wait(timeout=30)
