@@ -21,6 +21,7 @@ from types import FrameType
 import pytest
 
 from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.processes import free_port
 
 
 def _progress(message: str) -> None:
@@ -103,6 +104,8 @@ def operator(dev_cluster: DevCluster, crds: None, namespace: str, monkeypatch: p
 class OperatorProcess:
     """`specdeploy run` as a separate process, for tests that kill it or start a second one."""
 
+    metrics_url = ""   # set by `analysing_operator(metrics=True)`
+
     def __init__(self, dev_cluster: DevCluster, namespace: str, log: Path, extra_args: tuple[str, ...] = (),
                  extra_env: dict[str, str] | None = None) -> None:
         self.log = log
@@ -149,6 +152,24 @@ def operator_processes(dev_cluster: DevCluster, crds: None, namespace: str,
     yield start
     for process in started:
         process.stop()
+
+
+@pytest.fixture
+def analysing_operator(dev_cluster: DevCluster,
+                       operator_processes: Callable[..., OperatorProcess]) -> Callable[..., OperatorProcess]:
+    """Start an operator that samples the dev Prometheus every second and alerts the dev Alertmanager.
+    `metrics=True` serves its /metrics at `process.metrics_url` — only for tests that read it: a port
+    probed free here can be taken before the operator binds it, and the operator then stops."""
+
+    def start(label: str = "operator", env: dict[str, str] | None = None, metrics: bool = False) -> OperatorProcess:
+        port = free_port() if metrics else 0
+        process = operator_processes(
+            label, "--prometheus-url", dev_cluster.prometheus_url, "--alertmanager-url",
+            dev_cluster.alertmanager_url, "--analysis-tick-seconds", "1", "--metrics-port", str(port), env=env)
+        process.metrics_url = f"http://127.0.0.1:{port}/metrics"
+        return process
+
+    return start
 
 
 # --- the operator as the Helm chart's ServiceAccount ---------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -25,6 +24,7 @@ import yaml
 from e2e_resources import POD_MONITOR_CRD, SCENARIO_NAME, SCENARIO_SD
 
 from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.processes import free_port
 from specdeploy.devcluster.simadmin import sim_admin
 from specdeploy.devcluster.waiters import condition, get_json
 
@@ -85,17 +85,11 @@ def _can(cluster: DevCluster, account: str, verb: str, resource: str, namespace:
     return proc.stdout.strip() == "yes"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class ChartOperator:
     """`specdeploy <the chart's args>` with the ServiceAccount's kubeconfig, in its own process group."""
 
     def __init__(self, args: list[str], kubeconfig: Path, pod_namespace: str, log: Path) -> None:
-        self.health_port, self.metrics_port = _free_port(), _free_port()
+        self.health_port, self.metrics_port = free_port(), free_port()
         args = [self._port(arg) for arg in args]
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": pod_namespace}
         for key in [k for k in env if k.startswith("SPECDEPLOY_")]:

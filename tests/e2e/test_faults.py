@@ -14,7 +14,6 @@ import datetime
 import os
 import random
 import re
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -44,30 +43,9 @@ def _measured(what: str, **figures: object) -> None:
           flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _parse_time(text: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
-
-@pytest.fixture
-def analysing_operator(dev_cluster: DevCluster, operator_processes: Callable[..., Any]) -> Callable[..., Any]:
-    """Start an operator that samples Prometheus every second and alerts the dev Alertmanager."""
-
-    def start(label: str = "operator", metrics: bool = False) -> Any:
-        # a /metrics port only when the test reads it: a free port probed here can be taken before the bind
-        port = _free_port() if metrics else 0
-        process = operator_processes(
-            label, "--prometheus-url", dev_cluster.prometheus_url, "--alertmanager-url",
-            dev_cluster.alertmanager_url, "--analysis-tick-seconds", "1", "--metrics-port", str(port))
-        process.metrics_url = f"http://127.0.0.1:{port}/metrics"
-        return process
-
-    return start
 
 
 @pytest.fixture

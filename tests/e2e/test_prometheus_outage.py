@@ -3,47 +3,22 @@ says "Inconclusive: PrometheusUnavailable", keeps speculating and recovers by it
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from e2e_resources import SCENARIO_NAME, serve_scenario
 
 from specdeploy.devcluster import DevCluster, wait_for
-from specdeploy.devcluster.simadmin import endpoints, sim_admin
 from specdeploy.devcluster.traffic import Traffic
 from specdeploy.devcluster.waiters import condition, get_json, wait_for_object
 
 pytestmark = pytest.mark.e2e
 
-NAME = "llama-outage"
-INTERVAL = 3  # seconds; Prometheus scrapes every 2 s
-SD = f"""
-apiVersion: specdeploy.io/v1alpha1
-kind: SpeculativeDeployment
-metadata: {{name: {NAME}}}
-spec:
-  replicas: 1
-  model: {{name: meta-llama/Llama-3.1-8B-Instruct}}
-  speculation: {{method: ngram, numSpeculativeTokens: 4}}
-  serving: {{maxModelLen: 8192, maxNumSeqs: 32}}
-  analysis:
-    interval: {INTERVAL}s
-    window: 20s
-    minRequests: 10
-    failureLimit: 2
-    baseline: {{mode: Control, controlReplicas: 1}}
-    checks: {{minAcceptanceRate: 0.5, maxP99InterTokenLatencyRatio: 2.0, maxP99E2ELatencyRatio: 3.0,
-             maxP99TimeToFirstTokenRatio: 5.0}}
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+NAME = SCENARIO_NAME
+INTERVAL = 3  # seconds: SCENARIO_SD's analysis.interval; Prometheus scrapes every 2 s
 
 
 def _ready(url: str) -> bool:
@@ -84,16 +59,6 @@ def test_prometheus_stops_and_starts_with_its_port_and_data(dev_cluster: DevClus
         dev_cluster.stop_component("etcd")
 
 
-@pytest.fixture
-def analysing_operator(dev_cluster: DevCluster, namespace: str,
-                       operator_processes: Callable[..., Any]) -> Callable[..., Any]:
-    def start() -> Any:
-        return operator_processes(
-            "operator", "--prometheus-url", dev_cluster.prometheus_url, "--alertmanager-url",
-            dev_cluster.alertmanager_url, "--analysis-tick-seconds", "1", "--metrics-port", str(_free_port()))
-
-    return start
-
 
 def _analysis(obj: dict[str, Any]) -> dict[str, Any]:
     return dict(obj.get("status", {}).get("analysis") or {})
@@ -115,11 +80,7 @@ def test_prometheus_outage_is_inconclusive_and_recovers_without_rollback(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any], prometheus_restored: None
 ) -> None:
     operator = analysing_operator()
-    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=SD)
-    sd = f"{namespace}/{NAME}"
-    wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 90,
-             "both variants' simulators")
-    assert all(result.ok for result in sim_admin(dev_cluster, sd, "speculative", {"acceptance": 0.8}))
+    sd = serve_scenario(dev_cluster, namespace)
     traffic = Traffic(dev_cluster, sd, qps=4, duration=240).start()
     try:
         wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,

@@ -4,7 +4,6 @@ Prometheus scraping them and the real Alertmanager. Every scenario is bounded in
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,27 +21,6 @@ pytestmark = pytest.mark.e2e
 
 NAME, SD = SCENARIO_NAME, SCENARIO_SD
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture
-def analysing_operator(dev_cluster: DevCluster, namespace: str,
-                       operator_processes: Callable[..., Any]) -> Callable[..., Any]:
-    """Start an operator that samples Prometheus every second and alerts the dev Alertmanager."""
-
-    def start(label: str = "operator", env: dict[str, str] | None = None) -> Any:
-        port = _free_port()
-        process = operator_processes(
-            label, "--prometheus-url", dev_cluster.prometheus_url, "--alertmanager-url",
-            dev_cluster.alertmanager_url, "--analysis-tick-seconds", "1", "--metrics-port", str(port), env=env)
-        process.metrics_url = f"http://127.0.0.1:{port}/metrics"
-        return process
-
-    return start
 
 
 def _sd(cluster: DevCluster, namespace: str) -> dict[str, Any]:
@@ -77,7 +55,7 @@ def _speculative_args(cluster: DevCluster, namespace: str) -> list[str]:
 def test_acceptance_collapse_under_load_rolls_back_with_evidence(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
-    operator = analysing_operator()
+    operator = analysing_operator(metrics=True)
     serving = serve_scenario(dev_cluster, namespace)
     traffic = Traffic(dev_cluster, serving, qps=4, duration=240).start()
     try:

@@ -11,7 +11,6 @@ import ctypes.util
 import json
 import os
 import secrets
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import yaml
 from e2e_resources import SCENARIO_NAME, SCENARIO_SD
 
 from specdeploy.devcluster import DevCluster, monitoring, wait_for
+from specdeploy.devcluster.processes import free_port
 from specdeploy.devcluster.simadmin import endpoints, sim_admin
 from specdeploy.devcluster.traffic import Traffic
 from specdeploy.devcluster.waiters import get_json, wait_for_object
@@ -32,12 +32,6 @@ pytestmark = pytest.mark.e2e
 
 NAME = SCENARIO_NAME
 USER = "specdeploy"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def bcrypt_hash(password: str) -> str:
@@ -82,7 +76,7 @@ def auth_monitoring(dev_cluster: DevCluster, tmp_path_factory: pytest.TempPathFa
     directory = tmp_path_factory.mktemp("auth-monitoring")
     prometheus_password = f"prom-{secrets.token_hex(8)}"
     alertmanager_password = f"am-{secrets.token_hex(8)}"
-    prometheus_port, alertmanager_port = _free_port(), _free_port()
+    prometheus_port, alertmanager_port = free_port(), free_port()
     for server, password in (("prometheus", prometheus_password), ("alertmanager", alertmanager_password)):
         (directory / f"{server}-web.yml").write_text(yaml.safe_dump({"basic_auth_users": {USER: bcrypt_hash(password)}}))
     (directory / "prometheus.yml").write_text(yaml.safe_dump({
