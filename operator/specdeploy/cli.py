@@ -18,6 +18,7 @@ from specdeploy.api.crd import crd_yaml
 from specdeploy.api.reference import reference_markdown
 from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, load_resource
 from specdeploy.devcluster.cli import dev_cluster, sim_admin_cmd
+from specdeploy.planning.acceptance_floor import acceptance_floor
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import Plan, make_plan, plan_document
 from specdeploy.reconcile.children import Variant, desired_children, engine_command
@@ -59,6 +60,8 @@ def plan(file: str, output: str) -> None:
     if output == "json":
         document = plan_document(the_plan, {"command": list(command.command), "args": list(command.args),
                                              "configFiles": dict(command.config_files)})
+        floor = acceptance_floor(resource.spec)
+        document["acceptanceFloor"] = floor.to_wire() if floor is not None else None
         click.echo(json.dumps(document, indent=2))
     else:
         render_plan(resource.metadata.name, the_plan, command, Console(highlight=False))

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from specdeploy.api.status import Finding, Severity, Verdict
 from specdeploy.engines.base import EngineCommand
+from specdeploy.planning.acceptance_floor import AUTO, acceptance_floor
 from specdeploy.planning.plan import Plan
 
 _VERDICT_STYLE = {Verdict.FITS: "bold green", Verdict.FITS_WITH_WARNINGS: "bold yellow", Verdict.REJECTED: "bold red"}
@@ -86,7 +87,29 @@ def _speedup(plan: Plan) -> Text | None:
         f"{estimate.expected_tokens_per_step:.2f} tokens per step, draft cost {estimate.draft_cost_ratio:.3f} "
         f"of a target step; best k {estimate.best_k} (now {estimate.k}) on {estimate.gpu}"
     )
+    floor = _acceptance_floor(plan)
+    if floor is not None:
+        text.append("\n acceptance floor", style="bold")
+        text.append(" — ")
+        text.append(floor)
     return text
+
+
+def _acceptance_floor(plan: Plan) -> str | None:
+    """The acceptance rate below which the analysis loop counts speculation as failing: Auto at batch 1
+    and at maxNumSeqs, or Fixed with the model's break-even beside it."""
+    floor = acceptance_floor(plan.spec)
+    if floor is None:
+        return None
+    if floor.source != AUTO:
+        if floor.break_even is None:
+            return floor.describe()
+        return f"{floor.describe()} (the model's break-even at batch {floor.batch_size}: {floor.break_even:.2f})"
+    max_batch = plan.spec.serving.max_num_seqs
+    at_max = acceptance_floor(plan.spec, max_batch)
+    if at_max is None or max_batch == floor.batch_size:
+        return floor.describe()
+    return f"{floor.describe()}; {at_max.rate:.2f} at maxNumSeqs {max_batch}"
 
 
 def _command_lines(argv: list[str]) -> str:

@@ -82,3 +82,36 @@ def test_render_prints_children_and_refuses_rejected() -> None:
 def test_crd_command_prints_the_crd() -> None:
     result = CliRunner().invoke(main, ["crd"])
     assert yaml.safe_load(result.output)["kind"] == "CustomResourceDefinition"
+
+
+def test_plan_prints_the_auto_acceptance_floor() -> None:
+    result = CliRunner().invoke(main, ["plan", str(EXAMPLES[0].parent / "sglang-llama-8b-eagle3.yaml")])
+    assert result.exit_code == 0, result.output
+    text = " ".join(" ".join(line.strip("│ ") for line in result.output.splitlines()).split())
+    assert ("acceptance floor — Auto: break-even 0.09 at batch 1 for eagle3 k=3 (draft 9% of a target step on "
+            "H100-80GB), floor 0.11 with the 5% margin; 0.10 at maxNumSeqs 48") in text
+
+
+def test_plan_prints_a_fixed_acceptance_floor_with_the_models_break_even() -> None:
+    result = CliRunner().invoke(main, ["plan", str(EXAMPLES[0].parent / "llama-70b-fp8-tp2.yaml")])
+    text = " ".join(" ".join(line.strip("│ ") for line in result.output.splitlines()).split())
+    assert "acceptance floor — Fixed: minAcceptanceRate 0.50 (the model's break-even at batch 1: 0.16)" in text
+
+
+@pytest.mark.parametrize(
+    ("example", "expected"),
+    [("llama-70b-fp8-tp2.yaml", {"rate": 0.5, "breakEven": 0.164, "batchSize": 1, "source": "Fixed"}),
+     ("sglang-llama-8b-eagle3.yaml", {"rate": 0.113, "breakEven": 0.091, "batchSize": 1, "source": "Auto"})],
+)
+def test_plan_json_has_the_acceptance_floor(example: str, expected: dict[str, object]) -> None:
+    result = CliRunner().invoke(main, ["plan", "-o", "json", str(EXAMPLES[0].parent / example)])
+    assert json.loads(result.output)["acceptanceFloor"] == expected
+
+
+def test_plan_json_without_speculation_has_no_acceptance_floor(tmp_path: Path) -> None:
+    document = yaml.safe_load((EXAMPLES[0].parent / "sglang-llama-8b-eagle3.yaml").read_text())
+    document["spec"]["speculation"]["enabled"] = False
+    path = tmp_path / "sd.yaml"
+    path.write_text(yaml.safe_dump(document))
+    result = CliRunner().invoke(main, ["plan", "-o", "json", str(path)])
+    assert json.loads(result.output)["acceptanceFloor"] is None

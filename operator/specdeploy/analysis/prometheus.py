@@ -73,10 +73,12 @@ class PrometheusBadResponse(PrometheusError):
 
 @dataclass(frozen=True)
 class Sample:
-    """One element of an instant vector: the series' labels and its value at the query time."""
+    """One series of an answer: its labels and its value at the query time (an instant vector), or its
+    points over a range (a range vector: `value` is the last point's)."""
 
     labels: Mapping[str, str]
     value: float
+    points: tuple[tuple[float, float], ...] = ()
 
 
 def _timeout_param(seconds: float) -> str:
@@ -179,10 +181,27 @@ def _vector(base_url: str, response: httpx.Response, headers_from: str | None = 
         detail = _short(f"{body.get('errorType', '')}: {body.get('error', '')}") if isinstance(body, dict) else ""
         raise PrometheusBadResponse(f"expected status 'success' from {base_url}, got {_short(str(body))!r} {detail}")
     data = body.get("data")
-    if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
-        seen = data.get("resultType") if isinstance(data, dict) else type(data).__name__
-        raise PrometheusBadResponse(f"expected an instant vector from {base_url}, got resultType {seen!r}")
+    kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+    if not isinstance(data, dict) or kind not in ("vector", "matrix") or not isinstance(data.get("result"), list):
+        raise PrometheusBadResponse(f"expected an instant or range vector from {base_url}, got resultType {kind!r}")
+    if kind == "matrix":
+        return [_range_sample(base_url, item) for item in data["result"]]
     return [_sample(base_url, item) for item in data["result"]]
+
+
+def _range_sample(base_url: str, item: Any) -> Sample:
+    try:
+        labels, values = item["metric"], item["values"]
+        if not isinstance(labels, dict) or not isinstance(values, list) or not values:
+            raise TypeError("metric must be an object and values a non-empty list")
+        points = tuple((float(at), float(text)) for at, text in values if isinstance(text, str))
+        if len(points) != len(values):
+            raise TypeError("every value must be [time, \"number\"]")
+        return Sample({str(k): str(v) for k, v in labels.items()}, points[-1][1], points)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PrometheusBadResponse(
+            f"expected {{metric: {{…}}, values: [[time, \"number\"], …]}} from {base_url}, got {_short(repr(item))}"
+        ) from exc
 
 
 def _sample(base_url: str, item: Any) -> Sample:
@@ -245,8 +264,12 @@ async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: 
             continue
         for sample in answer.samples or ():
             key = _key(sample.labels)
-            if key is not None:
-                series[key] = series.get(key, SignalValues()).with_value(answer.query.signal, sample.value)
+            if key is None:
+                continue
+            before = series.get(key, SignalValues())
+            signal = answer.query.signal
+            series[key] = before.with_points(signal, sample.points) if signal.is_series \
+                else before.with_value(signal, sample.value)
     return Samples(
         groups={g: GroupSamples(values[g], errors[g]) for g in values},
         query_seconds=tuple(a.seconds for a in answers),

@@ -53,17 +53,35 @@ GAUGE_MEAN = "avg by ($by) (avg_over_time(${gauge}${selector}[$window]))"
 GAUGE_TOTAL = "sum by ($by) (avg_over_time(${gauge}${selector}[$window]))"
 # P99 of a Prometheus histogram, merged over pods: NaN when nothing was observed in the window.
 P99_FROM_HISTOGRAM = "histogram_quantile(0.99, sum by (le, $by) (rate(${histogram}_bucket${selector}[$window])))"
+# Mean of a histogram from its `_sum` and `_count` (exact: no buckets), merged over pods. vLLM's per-token
+# histograms start at 10 ms (FACTS.md "vLLM histogram buckets"), so below that only the mean resolves.
+MEAN_FROM_HISTOGRAM = (
+    "sum by ($by) (rate(${histogram}_sum${selector}[$window]))"
+    " / sum by ($by) (rate(${histogram}_count${selector}[$window]))"
+)
+# A cumulative counter summed over pods, at SLICES + 1 evenly spaced instants over the window (a subquery of an
+# instant vector: each point is the last scrape before it, whatever the scrape interval). Differences of
+# consecutive points are the slices the paired comparison rests on (analysis/comparison.py).
+CUMULATIVE_SERIES = "sum by ($by) (${counter}${selector})[$range:$step]"
+# Pods reporting the running gauge now: running requests per pod is the load a step time depends on.
+PODS_FROM_GAUGE = "count by ($by) (${gauge}${selector})"
 # Finished requests in the window (extrapolated by increase(), so not always a whole number).
 REQUESTS_FROM_COUNTER = "sum by ($by) (increase(${counter}${selector}[$window]))"
 
 _FIXED = {"by": GROUP_LABELS, "selector": SELECTOR}
+_DURATIONS = ("window", "range", "step")
+
+SLICES = 10
+"""Slices per window for the paired comparison: 5m → 30 s slices, 1m → 6 s. Ten gives 9 degrees of freedom
+(a t quantile of 2.26, against 1.96 for infinitely many) while a slice still spans several scrapes at the
+usual 2–15 s scrape intervals."""
 
 
 def render(template: str, **variables: str) -> str:
     """`template` with `$name` / `${name}` replaced; raises TemplateError on any mismatch.
 
-    `by` and `selector` are filled in by this module; `window` must be a PromQL duration and every other
-    variable a metric name.
+    `by` and `selector` are filled in by this module; `window`, `range` and `step` must be PromQL durations
+    and every other variable a metric name.
     """
     if not Template(template).is_valid():
         raise TemplateError(f"query template {template!r} has a `$` that is not a variable")
@@ -77,9 +95,9 @@ def render(template: str, **variables: str) -> str:
             f"missing {missing or 'none'}, not used {unused or 'none'}; given {sorted(variables)}"
         )
     for key, value in variables.items():
-        pattern = _DURATION if key == "window" else _METRIC_NAME
+        pattern = _DURATION if key in _DURATIONS else _METRIC_NAME
         if not pattern.fullmatch(value):
-            what = "a PromQL duration such as 5m" if key == "window" else "a Prometheus metric name"
+            what = "a PromQL duration such as 5m" if key in _DURATIONS else "a Prometheus metric name"
             raise TemplateError(f"query variable {key!r} must be {what}, got {value!r}")
     return Template(template).substitute(given)
 
@@ -126,6 +144,17 @@ def _mean_acceptance_length(names: MetricNames, window: str) -> str | None:
     return None
 
 
+def slice_seconds(window_seconds: float) -> float:
+    """The length of one slice of the paired comparison, whole milliseconds."""
+    return round(window_seconds * 1000 / SLICES) / 1000
+
+
+def _series(histogram: str, part: str, window_seconds: float) -> str:
+    step = slice_seconds(window_seconds)
+    return render(CUMULATIVE_SERIES, counter=f"{histogram}_{part}", range=promql_duration(window_seconds + step),
+                  step=promql_duration(step))
+
+
 def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | None:
     """The query for `signal` on `engine`'s metric names; None when the engine exports nothing for it."""
     names = metric_names(engine)
@@ -142,6 +171,30 @@ def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | N
             return render(P99_FROM_HISTOGRAM, histogram=names.e2e_request_latency, window=window)
         case Signal.P99_TIME_TO_FIRST_TOKEN:
             return render(P99_FROM_HISTOGRAM, histogram=names.time_to_first_token, window=window)
+        case Signal.MEAN_INTER_TOKEN_LATENCY:
+            return render(MEAN_FROM_HISTOGRAM, histogram=names.time_per_output_token, window=window)
+        case Signal.MEAN_E2E_LATENCY:
+            return render(MEAN_FROM_HISTOGRAM, histogram=names.e2e_request_latency, window=window)
+        case Signal.MEAN_TIME_TO_FIRST_TOKEN:
+            return render(MEAN_FROM_HISTOGRAM, histogram=names.time_to_first_token, window=window)
+        case Signal.MEAN_QUEUE_TIME:
+            if names.request_queue_time is None:
+                return None
+            return render(MEAN_FROM_HISTOGRAM, histogram=names.request_queue_time, window=window)
+        case Signal.INTER_TOKEN_LATENCY_SUM_SERIES:
+            return _series(names.time_per_output_token, "sum", window_seconds)
+        case Signal.INTER_TOKEN_LATENCY_COUNT_SERIES:
+            return _series(names.time_per_output_token, "count", window_seconds)
+        case Signal.E2E_LATENCY_SUM_SERIES:
+            return _series(names.e2e_request_latency, "sum", window_seconds)
+        case Signal.E2E_LATENCY_COUNT_SERIES:
+            return _series(names.e2e_request_latency, "count", window_seconds)
+        case Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES:
+            return _series(names.time_to_first_token, "sum", window_seconds)
+        case Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES:
+            return _series(names.time_to_first_token, "count", window_seconds)
+        case Signal.PODS:
+            return render(PODS_FROM_GAUGE, gauge=names.requests_running)
         case Signal.REQUESTS:
             return render(REQUESTS_FROM_COUNTER, counter=names.request_success_total, window=window)
         case Signal.RUNNING:

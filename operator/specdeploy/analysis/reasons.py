@@ -30,6 +30,8 @@ class InconclusiveReason(StrEnum):
     NO_CONTROL_DATA = "NoControlData"
     NO_PREVIOUS_BASELINE = "NoPreviousBaseline"
     LOAD_DIFFERS_FROM_PREVIOUS = "LoadDiffersFromPrevious"
+    NOT_ENOUGH_EVIDENCE = "NotEnoughEvidence"      # a latency interval that holds its limit
+    NOT_DRAFTING = "NotDrafting"                   # the engine drafts nothing at this batch size: not counted
     PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
     PROMETHEUS_REFUSED = "PrometheusRefused"
     PROMETHEUS_BAD_QUERY = "PrometheusBadQuery"

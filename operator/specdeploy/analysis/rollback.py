@@ -1,7 +1,7 @@
 """From verdicts to decisions: count them, roll speculation back, and bring it back again. Pure; the clock
 is an argument.
 
-    state = next_analysis_state(status.analysis, sample, result, now, baseline_mode=mode)
+    state = next_analysis_state(status.analysis, sample, assess(sample, policy), now)
     match decide(state, result, spec.analysis, out_of_memory(pods, since)):
         case Rollback(reason, evidence): speculation = rolled_back(status.speculation, decision, now)
         case Keep(): ...
@@ -28,19 +28,20 @@ from datetime import datetime, timedelta
 
 from specdeploy.analysis import evidence
 from specdeploy.analysis.oom import OutOfMemory
-from specdeploy.analysis.reasons import ReenableReason, RollbackReason
+from specdeploy.analysis.reasons import InconclusiveReason, ReenableReason, RollbackReason
 from specdeploy.analysis.samples import DeploymentSample
 from specdeploy.analysis.verdict import (
+    Assessment,
     Failing,
     Healthy,
     Inconclusive,
-    PreviousBaseline,
     Verdict,
-    baseline_p99_inter_token_latency,
     label,
+    message,
+    p99_shown,
 )
-from specdeploy.api.spec import Analysis, BaselineMode, OnInconclusive, Reenable, Speculation
-from specdeploy.api.status import AnalysisStatus, SpeculationStatus
+from specdeploy.api.spec import Analysis, OnInconclusive, Reenable, Speculation
+from specdeploy.api.status import AnalysisStatus, Diagnosis, SpeculationStatus, Speedup
 from specdeploy.api.status import Rollback as RollbackRecord
 
 RETRY_ANNOTATION = "specdeploy.io/retry-speculation"
@@ -70,30 +71,82 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def next_analysis_state(previous: AnalysisStatus | None, sample: DeploymentSample, result: Verdict,
-                        now: datetime, *, baseline_mode: BaselineMode,
-                        previous_baseline: PreviousBaseline | None = None) -> AnalysisStatus:
-    """status.analysis after one more sample: its numbers (NaN shown as null), verdict and the counters."""
+def _speedup(assessment: Assessment) -> Speedup | None:
+    """Baseline ÷ speculative mean per-token latency (the comparison's reciprocal), with its interval."""
+    found = assessment.per_token
+    if found is None or assessment.baseline is None:
+        return None
+    return Speedup(value=round(1 / found.ratio, 2), low=round(1 / found.high, 2), high=round(1 / found.low, 2),
+                   baseline=assessment.baseline, requests=round(found.requests, 1),
+                   baseline_requests=round(found.baseline_requests, 1))
+
+
+def _diagnosis(assessment: Assessment, sample: DeploymentSample) -> Diagnosis | None:
+    found = assessment.diagnosis
+    if not found:
+        return None
+    parts = []
+    for variant, values in (("speculative", sample.speculative), ("control", sample.control)):
+        if variant in found and values.mean_e2e_latency_seconds:
+            queue = values.mean_queue_time_seconds or 0.0
+            ttft = values.mean_time_to_first_token_seconds or 0.0
+            parts.append(f"{variant}: queue {evidence.seconds(queue)}, prefill {evidence.seconds(max(0.0, ttft - queue))}, "
+                         f"decode {evidence.seconds(max(0.0, values.mean_e2e_latency_seconds - ttft))} per request")
+    return Diagnosis(speculative=found.get("speculative"), control=found.get("control"),
+                     message="; ".join(parts) or None)
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def next_analysis_state(previous: AnalysisStatus | None, sample: DeploymentSample, assessment: Assessment,
+                        now: datetime) -> AnalysisStatus:
+    """status.analysis after one more sample: its numbers (NaN shown as null, at the precision `kubectl get`
+    shows), the verdict, the speedup, the diagnosis and the counters. NotDrafting counts as nothing."""
     before = previous or AnalysisStatus()
+    result = assessment.verdict
     match result:
         case Healthy():
             failures, inconclusive = 0, 0
         case Failing():
             failures, inconclusive = before.consecutive_failures + 1, 0
+        case Inconclusive(reason=InconclusiveReason.NOT_DRAFTING):
+            failures, inconclusive = before.consecutive_failures, before.consecutive_inconclusive
         case Inconclusive():
             failures, inconclusive = before.consecutive_failures, before.consecutive_inconclusive + 1
     values = sample.speculative
+    baseline_values = sample.control if assessment.baseline == "control" else None
+    snapshot = before.previous_baseline if assessment.baseline == "Previous" else None
+    baseline_mean = _finite(baseline_values.mean_inter_token_latency_seconds) if baseline_values else (
+        snapshot.inter_token_latency.mean_seconds if snapshot and snapshot.inter_token_latency else None)
+    baseline_p99 = p99_shown(baseline_values.p99_inter_token_latency_seconds) if baseline_values else (
+        p99_shown(snapshot.p99_inter_token_latency_seconds) if snapshot else None)
+    floor = assessment.floor
+    spec_mean = _finite(values.mean_inter_token_latency_seconds)
+    per_token = None
+    if spec_mean is not None:
+        per_token = evidence.seconds(spec_mean) + (
+            f" vs {evidence.seconds(baseline_mean)}" if baseline_mean is not None else "")
     return AnalysisStatus(
         last_sample_at=evidence.rfc3339(now),
-        acceptance_rate=_finite(values.acceptance_rate),
-        mean_acceptance_length=_finite(values.mean_acceptance_length),
-        p99_inter_token_latency_seconds=_finite(values.p99_inter_token_latency_seconds),
-        baseline_p99_inter_token_latency_seconds=baseline_p99_inter_token_latency(
-            sample, baseline_mode, previous_baseline),
-        requests=_finite(values.requests),
+        acceptance_rate=_round(_finite(values.acceptance_rate), 3),
+        mean_acceptance_length=_round(_finite(values.mean_acceptance_length), 3),
+        acceptance_floor=_round(floor.rate, 3) if floor else None,
+        acceptance_floor_basis=floor.basis if floor else None,
+        mean_inter_token_latency_seconds=_round(_finite(values.mean_inter_token_latency_seconds), 6),
+        baseline_mean_inter_token_latency_seconds=_round(baseline_mean, 6),
+        p99_inter_token_latency=p99_shown(values.p99_inter_token_latency_seconds),
+        baseline_p99_inter_token_latency=baseline_p99,
+        per_token_latency=per_token,
+        speedup=_speedup(assessment),
+        diagnosis=_diagnosis(assessment, sample),
+        requests=_round(_finite(values.requests), 1),
         verdict=label(result),
+        message=message(result),
         consecutive_failures=failures,
         consecutive_inconclusive=inconclusive,
+        previous_baseline=before.previous_baseline,
     )
 
 

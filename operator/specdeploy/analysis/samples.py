@@ -29,9 +29,30 @@ class Signal(StrEnum):
     P99_INTER_TOKEN_LATENCY = "p99_inter_token_latency_seconds"
     P99_E2E_LATENCY = "p99_e2e_latency_seconds"
     P99_TIME_TO_FIRST_TOKEN = "p99_time_to_first_token_seconds"
+    MEAN_INTER_TOKEN_LATENCY = "mean_inter_token_latency_seconds"
+    MEAN_E2E_LATENCY = "mean_e2e_latency_seconds"
+    MEAN_TIME_TO_FIRST_TOKEN = "mean_time_to_first_token_seconds"
+    MEAN_QUEUE_TIME = "mean_queue_time_seconds"
     REQUESTS = "requests"
     RUNNING = "running"
     WAITING = "waiting"
+    PODS = "pods"
+    # Cumulative series over the window at evenly spaced instants (a subquery): the slices of the paired test.
+    INTER_TOKEN_LATENCY_SUM_SERIES = "inter_token_latency_sum"
+    INTER_TOKEN_LATENCY_COUNT_SERIES = "inter_token_latency_count"
+    E2E_LATENCY_SUM_SERIES = "e2e_latency_sum"
+    E2E_LATENCY_COUNT_SERIES = "e2e_latency_count"
+    TIME_TO_FIRST_TOKEN_SUM_SERIES = "time_to_first_token_sum"
+    TIME_TO_FIRST_TOKEN_COUNT_SERIES = "time_to_first_token_count"
+
+    @property
+    def is_series(self) -> bool:
+        """Answered by a range (points over the window), not one number."""
+        return self.value.endswith(("_sum", "_count"))
+
+
+Points = tuple[tuple[float, float], ...]
+"""(Unix time, value) pairs in time order."""
 
 
 class Variant(StrEnum):
@@ -65,16 +86,36 @@ class SignalValues:
     p99_inter_token_latency_seconds: float | None = None
     p99_e2e_latency_seconds: float | None = None
     p99_time_to_first_token_seconds: float | None = None
+    mean_inter_token_latency_seconds: float | None = None
+    mean_e2e_latency_seconds: float | None = None
+    mean_time_to_first_token_seconds: float | None = None
+    mean_queue_time_seconds: float | None = None
     requests: float | None = None
     running: float | None = None
     waiting: float | None = None
+    pods: float | None = None
+    series: Mapping[Signal, Points] = field(default_factory=dict)
 
     def get(self, signal: Signal) -> float | None:
         value: float | None = getattr(self, signal.value)
         return value
 
+    def points(self, signal: Signal) -> Points:
+        return self.series.get(signal, ())
+
     def with_value(self, signal: Signal, value: float) -> SignalValues:
-        return dataclasses.replace(self, **{signal.value: value})
+        return dataclasses.replace(self, **{signal.value: value})  # type: ignore[arg-type]
+
+    def with_points(self, signal: Signal, points: Points) -> SignalValues:
+        return dataclasses.replace(self, series={**self.series, signal: points})
+
+    @property
+    def running_per_pod(self) -> float | None:
+        """Requests in the batch of one pod, averaged over the window: the load a step time depends on."""
+        running, pods = self.running, self.pods
+        if running is None or pods is None or not math.isfinite(running) or not pods or not math.isfinite(pods):
+            return None
+        return running / pods
 
 
 class QueryErrorKind(StrEnum):
@@ -138,3 +179,21 @@ class Samples:
         speculative = group.values.get(SeriesKey(namespace, name, Variant.SPECULATIVE.value), SignalValues())
         control = group.values.get(SeriesKey(namespace, name, Variant.CONTROL.value), SignalValues())
         return DeploymentSample(window_seconds, speculative, control, group.errors)
+
+
+def chain_acceptance(sample: DeploymentSample, k: int) -> DeploymentSample:
+    """`sample` with the acceptance rate as accepted ÷ proposed chain positions, (L − 1) ÷ k, from the mean
+    acceptance length L. SGLang's sglang:spec_accept_rate is (accept_tokens − forward_ct) ÷ (forward_ct ×
+    (num_draft_tokens − 1)) (its scheduler metrics): with eagleTopk > 1 the denominator is the draft tree, so the
+    same floor would read lower on trees; the accept length counts the same on every shape."""
+    if k <= 0:
+        return sample
+
+    def chain(values: SignalValues) -> SignalValues:
+        length = values.mean_acceptance_length
+        if length is None:
+            return values
+        rate = (length - 1.0) / k if math.isfinite(length) else length
+        return dataclasses.replace(values, acceptance_rate=rate)
+
+    return dataclasses.replace(sample, speculative=chain(sample.speculative), control=chain(sample.control))

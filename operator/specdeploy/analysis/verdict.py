@@ -1,37 +1,59 @@
 """The verdict on one sample: Healthy, Failing(reason, evidence) or Inconclusive(reason, message).
 
-    verdict(sample, spec.analysis.checks, spec.analysis.baseline.mode, spec.analysis.min_requests,
-            previous=snapshot)
-    # Failing(AcceptanceBelowMinimum, "acceptance rate 0.31 < minAcceptanceRate 0.50 over 5m (1,234 requests)")
+    assessment = assess(sample, Policy(checks, BaselineMode.CONTROL, min_requests=20, floor=floor))
+    assessment.verdict
+    # Failing(InterTokenLatencyRegressed, "per-token latency +18% (95% interval +9…+27%) vs the control, …")
+    assessment.speedup, assessment.diagnosis
 
 A pure function of the measurements and the limits (as Argo Rollouts' evaluate.go): no clock, no I/O.
-What cannot be measured is never a failure — no series, NaN, fewer than `minRequests` requests, a
-Prometheus error: Inconclusive, with the reason (Flagger counts those as failures and rolls back idle
-endpoints; that is the behaviour we do not copy). A check fails only on valid numbers, so one signal's
-Prometheus error does not hide another signal's clear failure: Failing wins over Inconclusive, which
-wins over Healthy.
 
-Baselines: Control compares with the control pods in the same window (both must have `minRequests`);
-Previous with a snapshot of the same pods before speculation, only when the load is within
-LOAD_TOLERANCE of the snapshot's; None runs the absolute checks alone (acceptance and the SLO).
+What decides (docs/analysis.md "Verdicts"). With a baseline, the measured per-token comparison decides:
+the speculative pods' mean latency ÷ the baseline's, from the histograms' `_sum` / `_count` (exact below
+vLLM's 10 ms first bucket), with a 95% interval from the window's slices (analysis/comparison.py). A
+latency check fails only when the whole interval lies above its limit, passes only when the whole interval
+lies at or below it, and otherwise says how many requests would tell — too little evidence is Inconclusive,
+never a failure and never healthy. A P99 is shown as the buckets allow (an upper bound inside the first
+bucket) and decides nothing. Acceptance explains; it decides alone only where there is no baseline to
+compare with (mode None, or Previous without a snapshot at matched load), against `minAcceptanceRate` or,
+unset, the break-even floor of the cost model (planning/acceptance_floor.py).
+
+What cannot be measured is never a failure — no series, NaN, fewer than `minRequests` requests, a
+Prometheus error: Inconclusive, with the reason. Failing wins over Inconclusive, which wins over
+NotDrafting (counters that stopped because the engine drafts nothing at the current batch size), which
+wins over Healthy.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from specdeploy.analysis import evidence
+from specdeploy.analysis.comparison import Comparison, estimate, paired_ratio, slices, unpaired_ratio
+from specdeploy.analysis.comparison import Estimate as _Estimate
 from specdeploy.analysis.reasons import FailureReason, InconclusiveReason
 from specdeploy.analysis.samples import DeploymentSample, QueryErrorKind, Signal, SignalValues
 from specdeploy.api.spec import BaselineMode, Checks
+from specdeploy.api.status import MeanLatency, PreviousBaselineStatus
 
 LOAD_TOLERANCE = 0.30
-"""Previous: compare only when requests/s is within ±30% of the snapshot's. Latency grows with batch size
-(planning/roofline.py), so a P99 measured at other load says more about the load than about speculation;
-30% keeps the batch-size effect on step time well under the default 1.10 ITL limit for decode-bound steps."""
+"""Previous: compare only when the running requests per pod are within ±30% of the snapshot's. Step time grows
+with batch size (planning/roofline.py), so a latency measured at another batch size says more about the load
+than about speculation; within 30% the batch-size effect on a decode step stays well under the 1.10 limit."""
+
+QUEUE_BOUND_SHARE = 0.5
+"""A variant is Queue-bound when waiting is its largest share of the mean end-to-end latency; Prefill- or
+Decode-bound likewise. Speculation only speeds up decode."""
+
+P99_FIRST_BUCKET_SECONDS = {
+    Signal.P99_INTER_TOKEN_LATENCY: 0.01,
+    Signal.P99_TIME_TO_FIRST_TOKEN: 0.001,
+    Signal.P99_E2E_LATENCY: 0.3,
+}
+"""vLLM's first bucket edges (vllm/v1/metrics/loggers.py; FACTS.md): a P99 at or below one is an upper bound.
+Used for display only — a P99 decides nothing — and for the other engines' histograms too."""
 
 
 @dataclass(frozen=True)
@@ -84,41 +106,35 @@ def message(result: Verdict) -> str:
 
 
 @dataclass(frozen=True)
-class PreviousBaseline:
-    """What the pods measured without speculation; the Previous mode's yardstick (kept in status)."""
+class Floor:
+    """The acceptance floor in force: `rate` (accepted ÷ drafted) and where it comes from, in words. A `fixed`
+    floor (minAcceptanceRate written in the spec) is the user's own rule and decides even beside a baseline."""
 
-    taken_at: str
-    requests_per_second: float
-    p99_inter_token_latency_seconds: float | None
-    p99_e2e_latency_seconds: float | None
-    p99_time_to_first_token_seconds: float | None
-
-    def values(self) -> SignalValues:
-        return SignalValues(
-            p99_inter_token_latency_seconds=self.p99_inter_token_latency_seconds,
-            p99_e2e_latency_seconds=self.p99_e2e_latency_seconds,
-            p99_time_to_first_token_seconds=self.p99_time_to_first_token_seconds,
-        )
+    rate: float
+    basis: str
+    fixed: bool = False
 
 
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
+@dataclass(frozen=True)
+class Policy:
+    """What a sample is judged against: the spec's checks and baseline, and the resolved acceptance floor."""
+
+    checks: Checks = field(default_factory=Checks)
+    baseline_mode: BaselineMode = BaselineMode.CONTROL
+    min_requests: int = 20
+    floor: Floor | None = None
+    previous: PreviousBaselineStatus | None = None
 
 
-def previous_baseline(sample: DeploymentSample, min_requests: int, now: datetime) -> PreviousBaseline | None:
-    """A snapshot of a sample taken without speculation; None when it has too few requests to stand for anything."""
-    requests = _finite(sample.speculative.requests)
-    rate = sample.requests_per_second
-    if requests is None or rate is None or requests < max(min_requests, 1):
-        return None
-    values = sample.speculative
-    return PreviousBaseline(
-        taken_at=evidence.rfc3339(now),
-        requests_per_second=rate,
-        p99_inter_token_latency_seconds=_finite(values.p99_inter_token_latency_seconds),
-        p99_e2e_latency_seconds=_finite(values.p99_e2e_latency_seconds),
-        p99_time_to_first_token_seconds=_finite(values.p99_time_to_first_token_seconds),
-    )
+@dataclass(frozen=True)
+class Assessment:
+    """The verdict and what status shows beside it: the speedup and where the time goes."""
+
+    verdict: Verdict
+    per_token: Comparison | None = None       # speculative ÷ baseline mean per-token latency
+    baseline: str | None = None               # "control" / "Previous"
+    diagnosis: dict[str, str] = field(default_factory=dict)   # variant → Queue-bound / Prefill-bound / Decode-bound
+    floor: Floor | None = None
 
 
 # -- one check's outcome ---------------------------------------------------------------------------
@@ -151,11 +167,16 @@ _ERROR_REASONS = {
 
 _WHAT = {
     Signal.ACCEPTANCE_RATE: "acceptance rate",
-    Signal.P99_INTER_TOKEN_LATENCY: "P99 inter-token latency",
     Signal.P99_E2E_LATENCY: "P99 end-to-end latency",
-    Signal.P99_TIME_TO_FIRST_TOKEN: "P99 time to first token",
     Signal.REQUESTS: "request count",
+    Signal.MEAN_INTER_TOKEN_LATENCY: "per-token latency",
+    Signal.MEAN_E2E_LATENCY: "end-to-end latency",
+    Signal.MEAN_TIME_TO_FIRST_TOKEN: "time to first token",
 }
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _measured(sample: DeploymentSample, values: SignalValues, signal: Signal, whose: str) -> float | _Unknown:
@@ -183,14 +204,185 @@ def _request_gate(sample: DeploymentSample, values: SignalValues, min_requests: 
     return requests
 
 
-def _acceptance(sample: DeploymentSample, checks: Checks) -> _Outcome:
-    value = _measured(sample, sample.speculative, Signal.ACCEPTANCE_RATE, "speculative pods")
-    if isinstance(value, _Unknown):
-        return value
-    shown, limit = evidence.compared(value, checks.min_acceptance_rate)
-    if value < checks.min_acceptance_rate:
-        return _Fail(FailureReason.ACCEPTANCE_BELOW_MINIMUM, f"acceptance rate {shown} < minAcceptanceRate {limit}")
-    return _Pass(f"acceptance rate {shown}")
+# -- the latency checks ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _LatencyCheck:
+    mean: Signal
+    p99: Signal
+    sums: Signal
+    counts: Signal
+    limit: Callable[[Checks], float]
+    limit_name: str
+    reason: FailureReason
+    stored: str          # the PreviousBaselineStatus field of its snapshot
+
+
+_PER_TOKEN = _LatencyCheck(
+    Signal.MEAN_INTER_TOKEN_LATENCY, Signal.P99_INTER_TOKEN_LATENCY, Signal.INTER_TOKEN_LATENCY_SUM_SERIES,
+    Signal.INTER_TOKEN_LATENCY_COUNT_SERIES, lambda c: c.max_p99_inter_token_latency_ratio,
+    "maxP99InterTokenLatencyRatio", FailureReason.INTER_TOKEN_LATENCY_REGRESSED, "inter_token_latency")
+_LATENCY_CHECKS = (
+    _PER_TOKEN,
+    _LatencyCheck(Signal.MEAN_E2E_LATENCY, Signal.P99_E2E_LATENCY, Signal.E2E_LATENCY_SUM_SERIES,
+                  Signal.E2E_LATENCY_COUNT_SERIES, lambda c: c.max_p99_e2e_latency_ratio,
+                  "maxP99E2ELatencyRatio", FailureReason.E2E_LATENCY_REGRESSED, "e2e_latency"),
+    _LatencyCheck(Signal.MEAN_TIME_TO_FIRST_TOKEN, Signal.P99_TIME_TO_FIRST_TOKEN,
+                  Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES, Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES,
+                  lambda c: c.max_p99_time_to_first_token_ratio, "maxP99TimeToFirstTokenRatio",
+                  FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED, "time_to_first_token"),
+)
+
+
+def p99_shown(value: float | None, signal: Signal = Signal.P99_INTER_TOKEN_LATENCY) -> str | None:
+    """A P99 as bucketed data allows: "< 10 ms" inside the first bucket, "≈ 31 ms" (interpolated) above it."""
+    if value is None or not math.isfinite(value):
+        return None
+    edge = P99_FIRST_BUCKET_SECONDS[signal]
+    if value <= edge:
+        return f"< {evidence.seconds(edge)}"
+    return f"≈ {evidence.seconds(value)}"
+
+
+def change(ratio: float) -> str:
+    """A ratio as a change: 1.18 → "+18%", 0.62 → "−38%"."""
+    percent = (ratio - 1.0) * 100
+    shown = f"{abs(percent):.0f}%" if abs(percent) >= 1 else f"{abs(percent):.1f}%"
+    return ("+" if percent >= 0 else "−") + shown
+
+
+def interval(comparison: Comparison) -> str:
+    return f"{change(comparison.ratio)} (95% interval {change(comparison.low)}…{change(comparison.high)})"
+
+
+def _mean_latency(values: SignalValues, check: _LatencyCheck) -> MeanLatency | None:
+    found = estimate(slices(values.points(check.sums), values.points(check.counts)))
+    if found is None:
+        return None
+    return MeanLatency(mean_seconds=found.mean, log_standard_error=found.log_standard_error, slices=found.slices,
+                       requests=found.requests)
+
+
+@dataclass(frozen=True)
+class _Baseline:
+    values: SignalValues | None      # the control's signals (None: a Previous snapshot)
+    snapshot: PreviousBaselineStatus | None
+    name: str                        # "control" / "Previous"
+    whose: str                       # "the control" / "the Previous baseline"
+    requests: float | None = None
+
+
+def _compare(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline) -> Comparison | str:
+    spec = sample.speculative
+    if baseline.values is not None:
+        return paired_ratio(slices(spec.points(check.sums), spec.points(check.counts)),
+                            slices(baseline.values.points(check.sums), baseline.values.points(check.counts)))
+    stored: MeanLatency | None = getattr(baseline.snapshot, check.stored)
+    if stored is None:
+        return "the Previous baseline has no mean of it"
+    now = estimate(slices(spec.points(check.sums), spec.points(check.counts)))
+    if now is None:
+        return "too few of the window's slices hold requests"
+    then = _Estimate(stored.mean_seconds, stored.log_standard_error, stored.slices, stored.requests)
+    return unpaired_ratio(now, then)
+
+
+def _latency(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline,
+             checks: Checks) -> tuple[_Outcome, Comparison | None]:
+    what = _WHAT[check.mean]
+    error = sample.errors.get(check.sums) or sample.errors.get(check.counts)
+    if error is not None:
+        return _Unknown(_ERROR_REASONS[error.kind], f"the {what} query failed: {error.message}"), None
+    found = _compare(sample, check, baseline)
+    limit = check.limit(checks)
+    if isinstance(found, str):
+        return _Unknown(InconclusiveReason.NOT_ENOUGH_EVIDENCE, f"{what} vs {baseline.whose}: {found}"), None
+    detail = _detail(sample, check, baseline, found)
+    if found.low > limit:
+        return _Fail(check.reason, f"{what} {interval(found)} vs {baseline.whose}, above {check.limit_name} "
+                                   f"{evidence.number(limit)}{detail}"), found
+    if found.high <= limit:
+        return _Pass(f"{what} {interval(found)} vs {baseline.whose}"), found
+    needed = found.requests_to_decide(limit)
+    more = f"; about {evidence.count(needed)} requests per variant would tell" if needed else ""
+    return _Unknown(InconclusiveReason.NOT_ENOUGH_EVIDENCE,
+                    f"{what} {interval(found)} vs {baseline.whose}: the interval holds {check.limit_name} "
+                    f"{evidence.number(limit)}{more}{detail}"), found
+
+
+def _detail(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline, found: Comparison) -> str:
+    """"; mean 5.9 ms vs 5.0 ms, P99 < 10 ms vs < 10 ms; 412 vs 198 requests in 10 slices"."""
+    spec_mean = _finite(sample.speculative.get(check.mean))
+    if baseline.values is not None:
+        base_mean = _finite(baseline.values.get(check.mean))
+        base_p99 = p99_shown(baseline.values.get(check.p99), check.p99)
+    else:
+        stored: MeanLatency | None = getattr(baseline.snapshot, check.stored)
+        base_mean = stored.mean_seconds if stored is not None else None
+        base_p99 = p99_shown(getattr(baseline.snapshot, check.p99.value), check.p99)
+    parts = []
+    if spec_mean is not None and base_mean is not None:
+        parts.append(f"mean {evidence.seconds(spec_mean)} vs {evidence.seconds(base_mean)}")
+    spec_p99 = p99_shown(sample.speculative.get(check.p99), check.p99)
+    if spec_p99 and base_p99:
+        parts.append(f"P99 {spec_p99} vs {base_p99}")
+    counts = (f"{evidence.count(found.requests)} vs {evidence.count(found.baseline_requests)} requests "
+              f"in {found.slices} slices")
+    return "; " + ", ".join(parts) + "; " + counts if parts else "; " + counts
+
+
+def _baseline(sample: DeploymentSample, policy: Policy) -> _Baseline | _Unknown | None:
+    """What the latency checks compare with, why there is nothing to compare with, or None (mode None)."""
+    mode = policy.baseline_mode
+    if mode == BaselineMode.NONE:
+        return None
+    if mode == BaselineMode.CONTROL:
+        requests = sample.control.requests
+        if requests is None and not sample.errors.get(Signal.REQUESTS):
+            return _Unknown(InconclusiveReason.NO_CONTROL_DATA,
+                            "Prometheus has no series of the control pods (specdeploy_io_variant=\"control\")")
+        gate = _request_gate(sample, sample.control, policy.min_requests, "control pods",
+                             InconclusiveReason.CONTROL_TOO_FEW_REQUESTS)
+        if isinstance(gate, _Unknown):
+            return gate
+        return _Baseline(sample.control, None, "control", "the control", gate)
+    previous = policy.previous
+    if previous is None:
+        return _Unknown(InconclusiveReason.NO_PREVIOUS_BASELINE,
+                        "no Previous baseline yet: the pods have not been measured without speculation")
+    now, then = sample.speculative.running_per_pod, previous.running_per_pod
+    if now is None or then is None or then <= 0 or abs(now / then - 1.0) > LOAD_TOLERANCE:
+        shown_now = "unknown" if now is None else f"{now:.1f}"
+        shown_then = "unknown" if then is None else f"{then:.1f}"
+        return _Unknown(InconclusiveReason.LOAD_DIFFERS_FROM_PREVIOUS,
+                        f"{shown_now} running requests per pod differs from the Previous baseline's {shown_then} "
+                        f"(taken at {previous.taken_at}) by more than {LOAD_TOLERANCE:.0%}: not matched load")
+    return _Baseline(None, previous, "Previous", "the Previous baseline")
+
+
+# -- acceptance ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _NotDrafting:
+    text: str
+
+
+def _acceptance(sample: DeploymentSample, floor: Floor | None) -> _Outcome | _NotDrafting | None:
+    error = sample.errors.get(Signal.ACCEPTANCE_RATE)
+    value = sample.speculative.acceptance_rate
+    if error is None and value is not None and math.isnan(value):
+        return _NotDrafting("not drafting now: the draft counters did not move in the window (the engine drafts "
+                            "nothing at this batch size)")
+    measured = _measured(sample, sample.speculative, Signal.ACCEPTANCE_RATE, "speculative pods")
+    if isinstance(measured, _Unknown):
+        return measured
+    if floor is None:
+        return _Pass(f"acceptance rate {evidence.number(measured)} (no floor: set minAcceptanceRate)")
+    shown, limit = evidence.compared(measured, floor.rate)
+    if measured < floor.rate:
+        return _Fail(FailureReason.ACCEPTANCE_BELOW_MINIMUM,
+                     f"acceptance rate {shown} < minAcceptanceRate {limit} ({floor.basis})")
+    return _Pass(f"acceptance rate {shown} (floor {limit})")
 
 
 def _slo(sample: DeploymentSample, checks: Checks) -> _Outcome | None:
@@ -207,113 +399,103 @@ def _slo(sample: DeploymentSample, checks: Checks) -> _Outcome | None:
     return _Pass(f"P99 end-to-end latency {evidence.seconds(value)} within the SLO")
 
 
-@dataclass(frozen=True)
-class _RatioCheck:
-    signal: Signal
-    limit: Callable[[Checks], float]
-    limit_name: str
-    reason: FailureReason
+# -- where the time goes ---------------------------------------------------------------------------
 
-
-_RATIO_CHECKS = (
-    _RatioCheck(Signal.P99_INTER_TOKEN_LATENCY, lambda c: c.max_p99_inter_token_latency_ratio,
-                "maxP99InterTokenLatencyRatio", FailureReason.INTER_TOKEN_LATENCY_REGRESSED),
-    _RatioCheck(Signal.P99_E2E_LATENCY, lambda c: c.max_p99_e2e_latency_ratio,
-                "maxP99E2ELatencyRatio", FailureReason.E2E_LATENCY_REGRESSED),
-    _RatioCheck(Signal.P99_TIME_TO_FIRST_TOKEN, lambda c: c.max_p99_time_to_first_token_ratio,
-                "maxP99TimeToFirstTokenRatio", FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED),
-)
-
-
-@dataclass(frozen=True)
-class _Baseline:
-    values: SignalValues
-    whose: str           # "control pods" / "Previous baseline"
-    possessive: str      # "the control's" / "the Previous baseline's"
-    requests: float | None = None
-
-
-def _ratio(sample: DeploymentSample, check: _RatioCheck, baseline: _Baseline, checks: Checks) -> _Outcome:
-    value = _measured(sample, sample.speculative, check.signal, "speculative pods")
-    if isinstance(value, _Unknown):
-        return value
-    base = _measured(sample, baseline.values, check.signal, baseline.whose)
-    if isinstance(base, _Unknown):
-        return base
-    what = _WHAT[check.signal]
-    if base <= 0:
-        return _Unknown(InconclusiveReason.NOT_A_NUMBER, f"the {what} of the {baseline.whose} is 0")
-    ratio, limit = value / base, check.limit(checks)
-    shown, shown_limit = evidence.compared(ratio, limit)
-    if ratio > limit:
-        return _Fail(check.reason, f"{what} {evidence.seconds(value)} is {shown}× {baseline.possessive} "
-                                   f"{evidence.seconds(base)}, above {check.limit_name} {shown_limit}")
-    return _Pass(f"{what} {shown}× {baseline.possessive}")
-
-
-def _baseline(sample: DeploymentSample, mode: BaselineMode, min_requests: int,
-              previous: PreviousBaseline | None) -> _Baseline | _Unknown | None:
-    """What the ratio checks compare with, why there is nothing to compare with, or None (mode None)."""
-    if mode == BaselineMode.NONE:
+def diagnose(values: SignalValues) -> str | None:
+    """Queue-bound, Prefill-bound or Decode-bound: the largest part of a request's mean end-to-end latency."""
+    ttft, e2e = _finite(values.mean_time_to_first_token_seconds), _finite(values.mean_e2e_latency_seconds)
+    if ttft is None or e2e is None or e2e <= 0:
         return None
-    if mode == BaselineMode.CONTROL:
-        requests = sample.control.requests
-        if requests is None and not sample.errors.get(Signal.REQUESTS):
-            return _Unknown(InconclusiveReason.NO_CONTROL_DATA,
-                            "Prometheus has no series of the control pods (specdeploy_io_variant=\"control\")")
-        gate = _request_gate(sample, sample.control, min_requests, "control pods",
-                             InconclusiveReason.CONTROL_TOO_FEW_REQUESTS)
-        if isinstance(gate, _Unknown):
-            return gate
-        return _Baseline(sample.control, "control pods", "the control's", gate)
-    if previous is None:
-        return _Unknown(InconclusiveReason.NO_PREVIOUS_BASELINE,
-                        "no Previous baseline yet: the pods have not been measured without speculation")
-    now = sample.requests_per_second or 0.0
-    then = previous.requests_per_second
-    if then <= 0 or abs(now / then - 1.0) > LOAD_TOLERANCE:
-        return _Unknown(InconclusiveReason.LOAD_DIFFERS_FROM_PREVIOUS,
-                        f"load {now:.2f} requests/s differs from the Previous baseline's {then:.2f} requests/s "
-                        f"(taken at {previous.taken_at}) by more than {LOAD_TOLERANCE:.0%}")
-    return _Baseline(previous.values(), "Previous baseline", "the Previous baseline's")
+    queue = _finite(values.mean_queue_time_seconds) or 0.0
+    parts = {"Queue-bound": queue, "Prefill-bound": max(0.0, ttft - queue), "Decode-bound": max(0.0, e2e - ttft)}
+    return max(parts, key=lambda name: parts[name])
 
+
+def _queue_note(values: SignalValues) -> str:
+    queue, e2e = _finite(values.mean_queue_time_seconds), _finite(values.mean_e2e_latency_seconds)
+    if queue is None or e2e is None or e2e <= 0:
+        return ""
+    return (f"; the speculative pods are Queue-bound (waiting {queue / e2e:.0%} of end-to-end latency): "
+            "the load exceeds what they serve, speculation only speeds up decode")
+
+
+# -- the verdict -----------------------------------------------------------------------------------
 
 def _context(sample: DeploymentSample, requests: float, baseline: _Baseline | None) -> str:
     extra = f"; control {evidence.count(baseline.requests)}" if baseline and baseline.requests is not None else ""
     return f"over {evidence.window(sample.window_seconds)} ({evidence.count(requests)} requests{extra})"
 
 
-def verdict(sample: DeploymentSample, checks: Checks, baseline_mode: BaselineMode, min_requests: int,
-            previous: PreviousBaseline | None = None) -> Verdict:
-    """The verdict on `sample` under `checks`; `previous` is the snapshot the Previous mode compares with."""
-    requests = _request_gate(sample, sample.speculative, min_requests, "speculative pods",
+def assess(sample: DeploymentSample, policy: Policy) -> Assessment:
+    """The verdict on `sample` under `policy`, with the per-token comparison and the diagnosis."""
+    diagnosis = {name: bound for name, values in (("speculative", sample.speculative), ("control", sample.control))
+                 if (bound := diagnose(values)) is not None}
+    requests = _request_gate(sample, sample.speculative, policy.min_requests, "speculative pods",
                              InconclusiveReason.TOO_FEW_REQUESTS)
     if isinstance(requests, _Unknown):
-        return Inconclusive(requests.reason, requests.text)
-    outcomes: list[_Outcome] = [_acceptance(sample, checks)]
-    baseline = _baseline(sample, baseline_mode, min_requests, previous)
-    if isinstance(baseline, _Unknown):
-        outcomes.append(baseline)
+        return Assessment(Inconclusive(requests.reason, requests.text), diagnosis=diagnosis, floor=policy.floor)
+    outcomes: list[_Outcome] = []
+    baseline = _baseline(sample, policy)
+    per_token: Comparison | None = None
+    if isinstance(baseline, _Baseline):
+        for check in _LATENCY_CHECKS:
+            outcome, found = _latency(sample, check, baseline, policy.checks)
+            if check is _PER_TOKEN:
+                per_token = found
+            outcomes.append(outcome)
     elif baseline is not None:
-        outcomes.extend(_ratio(sample, check, baseline, checks) for check in _RATIO_CHECKS)
-    slo = _slo(sample, checks)
+        outcomes.append(baseline)
+    acceptance = _acceptance(sample, policy.floor)
+    compared = isinstance(baseline, _Baseline) or (
+        isinstance(baseline, _Unknown) and baseline.reason in (InconclusiveReason.NO_CONTROL_DATA,
+                                                                InconclusiveReason.CONTROL_TOO_FEW_REQUESTS))
+    explanation = ""
+    if isinstance(acceptance, _Fail) and compared and not (policy.floor and policy.floor.fixed):
+        # With a baseline the measured comparison decides; acceptance below the Auto floor explains it.
+        explanation = f"; {acceptance.text}"
+    elif acceptance is not None and not isinstance(acceptance, _NotDrafting):
+        outcomes.insert(0, acceptance)
+    slo = _slo(sample, policy.checks)
     if slo is not None:
         outcomes.append(slo)
     context = _context(sample, requests, baseline if isinstance(baseline, _Baseline) else None)
+    name = baseline.name if isinstance(baseline, _Baseline) else None
     failures = [o for o in outcomes if isinstance(o, _Fail)]
     if failures:
-        return Failing(failures[0].reason, "; ".join(f.text for f in failures) + f" {context}")
+        queued = _queue_note(sample.speculative) if diagnosis.get("speculative") == "Queue-bound" else ""
+        text = "; ".join(f.text for f in failures) + explanation + queued + f" {context}"
+        return Assessment(Failing(failures[0].reason, text), per_token, name, diagnosis, policy.floor)
     unknowns = [o for o in outcomes if isinstance(o, _Unknown)]
     if unknowns:
-        return Inconclusive(unknowns[0].reason, "; ".join(u.text for u in unknowns) + f" {context}")
-    return Healthy("; ".join(o.text for o in outcomes if isinstance(o, _Pass)) + f" {context}")
+        text = "; ".join(u.text for u in unknowns) + explanation + f" {context}"
+        return Assessment(Inconclusive(unknowns[0].reason, text), per_token, name, diagnosis, policy.floor)
+    passed = "; ".join(o.text for o in outcomes if isinstance(o, _Pass))
+    if isinstance(acceptance, _NotDrafting):
+        text = acceptance.text + (f"; {passed}" if passed else "") + f" {context}"
+        return Assessment(Inconclusive(InconclusiveReason.NOT_DRAFTING, text), per_token, name, diagnosis,
+                          policy.floor)
+    return Assessment(Healthy(passed + explanation + f" {context}"), per_token, name, diagnosis, policy.floor)
 
 
-def baseline_p99_inter_token_latency(sample: DeploymentSample, mode: BaselineMode,
-                                     previous: PreviousBaseline | None) -> float | None:
-    """The ITL the sample was compared with (for status.analysis), whatever the verdict."""
-    if mode == BaselineMode.CONTROL:
-        return _finite(sample.control.p99_inter_token_latency_seconds)
-    if mode == BaselineMode.PREVIOUS and previous is not None:
-        return previous.p99_inter_token_latency_seconds
-    return None
+def verdict(sample: DeploymentSample, policy: Policy) -> Verdict:
+    """The verdict alone (see `assess`)."""
+    return assess(sample, policy).verdict
+
+
+def previous_baseline(sample: DeploymentSample, min_requests: int, now: datetime) -> PreviousBaselineStatus | None:
+    """A snapshot of a sample taken without speculation; None when it has too few requests to stand for anything."""
+    requests = _finite(sample.speculative.requests)
+    rate = sample.requests_per_second
+    if requests is None or rate is None or requests < max(min_requests, 1):
+        return None
+    values = sample.speculative
+    itl, e2e, ttft = (_mean_latency(values, check) for check in _LATENCY_CHECKS)
+    return PreviousBaselineStatus(
+        taken_at=evidence.rfc3339(now),
+        requests_per_second=rate,
+        running_per_pod=values.running_per_pod,
+        inter_token_latency=itl, e2e_latency=e2e, time_to_first_token=ttft,
+        p99_inter_token_latency_seconds=_finite(values.p99_inter_token_latency_seconds),
+        p99_e2e_latency_seconds=_finite(values.p99_e2e_latency_seconds),
+        p99_time_to_first_token_seconds=_finite(values.p99_time_to_first_token_seconds),
+    )

@@ -28,8 +28,10 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Method", "type": "string", "jsonPath": ".spec.speculation.method"},
     {"name": "Speculating", "type": "boolean", "jsonPath": ".status.speculation.active"},
     {"name": "Acceptance", "type": "number", "jsonPath": ".status.analysis.acceptanceRate"},
-    {"name": "P99-ITL", "type": "number", "jsonPath": ".status.analysis.p99InterTokenLatencySeconds",
-     "description": "P99 inter-token latency of the speculative pods, seconds"},
+    {"name": "Speedup", "type": "number", "jsonPath": ".status.analysis.speedup.value",
+     "description": "Baseline ÷ speculative mean per-token latency (above 1: speculation helps)"},
+    {"name": "TPOT", "type": "string", "jsonPath": ".status.analysis.perTokenLatency", "priority": 1,
+     "description": "Mean per-token latency, speculative vs baseline"},
     {"name": "Fits", "type": "string", "jsonPath": ".status.memoryPlan.verdict"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -336,8 +336,11 @@ class Baseline(WireModel):
 class Checks(WireModel):
     """Limits a sample must stay within; breaking one makes the sample Failing."""
 
-    min_acceptance_rate: float = Field(
-        0.5, ge=0, le=1, description="Lowest accepted ÷ drafted tokens before speculation counts as failing"
+    min_acceptance_rate: float | None = Field(
+        None, ge=0, le=1,
+        description="Lowest accepted ÷ drafted tokens before speculation counts as failing; unset (Auto): the "
+        "break-even acceptance of the cost model for the method, k, the draft's cost and the pods' batch size, "
+        "plus a margin",
     )
     max_p99_inter_token_latency_ratio: float = Field(
         1.10, gt=0, le=1000, description="Highest P99 inter-token latency, speculative ÷ baseline"

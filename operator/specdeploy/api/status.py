@@ -123,22 +123,62 @@ class SpeculationStatus(StatusModel):
     )
 
 
+class MeanLatency(StatusModel):
+    """A variant's mean latency over a window (from the histogram's `_sum` ÷ `_count`) and how sure it is."""
+
+    mean_seconds: float
+    log_standard_error: float = Field(description="Standard error of ln(mean), from the window's slices")
+    slices: int
+    requests: float
+
+
 class PreviousBaselineStatus(StatusModel):
     """What the pods measured without speculation: the yardstick of `baseline.mode: Previous`."""
 
     taken_at: str
     requests_per_second: float
+    running_per_pod: float | None = Field(None, description="Requests in one pod's batch: the load it was taken at")
+    inter_token_latency: MeanLatency | None = None
+    e2e_latency: MeanLatency | None = None
+    time_to_first_token: MeanLatency | None = None
     p99_inter_token_latency_seconds: float | None = None
     p99_e2e_latency_seconds: float | None = None
     p99_time_to_first_token_seconds: float | None = None
+
+
+class Speedup(StatusModel):
+    """Baseline ÷ speculative mean per-token latency: above 1 speculation helps. With its 95% interval."""
+
+    value: float
+    low: float
+    high: float
+    baseline: str = Field(description="What it is measured against: control or Previous")
+    requests: float = Field(description="Speculative requests behind it")
+    baseline_requests: float
+
+
+class Diagnosis(StatusModel):
+    """Where a request's time goes, per variant: Queue-bound, Prefill-bound or Decode-bound."""
+
+    speculative: str | None = None
+    control: str | None = None
+    message: str | None = None
 
 
 class AnalysisStatus(StatusModel):
     last_sample_at: str | None = None
     acceptance_rate: float | None = None
     mean_acceptance_length: float | None = None
-    p99_inter_token_latency_seconds: float | None = None
-    baseline_p99_inter_token_latency_seconds: float | None = None
+    acceptance_floor: float | None = Field(None, description="The minAcceptanceRate in force (Auto: from the cost model)")
+    acceptance_floor_basis: str | None = Field(None, description="Where the floor comes from")
+    mean_inter_token_latency_seconds: float | None = Field(None, description="Speculative pods, from _sum ÷ _count")
+    baseline_mean_inter_token_latency_seconds: float | None = None
+    p99_inter_token_latency: str | None = Field(
+        None, description="Speculative pods' P99 per-token latency as the buckets allow: \"< 10 ms\" inside the first")
+    baseline_p99_inter_token_latency: str | None = None
+    per_token_latency: str | None = Field(None, description="Mean per-token latency, speculative vs baseline, in words")
+    speedup: Speedup | None = None
+    diagnosis: Diagnosis | None = None
     requests: float | None = None
     verdict: str | None = Field(None, description="Healthy, Failing or Inconclusive, with the reason")
     message: str | None = Field(None, description="The verdict in a sentence, with the numbers")

@@ -25,17 +25,20 @@ from specdeploy.analysis.rollback import (
     rolled_back,
     speculation_hash,
 )
-from specdeploy.analysis.samples import DeploymentSample
+from specdeploy.analysis.samples import DeploymentSample, chain_acceptance
 from specdeploy.analysis.verdict import (
+    Assessment,
+    Floor,
     Inconclusive,
-    PreviousBaseline,
+    Policy,
     Verdict,
-    message,
+    assess,
     previous_baseline,
-    verdict,
 )
 from specdeploy.api.resource import SpeculativeDeployment
-from specdeploy.api.status import AnalysisStatus, PreviousBaselineStatus, SpeculationStatus
+from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
+from specdeploy.api.status import AnalysisStatus, SpeculationStatus
+from specdeploy.planning.acceptance_floor import FIXED, acceptance_floor
 from specdeploy.reconcile.conditions import Event
 
 
@@ -49,24 +52,22 @@ class SpeculationStep:
     events: list[Event] = field(default_factory=list)
 
 
-def _snapshot(analysis: AnalysisStatus | None) -> PreviousBaseline | None:
-    stored = analysis.previous_baseline if analysis is not None else None
-    return PreviousBaseline(**stored.model_dump()) if stored is not None else None
+def _floor(spec: SpeculativeDeploymentSpec, sample: DeploymentSample) -> Floor | None:
+    """minAcceptanceRate, or unset (Auto) the cost model's break-even at the batch the pods run now."""
+    found = acceptance_floor(spec, sample.speculative.running_per_pod)
+    return Floor(found.rate, found.describe(), fixed=found.source == FIXED) if found is not None else None
 
 
-def _round(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
+def _policy(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, analysis: AnalysisStatus | None) -> Policy:
+    return Policy(spec.analysis.checks, spec.analysis.baseline.mode, spec.analysis.min_requests,
+                  _floor(spec, sample), analysis.previous_baseline if analysis is not None else None)
 
 
-def _rounded(state: AnalysisStatus) -> AnalysisStatus:
-    """Measurements at the precision `kubectl get sd` should show (and that stays stable between samples)."""
-    return state.model_copy(update={
-        "acceptance_rate": _round(state.acceptance_rate, 3),
-        "mean_acceptance_length": _round(state.mean_acceptance_length, 3),
-        "p99_inter_token_latency_seconds": _round(state.p99_inter_token_latency_seconds, 5),
-        "baseline_p99_inter_token_latency_seconds": _round(state.baseline_p99_inter_token_latency_seconds, 5),
-        "requests": _round(state.requests, 1),
-    })
+def _normalised(spec: SpeculativeDeploymentSpec, sample: DeploymentSample) -> DeploymentSample:
+    """SGLang's own rate divides by the draft tree; minAcceptanceRate means accepted ÷ proposed chain positions."""
+    if spec.engine.kind == EngineKind.SGLANG:
+        return chain_acceptance(sample, spec.speculation.num_speculative_tokens)
+    return sample
 
 
 def step_speculation(
@@ -114,23 +115,18 @@ def step_speculation(
             update: dict[str, object] = {"last_sample_at": at}   # sampled: not due again before `interval`
             snapshot = previous_baseline(sample, spec.analysis.min_requests, now)
             if snapshot is not None:
-                update["previous_baseline"] = PreviousBaselineStatus(**snapshot.__dict__)
+                update["previous_baseline"] = snapshot
             analysis = (analysis or AnalysisStatus()).model_copy(update=update)
         return SpeculationStep(speculation, analysis, reenabled=back, events=events)
     deaths = out_of_memory
     if sample is None and not deaths:
         return SpeculationStep(speculation, analysis, reenabled=back, events=events)
-    baseline = _snapshot(analysis)
     result: Verdict
     if sample is not None:
-        result = verdict(sample, spec.analysis.checks, spec.analysis.baseline.mode, spec.analysis.min_requests,
-                         baseline)
-        state = next_analysis_state(analysis, sample, result, now, baseline_mode=spec.analysis.baseline.mode,
-                                    previous_baseline=baseline)
-        state = _rounded(state).model_copy(update={
-            "message": message(result),
-            "previous_baseline": analysis.previous_baseline if analysis is not None else None,
-        })
+        sample = _normalised(spec, sample)
+        assessment: Assessment = assess(sample, _policy(spec, sample, analysis))
+        result = assessment.verdict
+        state = next_analysis_state(analysis, sample, assessment, now)
     else:  # an OOM death between samples: decide on it alone, counters unchanged
         result = Inconclusive(InconclusiveReason.NO_DATA, "no sample in this reconcile")
         state = analysis or AnalysisStatus()
