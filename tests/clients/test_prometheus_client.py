@@ -37,6 +37,12 @@ def vector(*series: tuple[dict[str, str], str]) -> dict[str, Any]:
                                           "result": [{"metric": m, "value": [1767225600.0, v]} for m, v in series]}}
 
 
+def matrix(*series: tuple[dict[str, str], list[tuple[float, str]]]) -> dict[str, Any]:
+    return {"status": "success", "data": {"resultType": "matrix",
+                                          "result": [{"metric": m, "values": [[t, v] for t, v in points]}
+                                                     for m, points in series]}}
+
+
 def sd(namespace: str, name: str, variant: str, **more: str) -> dict[str, str]:
     return {"namespace": namespace, "specdeploy_io_name": name, "specdeploy_io_variant": variant, **more}
 
@@ -72,6 +78,54 @@ def test_a_vector() -> None:
 
 def test_an_empty_result() -> None:
     assert query_once(answer(200, vector())) == []
+
+
+T = 1767225300.0
+
+
+def test_a_matrix_becomes_points_in_time_order_with_the_last_as_the_value() -> None:
+    """A subquery (`…[330s:30s]`) sent as an instant query answers a range vector."""
+    samples = query_once(answer(200, matrix(
+        (sd("prod", "llama", "speculative"), [(T, "10"), (T + 30, "12.5"), (T + 60, "NaN")]),
+        (sd("prod", "llama", "control"), [(T, "4")]),
+    )))
+    [spec, control] = samples
+    assert spec.labels == sd("prod", "llama", "speculative")
+    assert spec.points[:2] == ((T, 10.0), (T + 30, 12.5))
+    assert spec.points[2][0] == T + 60 and math.isnan(spec.points[2][1]) and math.isnan(spec.value)
+    assert control == Sample(sd("prod", "llama", "control"), 4.0, ((T, 4.0),))
+    assert query_once(answer(200, matrix())) == []
+
+
+def test_a_vector_has_no_points() -> None:
+    [sample] = query_once(answer(200, vector((sd("prod", "llama", "speculative"), "0.5"))))
+    assert sample.points == ()
+
+
+@pytest.mark.parametrize("item", [
+    {"metric": {}},                                   # no values
+    {"values": [[T, "1"]]},                           # no metric
+    {"metric": {}, "values": []},
+    {"metric": {}, "values": "1,2"},
+    {"metric": [], "values": [[T, "1"]]},
+    {"metric": {}, "values": [[T, 1.0]]},             # a number, not its text
+    {"metric": {}, "values": [[T, "many"]]},
+    {"metric": {}, "values": [[T]]},
+    {"metric": {}, "values": [[T, "1", "2"]]},
+    {"metric": {}, "values": [["soon", "1"]]},
+    {"metric": {}, "value": [T, "1"]},                # a vector's element in a matrix
+])
+def test_a_malformed_matrix_is_a_bad_response_naming_the_element(item: Any) -> None:
+    body = {"status": "success", "data": {"resultType": "matrix", "result": [item]}}
+    with pytest.raises(PrometheusBadResponse, match=r'expected \{metric: \{…\}, values: \[\[time, "number"\]') as caught:
+        query_once(answer(200, body))
+    assert str(caught.value).endswith("got " + repr(item))
+
+
+def test_a_matrix_whose_result_is_not_a_list_is_a_bad_response() -> None:
+    body = {"status": "success", "data": {"resultType": "matrix", "result": {"metric": {}, "values": [[T, "1"]]}}}
+    with pytest.raises(PrometheusBadResponse, match="expected an instant or range vector .* resultType 'matrix'"):
+        query_once(answer(200, body))
 
 
 @pytest.mark.parametrize(("text", "check"), [
@@ -197,6 +251,9 @@ def test_query_all_groups_values_by_sd_and_variant() -> None:
         Signal.REQUESTS: answer(200, vector((spec, "1234"), (control, "410"), (other, "0"))),
         Signal.P99_INTER_TOKEN_LATENCY: answer(200, vector((spec, "0.031"), (control, "0.030"))),
         Signal.RUNNING: answer(200, vector(({"namespace": "prod"}, "3"))),    # no SD labels: ignored
+        Signal.INTER_TOKEN_LATENCY_SUM_SERIES: answer(200, matrix((spec, [(T, "1.5"), (T + 30, "2.0")]),
+                                                                  (control, [(T, "0.7")]))),
+        Signal.INTER_TOKEN_LATENCY_COUNT_SERIES: answer(200, matrix((spec, [(T, "100"), (T + 30, "130")]))),
     }, seen=seen)
     samples = run_all(handler, [QueryGroup(EngineKind.VLLM, 300.0)] * 3)
     assert samples.query_count == len(Signal) == len(seen)               # duplicates asked once
@@ -204,15 +261,21 @@ def test_query_all_groups_values_by_sd_and_variant() -> None:
     [group] = samples.groups.values()
     assert group.errors == {}
     assert group.values[SeriesKey("prod", "llama", "speculative")] == SignalValues(
-        acceptance_rate=0.71, requests=1234.0, p99_inter_token_latency_seconds=0.031)
+        acceptance_rate=0.71, requests=1234.0, p99_inter_token_latency_seconds=0.031,
+        series={Signal.INTER_TOKEN_LATENCY_SUM_SERIES: ((T, 1.5), (T + 30, 2.0)),
+                Signal.INTER_TOKEN_LATENCY_COUNT_SERIES: ((T, 100.0), (T + 30, 130.0))})
     assert group.values[SeriesKey("prod", "llama", "control")] == SignalValues(
-        requests=410.0, p99_inter_token_latency_seconds=0.030)
+        requests=410.0, p99_inter_token_latency_seconds=0.030,
+        series={Signal.INTER_TOKEN_LATENCY_SUM_SERIES: ((T, 0.7),)})
     assert math.isnan(group.values[SeriesKey("dev", "q", "speculative")].acceptance_rate or 0.0)
 
     sample = samples.for_deployment("prod", "llama", EngineKind.VLLM, 300.0)
     assert sample.speculative.acceptance_rate == 0.71
     assert sample.control.requests == 410.0
     assert sample.requests_per_second == pytest.approx(1234 / 300)
+    assert sample.speculative.points(Signal.INTER_TOKEN_LATENCY_COUNT_SERIES) == ((T, 100.0), (T + 30, 130.0))
+    assert sample.control.points(Signal.INTER_TOKEN_LATENCY_COUNT_SERIES) == ()
+    assert sample.speculative.mean_inter_token_latency_seconds is None, "a series is no value"
     missing = samples.for_deployment("prod", "absent", EngineKind.VLLM, 300.0)
     assert missing.speculative == SignalValues() and missing.errors == {}
 
@@ -223,6 +286,8 @@ def test_query_all_records_errors_per_signal_and_keeps_the_rest() -> None:
         Signal.REQUESTS: answer(200, vector((spec, "100"))),
         Signal.P99_INTER_TOKEN_LATENCY: answer(422, {"status": "error", "errorType": "execution", "error": "nope"}),
         Signal.P99_E2E_LATENCY: raising(httpx.ConnectError("refused")),
+        Signal.E2E_LATENCY_SUM_SERIES: answer(200, {"status": "success", "data": {
+            "resultType": "matrix", "result": [{"metric": sd("prod", "llama", "speculative"), "values": []}]}}),
     })
     samples = run_all(handler, [QueryGroup(EngineKind.VLLM, 300.0)])
     sample = samples.for_deployment("prod", "llama", EngineKind.VLLM, 300.0)
@@ -230,7 +295,9 @@ def test_query_all_records_errors_per_signal_and_keeps_the_rest() -> None:
     assert {s: e.kind for s, e in sample.errors.items()} == {
         Signal.P99_INTER_TOKEN_LATENCY: QueryErrorKind.BAD_QUERY,
         Signal.P99_E2E_LATENCY: QueryErrorKind.UNAVAILABLE,
+        Signal.E2E_LATENCY_SUM_SERIES: QueryErrorKind.BAD_RESPONSE,
     }
+    assert sample.speculative.points(Signal.E2E_LATENCY_SUM_SERIES) == ()
     assert "execution: nope" in sample.errors[Signal.P99_INTER_TOKEN_LATENCY].message
 
 

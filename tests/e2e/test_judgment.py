@@ -60,8 +60,7 @@ spec:
 """
 
 
-def _analysis(cluster: DevCluster, name: str, namespace: str) -> dict[str, Any]:
-    return dict(get_json(cluster, "sd", name, namespace=namespace).get("status", {}).get("analysis") or {})
+LATENCY_REASONS = ("InterTokenLatencyRegressed", "TimeToFirstTokenRegressed", "E2ELatencyRegressed")
 
 
 def _rolled_back(obj: dict[str, Any]) -> bool:
@@ -133,6 +132,8 @@ def test_a_per_token_slowdown_rolls_back_on_latency_and_healthy_traffic_does_not
     finally:
         traffic.stop()
     record = obj["status"]["speculation"]["lastRollback"]
-    assert record["reason"] == "InterTokenLatencyRegressed", record
+    # The extra time is added to every engine step, prefill steps too: the first token comes later as well, so
+    # whichever latency's interval clears its limit first decides.
+    assert record["reason"] in LATENCY_REASONS, record
     assert "(95% interval +" in record["evidence"], record["evidence"]
-    assert "above maxP99InterTokenLatencyRatio 1.10" in record["evidence"]
+    assert "vs the control, above maxP99" in record["evidence"]

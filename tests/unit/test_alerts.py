@@ -18,7 +18,11 @@ from specdeploy.analysis.alerts import (
 )
 
 ROLLED_BACK_AT = datetime(2026, 3, 1, 12, 0, 5, tzinfo=UTC)
-EVIDENCE = "3 consecutive failing samples (failureLimit 3); the last: acceptance rate 0.31 < minAcceptanceRate 0.50"
+EVIDENCE = ("3 consecutive failing samples (failureLimit 3); the last: acceptance rate 0.31 < minAcceptanceRate 0.50 "
+            "(Fixed: minAcceptanceRate 0.50)")
+LATENCY_EVIDENCE = ("3 consecutive failing samples (failureLimit 3); the last: per-token latency +18% (95% interval "
+                    "+9%…+27%) vs the control, above maxP99InterTokenLatencyRatio 1.10; mean 5.9 ms vs 5 ms, "
+                    "P99 < 10 ms vs ≈ 9.8 ms; 412 vs 198 requests in 10 slices over 5m (412 requests; control 198)")
 
 
 def test_rollback_alert_is_a_postable_alert() -> None:
@@ -62,6 +66,21 @@ def test_post_alerts_sends_a_json_array_to_api_v2() -> None:
     assert (request.method, str(request.url)) == ("POST", "http://alertmanager:9093" + ALERTS_PATH)
     assert request.headers["content-type"] == "application/json"
     assert json.loads(request.content) == [alert]
+
+
+def test_a_latency_rollback_reaches_alertmanager_as_utf8_json_unchanged() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200)
+
+    alert = rollback_alert("prod", "llama", "InterTokenLatencyRegressed", LATENCY_EVIDENCE, "", ROLLED_BACK_AT)
+    assert alert["annotations"]["description"] == LATENCY_EVIDENCE
+    assert alert["labels"]["reason"] == "InterTokenLatencyRegressed"
+    asyncio.run(post_alerts("http://alertmanager:9093", [alert], transport=httpx.MockTransport(handler)))
+    [request] = seen
+    assert json.loads(request.content.decode("utf-8"))[0]["annotations"]["description"] == LATENCY_EVIDENCE
 
 
 def test_post_alerts_sends_nothing_for_no_alerts() -> None:

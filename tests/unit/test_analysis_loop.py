@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from specdeploy.api.resource import SpeculativeDeployment
 from specdeploy.reconcile.analysis_loop import due
 
 NOW = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC).timestamp()
@@ -22,3 +23,36 @@ def test_an_sd_is_due_once_its_interval_has_passed_or_when_never_sampled() -> No
     assert not due(_listed("1m", "2026-11-29T12:00:00Z"), NOW)
     assert due(_listed("3s", "2026-11-29T12:00:27Z"), NOW)              # half a second of slack for the tick
     assert not due(_listed("3s", "2026-11-29T12:00:28Z"), NOW)
+
+
+# A status as the operator wrote it before the per-token comparison: P99s in seconds, a Previous baseline
+# without the load it was taken at nor any means.
+BEFORE_THE_COMPARISON = {
+    "analysis": {
+        "lastSampleAt": "2026-11-29T11:59:00Z", "acceptanceRate": 0.71, "p99InterTokenLatencySeconds": 0.031,
+        "baselineP99InterTokenLatencySeconds": 0.029, "verdict": "Healthy", "consecutiveFailures": 0,
+        "previousBaseline": {"takenAt": "2026-11-29T09:00:00Z", "requestsPerSecond": 3.0,
+                             "p99InterTokenLatencySeconds": 0.025},
+    },
+}
+
+
+def test_an_sd_with_a_status_from_before_the_comparison_is_due_and_still_validates() -> None:
+    """After an upgrade the loop must go on sampling such SDs: the removed fields are ignored, not refused."""
+    body = {
+        "apiVersion": "specdeploy.io/v1alpha1", "kind": "SpeculativeDeployment",
+        "metadata": {"name": "llama", "namespace": "prod"},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "speculation": {"method": "ngram"},
+                 "analysis": {"interval": "30s", "baseline": {"mode": "Previous", "controlReplicas": 0}}},
+        "status": BEFORE_THE_COMPARISON,
+    }
+    assert due(body, NOW)
+    resource = SpeculativeDeployment.model_validate(body)
+    assert resource.status is not None and resource.status.analysis is not None
+    analysis = resource.status.analysis
+    assert (analysis.acceptance_rate, analysis.verdict, analysis.speedup) == (0.71, "Healthy", None)
+    assert "p99InterTokenLatencySeconds" not in resource.status.to_wire()["analysis"]
+    snapshot = analysis.previous_baseline
+    assert snapshot is not None and snapshot.p99_inter_token_latency_seconds == 0.025
+    assert snapshot.running_per_pod is None and snapshot.inter_token_latency is None
+    assert not due({**body, "status": {"analysis": {"lastSampleAt": "2026-11-29T12:00:20Z"}}}, NOW)

@@ -62,17 +62,44 @@ def sd(phase: str | None, *conditions: dict[str, Any], generation: int = 4, obse
 
 
 def test_speculating_is_healthy() -> None:
-    healthy = condition("SpeculationHealthy", "True", "Healthy", "acceptance rate 0.72 over 5m (1,234 requests)")
-    assert health(sd("Speculating", READY, healthy)) == ("Healthy", "Healthy: acceptance rate 0.72 over 5m (1,234 requests)")
+    text = ("acceptance rate 0.72 (floor 0.11); per-token latency −40% (95% interval −41%…−39%) vs the control "
+            "over 5m (1,234 requests; control 617)")
+    healthy = condition("SpeculationHealthy", "True", "Healthy", text)
+    assert health(sd("Speculating", READY, healthy)) == ("Healthy", "Healthy: " + text)
 
 
 def test_rolled_back_is_degraded_with_the_evidence() -> None:
     rolled = condition("RolledBack", "True", "AcceptanceBelowMinimum",
-                       "3 consecutive failing samples (failureLimit 3); the last: acceptance rate 0.31 < minAcceptanceRate 0.50")
+                       "3 consecutive failing samples (failureLimit 3); the last: acceptance rate 0.31 < "
+                       "minAcceptanceRate 0.50 (Fixed: minAcceptanceRate 0.50)")
     status, message = health(sd("RolledBack", READY, rolled))
     assert status == "Degraded"
     assert message == ("Speculation rolled back: AcceptanceBelowMinimum: 3 consecutive failing samples (failureLimit 3); "
-                       "the last: acceptance rate 0.31 < minAcceptanceRate 0.50")
+                       "the last: acceptance rate 0.31 < minAcceptanceRate 0.50 (Fixed: minAcceptanceRate 0.50)")
+
+
+# The evidence of a latency rollback as analysis/verdict.py writes it: "…", "−", "≈" are not ASCII.
+LATENCY_EVIDENCE = ("3 consecutive failing samples (failureLimit 3); the last: per-token latency +18% (95% interval "
+                    "+9%…+27%) vs the control, above maxP99InterTokenLatencyRatio 1.10; mean 5.9 ms vs 5 ms, "
+                    "P99 < 10 ms vs < 10 ms; 412 vs 198 requests in 10 slices over 5m (412 requests; control 198)")
+
+
+def test_a_latency_rollback_keeps_its_evidence_byte_for_byte() -> None:
+    rolled = condition("RolledBack", "True", "InterTokenLatencyRegressed", LATENCY_EVIDENCE)
+    assert health(sd("RolledBack", READY, rolled)) == (
+        "Degraded", "Speculation rolled back: InterTokenLatencyRegressed: " + LATENCY_EVIDENCE)
+
+
+@pytest.mark.parametrize(("reason", "message"), [
+    ("NotEnoughEvidence", "per-token latency +9.5% (95% interval +8%…+11%) vs the control: the interval holds "
+                          "maxP99InterTokenLatencyRatio 1.10; about 4,321 requests per variant would tell"),
+    ("NotDrafting", "not drafting now: the draft counters did not move in the window (the engine drafts nothing "
+                    "at this batch size); per-token latency −0.5% (95% interval −1%…+1%) vs the control"),
+])
+def test_an_undecided_sample_is_measuring_and_healthy_with_why(reason: str, message: str) -> None:
+    """Too little evidence and an engine that drafts nothing are no failure: the pods serve, Argo CD stays green."""
+    waiting = condition("SpeculationHealthy", "Unknown", reason, message)
+    assert health(sd("Measuring", READY, waiting)) == ("Healthy", f"Measuring: {reason}: {message}")
 
 
 def test_rejected_is_degraded_with_the_first_failing_condition() -> None:

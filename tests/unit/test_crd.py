@@ -50,7 +50,44 @@ def test_names_columns_and_subresource() -> None:
     assert crd()["spec"]["names"]["shortNames"] == ["sd"]
     assert version["subresources"] == {"status": {}}
     columns = [column["name"] for column in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Method", "Speculating", "Acceptance", "P99-ITL", "Fits", "Age"]
+    assert columns == ["Phase", "Method", "Speculating", "Acceptance", "Speedup", "TPOT", "Fits", "Age"]
+    by_name = {column["name"]: column for column in version["additionalPrinterColumns"]}
+    assert by_name["Speedup"]["jsonPath"] == ".status.analysis.speedup.value"
+    assert (by_name["TPOT"]["jsonPath"], by_name["TPOT"]["type"]) == (".status.analysis.perTokenLatency", "string")
+    assert by_name["TPOT"]["priority"] == 1, "the text column only in `kubectl get -o wide`"
+    assert all("priority" not in column for name, column in by_name.items() if name != "TPOT")
+
+
+def test_every_printer_column_reads_a_field_of_its_type() -> None:
+    """A jsonPath that names no field prints an empty column forever; kubectl does not complain."""
+    types = {"string": "string", "number": "number", "boolean": "boolean", "integer": "integer", "date": "string"}
+    for column in crd()["spec"]["versions"][0]["additionalPrinterColumns"]:
+        if column["jsonPath"] == ".metadata.creationTimestamp":
+            continue
+        node = _root()
+        for part in column["jsonPath"].removeprefix(".").split("."):
+            assert part in node.get("properties", {}), (column["name"], part)
+            node = node["properties"][part]
+        assert node["type"] == types[column["type"]], column["name"]
+
+
+def test_the_status_keeps_no_p99_inter_token_latency_in_seconds() -> None:
+    """A P99 below vLLM's first bucket (10 ms) is a bound, not a number: status shows it as text."""
+    analysis = _root()["properties"]["status"]["properties"]["analysis"]["properties"]
+    assert "p99InterTokenLatencySeconds" not in analysis
+    assert "baselineP99InterTokenLatencySeconds" not in analysis
+    assert analysis["p99InterTokenLatency"]["type"] == "string"
+    assert set(analysis["speedup"]["required"]) == {"value", "low", "high", "baseline", "requests",
+                                                    "baselineRequests"}
+
+
+def test_min_acceptance_rate_has_no_default_so_unset_means_auto() -> None:
+    checks = _root()["properties"]["spec"]["properties"]["analysis"]["properties"]["checks"]["properties"]
+    node = checks["minAcceptanceRate"]
+    assert "default" not in node and (node["minimum"], node["maximum"]) == (0, 1)
+    assert parse_resource(_document()).spec.analysis.checks.min_acceptance_rate is None
+    fixed = parse_resource(_document(analysis={"checks": {"minAcceptanceRate": 0.4}}))
+    assert fixed.spec.analysis.checks.min_acceptance_rate == 0.4
 
 
 def test_conditions_are_a_map_list_keyed_by_type() -> None:

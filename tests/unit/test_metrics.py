@@ -8,6 +8,8 @@ import subprocess
 import pytest
 
 from specdeploy.analysis.metrics import Counter, Gauge, Histogram, OperatorMetrics, Registry
+from specdeploy.analysis.reasons import FailureReason, InconclusiveReason
+from specdeploy.analysis.verdict import Failing, Healthy, Inconclusive, kind
 
 
 def filled() -> OperatorMetrics:
@@ -48,6 +50,35 @@ def test_promtool_accepts_the_exposition() -> None:
     result = subprocess.run(["promtool", "check", "metrics"], input=filled().render(), capture_output=True,
                             text=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_verdict_labels_stay_three_whatever_the_reason() -> None:
+    """The reason goes into status and Events, never into a label: the series count stays bounded."""
+    metrics = OperatorMetrics()
+    verdicts = [Healthy("fine"), *(Failing(r, "…") for r in FailureReason),
+                *(Inconclusive(r, "…") for r in InconclusiveReason)]
+    for result in verdicts:
+        metrics.verdict(kind(result))
+    lines = [line for line in metrics.render().splitlines() if line.startswith("specdeploy_analysis_verdicts_total{")]
+    assert sorted(lines) == [
+        f'specdeploy_analysis_verdicts_total{{verdict="Failing"}} {float(len(FailureReason))}',
+        'specdeploy_analysis_verdicts_total{verdict="Healthy"} 1.0',
+        f'specdeploy_analysis_verdicts_total{{verdict="Inconclusive"}} {float(len(InconclusiveReason))}',
+    ]
+    assert "NotDrafting" not in metrics.render() and "NotEnoughEvidence" not in metrics.render()
+
+
+def test_the_speedup_is_three_series_and_nothing_when_nothing_was_compared() -> None:
+    metrics = OperatorMetrics()
+    metrics.speedup_interval("prod", "llama", (1.67, 1.64, 1.69))
+    text = metrics.render()
+    for bound, value in (("estimate", "1.67"), ("low", "1.64"), ("high", "1.69")):
+        assert f'specdeploy_speedup{{namespace="prod",name="llama",bound="{bound}"}} {value}' in text
+    metrics.speedup_interval("prod", "llama", None)          # an Inconclusive sample: no stale speedup
+    assert 'specdeploy_speedup{' not in metrics.render()
+    metrics.speedup_interval("prod", "llama", (0.4, 0.39, 0.41))
+    metrics.forget("prod", "llama")
+    assert 'specdeploy_speedup{' not in metrics.render()
 
 
 def test_unmeasured_acceptance_removes_the_series() -> None:

@@ -9,15 +9,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specdeploy.analysis.queries import (
+    CUMULATIVE_SERIES,
     GAUGE_MEAN,
     GROUP_LABELS,
+    MEAN_FROM_HISTOGRAM,
     P99_FROM_HISTOGRAM,
     SELECTOR,
+    SLICES,
     TemplateError,
+    promql,
     promql_duration,
     queries_for,
     query_group,
     render,
+    slice_seconds,
 )
 from specdeploy.analysis.samples import QueryGroup, Signal
 from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
@@ -25,6 +30,7 @@ from specdeploy.api.units import parse_duration
 from specdeploy.engines import metric_names
 
 _METRIC_IN_QUERY = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{")
+_SUBQUERY = re.compile(r"\)\[([0-9]+(?:ms|s|m|h)):([0-9]+(?:ms|s|m|h))\]$")
 
 
 def _spec(engine: str, window: str, name: str = "meta-llama/Llama-3.1-8B-Instruct") -> SpeculativeDeploymentSpec:
@@ -90,15 +96,127 @@ def test_every_engine_answers_every_signal_with_one_grouped_query(engine: Engine
     for query in queries:
         assert query.promql.count("(") == query.promql.count(")")
         assert GROUP_LABELS in query.promql
-        assert query.promql.count("[5m]") == query.promql.count(SELECTOR) >= 1
+        if query.signal.is_series:        # a cumulative counter at instants over the window: no range of its own
+            assert query.promql.endswith(")[330s:30s]") and "[5m]" not in query.promql
+            assert query.promql.count(SELECTOR) == 1
+        elif query.signal == Signal.PODS:   # the pods reporting now
+            assert "[" not in query.promql and query.promql.count(SELECTOR) == 1
+        else:
+            assert query.promql.count("[5m]") == query.promql.count(SELECTOR) >= 1
+
+
+def _base_name(metric: str, names: set[str]) -> str:
+    """A histogram's series (`_bucket`, `_sum`, `_count`) as the histogram's name in the engine's table."""
+    for suffix in ("_bucket", "_sum", "_count"):
+        if metric.endswith(suffix) and metric.removesuffix(suffix) in names:
+            return metric.removesuffix(suffix)
+    return metric
 
 
 @pytest.mark.parametrize("engine", list(EngineKind))
 def test_queries_read_only_the_engines_own_metric_names(engine: EngineKind) -> None:
     names = set(metric_names(engine).names())
     for query in queries_for(engine, 60):
-        used = {re.sub(r"_bucket$", "", m) for m in _METRIC_IN_QUERY.findall(query.promql)}
+        used = {_base_name(m, names) for m in _METRIC_IN_QUERY.findall(query.promql)}
         assert used and used <= names, (query.signal, used - names)
+
+
+@pytest.mark.parametrize("engine", list(EngineKind))
+def test_histogram_series_are_the_ones_prometheus_has(engine: EngineKind) -> None:
+    """A histogram exposes `<name>_bucket`, `_sum` and `_count`, never the bare name."""
+    names = metric_names(engine)
+    histograms = {names.time_per_output_token, names.e2e_request_latency, names.time_to_first_token,
+                  names.request_queue_time} - {None}
+    for query in queries_for(engine, 300):
+        for metric in _METRIC_IN_QUERY.findall(query.promql):
+            assert metric not in histograms, (query.signal, metric)
+
+
+@pytest.mark.parametrize(("signal", "histogram"), [
+    (Signal.MEAN_INTER_TOKEN_LATENCY, "vllm:request_time_per_output_token_seconds"),
+    (Signal.MEAN_E2E_LATENCY, "vllm:e2e_request_latency_seconds"),
+    (Signal.MEAN_TIME_TO_FIRST_TOKEN, "vllm:time_to_first_token_seconds"),
+    (Signal.MEAN_QUEUE_TIME, "vllm:request_queue_time_seconds"),
+])
+def test_means_are_sum_over_count_of_the_histogram_not_its_buckets(signal: Signal, histogram: str) -> None:
+    text = promql(signal, EngineKind.VLLM, 300)
+    assert text == render(MEAN_FROM_HISTOGRAM, histogram=histogram, window="5m")
+    assert text == (f"sum by ({GROUP_LABELS}) (rate({histogram}_sum{SELECTOR}[5m]))"
+                    f" / sum by ({GROUP_LABELS}) (rate({histogram}_count{SELECTOR}[5m]))")
+    assert "_bucket" not in text and "histogram_quantile" not in text
+
+
+@pytest.mark.parametrize(("signal", "series"), [
+    (Signal.INTER_TOKEN_LATENCY_SUM_SERIES, "vllm:request_time_per_output_token_seconds_sum"),
+    (Signal.INTER_TOKEN_LATENCY_COUNT_SERIES, "vllm:request_time_per_output_token_seconds_count"),
+    (Signal.E2E_LATENCY_SUM_SERIES, "vllm:e2e_request_latency_seconds_sum"),
+    (Signal.E2E_LATENCY_COUNT_SERIES, "vllm:e2e_request_latency_seconds_count"),
+    (Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES, "vllm:time_to_first_token_seconds_sum"),
+    (Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES, "vllm:time_to_first_token_seconds_count"),
+])
+def test_slice_series_are_the_cumulative_counter_summed_over_pods_at_instants(signal: Signal, series: str) -> None:
+    """No rate(): the differences of consecutive points are the slices, each pod's counter summed first."""
+    assert signal.is_series
+    text = promql(signal, EngineKind.VLLM, 300)
+    assert text == f"sum by ({GROUP_LABELS}) ({series}{SELECTOR})[330s:30s]"
+    assert text == render(CUMULATIVE_SERIES, counter=series, range="330s", step="30s")
+    assert "rate(" not in text and "increase(" not in text
+
+
+@pytest.mark.parametrize(("window", "step", "subquery"), [
+    (300, 30.0, "[330s:30s]"), (60, 6.0, "[66s:6s]"), (90, 9.0, "[99s:9s]"), (3600, 360.0, "[66m:6m]"),
+    (1, 0.1, "[1100ms:100ms]"), (45, 4.5, "[49500ms:4500ms]"),
+])
+def test_a_window_is_cut_into_slices_points_one_step_apart(window: float, step: float, subquery: str) -> None:
+    assert slice_seconds(window) == step
+    [query] = [q for q in queries_for(EngineKind.SGLANG, window) if q.signal == Signal.E2E_LATENCY_COUNT_SERIES]
+    assert query.promql.endswith(subquery)
+
+
+def _span_and_step(window: float) -> tuple[float, float]:
+    [query] = [q for q in queries_for(EngineKind.VLLM, window) if q.signal == Signal.INTER_TOKEN_LATENCY_SUM_SERIES]
+    match = _SUBQUERY.search(query.promql)
+    assert match is not None, query.promql
+    return parse_duration(match.group(1)), parse_duration(match.group(2))
+
+
+@given(st.integers(min_value=1, max_value=86_400))
+def test_the_subquery_spans_the_window_plus_one_step_so_it_holds_slices_plus_one_points(seconds: int) -> None:
+    span, step = _span_and_step(seconds)
+    assert step == pytest.approx(seconds / SLICES) and step > 0
+    assert span == pytest.approx(seconds + step)
+    assert span / step == pytest.approx(SLICES + 1)
+
+
+@given(st.integers(min_value=1000, max_value=86_400_000))
+def test_a_window_of_any_milliseconds_still_gets_about_slices_steps(millis: int) -> None:
+    """The step is whole milliseconds (PromQL has no finer unit), so the points are SLICES + 1 within rounding."""
+    window = millis / 1000
+    span, step = _span_and_step(window)
+    assert step == pytest.approx(slice_seconds(window)) and abs(step - window / SLICES) <= 0.0005 + 1e-12
+    assert span == pytest.approx(window + step)
+    assert span / step == pytest.approx(SLICES + 1, rel=0.01)
+
+
+@pytest.mark.parametrize("signal", [s for s in Signal if not s.is_series])
+def test_only_the_slice_series_are_answered_by_a_range(signal: Signal) -> None:
+    text = promql(signal, EngineKind.TRTLLM, 300)
+    assert text is not None and _SUBQUERY.search(text) is None
+
+
+def test_pods_count_the_series_of_the_running_gauge() -> None:
+    assert promql(Signal.PODS, EngineKind.VLLM, 300) == (
+        f"count by ({GROUP_LABELS}) (vllm:num_requests_running{SELECTOR})")
+
+
+@pytest.mark.parametrize(("variables", "complaint"), [
+    ({"counter": "x", "range": "330s", "step": "30 s"}, "'step' must be a PromQL duration"),
+    ({"counter": "x", "range": "5m:1s]) or vector(1", "step": "30s"}, "'range' must be a PromQL duration"),
+    ({"counter": "x", "range": "330s"}, "missing ['step']"),
+])
+def test_subquery_durations_are_checked_like_the_window(variables: dict[str, str], complaint: str) -> None:
+    with pytest.raises(TemplateError, match=re.escape(complaint)):
+        render(CUMULATIVE_SERIES, **variables)
 
 
 @pytest.mark.parametrize(("engine", "fragment"), [

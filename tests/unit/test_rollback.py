@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specdeploy.analysis.comparison import Comparison
 from specdeploy.analysis.oom import OutOfMemory, is_out_of_memory, out_of_memory
 from specdeploy.analysis.reasons import FailureReason, InconclusiveReason, ReenableReason, RollbackReason
 from specdeploy.analysis.rollback import (
@@ -27,18 +28,31 @@ from specdeploy.analysis.rollback import (
     speculation_hash,
 )
 from specdeploy.analysis.samples import DeploymentSample, SignalValues
-from specdeploy.analysis.verdict import Failing, Healthy, Inconclusive, PreviousBaseline, Verdict
-from specdeploy.api.spec import Analysis, BaselineMode, Speculation
-from specdeploy.api.status import AnalysisStatus, SpeculationStatus
+from specdeploy.analysis.verdict import Assessment, Failing, Floor, Healthy, Inconclusive, Verdict
+from specdeploy.api.spec import Analysis, Speculation
+from specdeploy.api.status import (
+    AnalysisStatus,
+    Diagnosis,
+    MeanLatency,
+    PreviousBaselineStatus,
+    SpeculationStatus,
+    Speedup,
+)
 from specdeploy.api.status import Rollback as RollbackRecord
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = Healthy("fine")
 F = Failing(FailureReason.ACCEPTANCE_BELOW_MINIMUM, "acceptance rate 0.31 < minAcceptanceRate 0.50 over 5m (900 requests)")
 I = Inconclusive(InconclusiveReason.PROMETHEUS_UNAVAILABLE, "the request count query failed: connection refused")  # noqa: E741
-SAMPLE = DeploymentSample(300.0, SignalValues(acceptance_rate=0.31, mean_acceptance_length=2.2,
-                                              p99_inter_token_latency_seconds=math.nan, requests=900.0),
-                          SignalValues(p99_inter_token_latency_seconds=0.02, requests=300.0))
+N = Inconclusive(InconclusiveReason.NOT_DRAFTING, "not drafting now: the draft counters did not move in the window")
+SAMPLE = DeploymentSample(
+    300.0,
+    SignalValues(acceptance_rate=0.31, mean_acceptance_length=2.2, p99_inter_token_latency_seconds=math.nan,
+                 mean_inter_token_latency_seconds=0.0059, mean_e2e_latency_seconds=2.0,
+                 mean_time_to_first_token_seconds=0.2, mean_queue_time_seconds=0.05, requests=900.0),
+    SignalValues(p99_inter_token_latency_seconds=0.02, mean_inter_token_latency_seconds=0.005, requests=300.0))
+PER_TOKEN = Comparison(ratio=1.18, low=1.09, high=1.27, slices=10, requests=900.0, baseline_requests=300.0)
+FIXED = Floor(0.5, "Fixed: minAcceptanceRate 0.50", fixed=True)
 
 
 def analysis(**fields: Any) -> Analysis:
@@ -48,7 +62,7 @@ def analysis(**fields: Any) -> Analysis:
 def run(verdicts: list[Verdict]) -> AnalysisStatus:
     state = None
     for result in verdicts:
-        state = next_analysis_state(state, SAMPLE, result, NOW, baseline_mode=BaselineMode.CONTROL)
+        state = next_analysis_state(state, SAMPLE, Assessment(result), NOW)
     assert state is not None
     return state
 
@@ -67,24 +81,67 @@ def run(verdicts: list[Verdict]) -> AnalysisStatus:
     ([I, I, H], 0, 0),
     ([F, F, I], 2, 1),
     ([H, H], 0, 0),
+    ([N, N, N], 0, 0),         # not drafting counts as nothing: neither inconclusive nor a reset
+    ([F, N, F], 2, 0),
+    ([F, F, N], 2, 0),
+    ([I, N, I], 0, 2),         # ... and does not end an inconclusive run either
+    ([I, I, N], 0, 2),
 ])
 def test_consecutive_counters(verdicts: list[Verdict], failures: int, inconclusive: int) -> None:
     state = run(verdicts)
     assert (state.consecutive_failures, state.consecutive_inconclusive) == (failures, inconclusive)
 
 
-def test_state_shows_the_last_sample_without_nans() -> None:
-    state = next_analysis_state(None, SAMPLE, F, NOW, baseline_mode=BaselineMode.CONTROL)
+def test_state_shows_the_last_sample_without_nans_and_the_speedup_against_the_control() -> None:
+    assessment = Assessment(F, PER_TOKEN, "control", {"speculative": "Decode-bound"}, FIXED)
+    state = next_analysis_state(None, SAMPLE, assessment, NOW)
     assert state == AnalysisStatus(
         last_sample_at="2026-03-01T12:00:00Z", acceptance_rate=0.31, mean_acceptance_length=2.2,
-        p99_inter_token_latency_seconds=None, baseline_p99_inter_token_latency_seconds=0.02, requests=900.0,
-        verdict="Failing: AcceptanceBelowMinimum", consecutive_failures=1, consecutive_inconclusive=0,
+        acceptance_floor=0.5, acceptance_floor_basis="Fixed: minAcceptanceRate 0.50",
+        mean_inter_token_latency_seconds=0.0059, baseline_mean_inter_token_latency_seconds=0.005,
+        p99_inter_token_latency=None, baseline_p99_inter_token_latency="≈ 20 ms",
+        per_token_latency="5.9 ms vs 5 ms",
+        # the reciprocal of speculative ÷ control, its interval's ends swapped
+        speedup=Speedup(value=0.85, low=0.79, high=0.92, baseline="control", requests=900.0, baseline_requests=300.0),
+        diagnosis=Diagnosis(speculative="Decode-bound", control=None,
+                            message="speculative: queue 50 ms, prefill 150 ms, decode 1.8 s per request"),
+        requests=900.0, verdict="Failing: AcceptanceBelowMinimum", message=F.evidence,
+        consecutive_failures=1, consecutive_inconclusive=0,
     )
-    previous = PreviousBaseline("2026-01-01T00:00:00Z", 3.0, 0.025, None, None)
-    state = next_analysis_state(state, SAMPLE, I, NOW, baseline_mode=BaselineMode.PREVIOUS,
-                                previous_baseline=previous)
-    assert state.baseline_p99_inter_token_latency_seconds == 0.025
-    assert state.verdict == "Inconclusive: PrometheusUnavailable"
+
+
+def test_state_is_rounded_to_what_kubectl_shows() -> None:
+    noisy = DeploymentSample(300.0, SignalValues(acceptance_rate=0.712345, mean_acceptance_length=3.137777,
+                                                 mean_inter_token_latency_seconds=0.01234567, requests=900.04))
+    floor = Floor(0.11264593, "Auto: break-even 0.09 …")
+    state = next_analysis_state(None, noisy, Assessment(H, floor=floor), NOW)
+    assert (state.acceptance_rate, state.mean_acceptance_length, state.acceptance_floor) == (0.712, 3.138, 0.113)
+    assert (state.mean_inter_token_latency_seconds, state.requests) == (0.012346, 900.0)
+    assert state.per_token_latency == "12.3 ms"           # no baseline: the speculative pods alone
+    assert state.speedup is None and state.diagnosis is None
+    assert state.baseline_mean_inter_token_latency_seconds is None
+
+
+def test_the_previous_baseline_is_shown_from_the_snapshot_and_kept() -> None:
+    snapshot = PreviousBaselineStatus(
+        taken_at="2026-01-01T00:00:00Z", requests_per_second=3.0, running_per_pod=4.0,
+        inter_token_latency=MeanLatency(mean_seconds=0.008, log_standard_error=0.01, slices=10, requests=900.0),
+        p99_inter_token_latency_seconds=0.009)
+    before = AnalysisStatus(previous_baseline=snapshot, consecutive_failures=2)
+    against = Comparison(ratio=0.74, low=0.70, high=0.78, slices=10, requests=900.0, baseline_requests=900.0)
+    state = next_analysis_state(before, SAMPLE, Assessment(H, against, "Previous"), NOW)
+    assert state.previous_baseline == snapshot
+    assert state.baseline_mean_inter_token_latency_seconds == 0.008
+    assert state.baseline_p99_inter_token_latency == "< 10 ms"     # inside vLLM's first bucket: a bound
+    assert state.per_token_latency == "5.9 ms vs 8 ms"
+    assert state.speedup == Speedup(value=1.35, low=1.28, high=1.43, baseline="Previous", requests=900.0,
+                                    baseline_requests=900.0)
+    assert (state.verdict, state.message, state.consecutive_failures) == ("Healthy", "fine", 0)
+    unknown = next_analysis_state(state, SAMPLE, Assessment(I), NOW)      # no comparison: nothing to show
+    assert unknown.speedup is None and unknown.baseline_mean_inter_token_latency_seconds is None
+    assert unknown.per_token_latency == "5.9 ms"
+    assert unknown.verdict == "Inconclusive: PrometheusUnavailable" and unknown.message == I.message
+    assert unknown.previous_baseline == snapshot
 
 
 # -- deciding --------------------------------------------------------------------------------------
@@ -105,6 +162,10 @@ OOM = OutOfMemory("llama-7f9c-x2", "engine", "Error", 1, "2026-03-01T11:59:00Z",
     ([I] * 20, {"onInconclusive": "Rollback"}, [], Rollback, RollbackReason.INCONCLUSIVE_TOO_LONG),
     ([I] * 3, {"onInconclusive": "Rollback", "inconclusiveLimit": 3}, [], Rollback,
      RollbackReason.INCONCLUSIVE_TOO_LONG),
+    ([I, I, N, N], {"onInconclusive": "Rollback", "inconclusiveLimit": 3}, [], Keep, None),   # not drafting
+    ([I, N, I, N, I], {"onInconclusive": "Rollback", "inconclusiveLimit": 3}, [], Rollback,
+     RollbackReason.INCONCLUSIVE_TOO_LONG),
+    ([N] * 20, {"onInconclusive": "Rollback"}, [], Keep, None),
     ([H], {}, [OOM], Rollback, RollbackReason.SPECULATIVE_POD_OUT_OF_MEMORY),   # at once
     ([I], {}, [OOM, OOM], Rollback, RollbackReason.SPECULATIVE_POD_OUT_OF_MEMORY),
     ([H], {"checks": {"rollbackOnOOM": False}}, [OOM], Keep, None),
@@ -133,7 +194,7 @@ def test_keep_says_how_close_it_came() -> None:
     assert decide(run([F, F]), F, analysis()) == Keep("2 of 3 failing samples in a row; 0 inconclusive in a row")
 
 
-@given(st.lists(st.sampled_from([H, F, I]), min_size=1, max_size=40), st.integers(min_value=1, max_value=5))
+@given(st.lists(st.sampled_from([H, F, I, N]), min_size=1, max_size=40), st.integers(min_value=1, max_value=5))
 def test_no_rollback_without_failure_limit_failures_in_a_row_when_holding(verdicts: list[Verdict],
                                                                           limit: int) -> None:
     """Hold: only `limit` Failing samples with no Healthy between them (Inconclusive aside) roll back."""

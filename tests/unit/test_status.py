@@ -1,8 +1,12 @@
 """next_status and transition_events: conditions, phase and Events as pure functions of observations."""
 
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 
+from analysis_samples import sample
+
+from specdeploy.analysis.samples import DeploymentSample
 from specdeploy.api.resource import ObjectMeta, SpeculativeDeployment, load_resource
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import Condition, ConditionStatus, Phase, SpeculativeDeploymentStatus
@@ -24,6 +28,17 @@ def next_status(previous: SpeculativeDeploymentStatus, spec: SpeculativeDeployme
     step = step_speculation(resource, previous.speculation, previous.analysis, planned.accepted, None, [],
                             T_DATES[now])
     return next_status_with(previous, spec, generation, planned, deployments, now, step.speculation, step.analysis)
+
+def sampled_status(previous: SpeculativeDeploymentStatus, spec: SpeculativeDeploymentSpec,
+                   deployments: list[DeploymentState], the_sample: DeploymentSample,
+                   now: str) -> SpeculativeDeploymentStatus:
+    """The reconciler's composition with an analysis sample."""
+    resource = SpeculativeDeployment(metadata=ObjectMeta(name="x", namespace="ns"), spec=spec)
+    planned = Planned(make_plan(spec))
+    step = step_speculation(resource, previous.speculation, previous.analysis, planned.accepted, the_sample, [],
+                            T_DATES[now])
+    return next_status_with(previous, spec, 1, planned, deployments, now, step.speculation, step.analysis)
+
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 T0, T1 = "2026-11-29T10:00:00Z", "2026-11-29T10:05:00Z"
@@ -136,3 +151,49 @@ def test_a_refused_generation_is_ready_false_rejected_with_one_warning_per_refus
     invalid = refused_status(SpeculativeDeploymentStatus(), 1, Reason.INVALID_SPEC, "does not validate", T0)
     assert [e.reason for e in transition_events([], invalid.conditions)] == ["InvalidSpec"]
     assert [e.reason for e in transition_events(invalid.conditions, refused.conditions)] == ["ApplyRefused"]
+
+
+# -- with analysis samples -------------------------------------------------------------------------
+
+def _measuring() -> tuple[SpeculativeDeploymentSpec, list[DeploymentState], SpeculativeDeploymentStatus]:
+    spec = _spec("llama-8b-ngram.yaml")
+    running = [_deployment(Variant.SPECULATIVE, 2, 2), _deployment(Variant.CONTROL, 1, 1)]
+    return spec, running, next_status(SpeculativeDeploymentStatus(), spec, 1, Planned(make_plan(spec)), running, T0)
+
+
+def test_a_measured_speedup_is_speculating_with_the_interval_in_the_condition() -> None:
+    spec, running, first = _measuring()
+    assert first.phase == Phase.MEASURING
+    status = sampled_status(first, spec, running, sample(0.8, itl=0.012, control_itl=0.02), T1)
+    assert status.phase == Phase.SPECULATING
+    healthy = _condition(status, "SpeculationHealthy")
+    assert (healthy.status, healthy.reason) == (ConditionStatus.TRUE, "Healthy")
+    assert "per-token latency −40% (95% interval" in healthy.message and "vs the control" in healthy.message
+    wire = status.to_wire()["analysis"]
+    assert wire["speedup"]["value"] == 1.67 and wire["speedup"]["baseline"] == "control"
+    assert wire["perTokenLatency"] == "12 ms vs 20 ms"
+    assert wire["p99InterTokenLatency"] == "≈ 24 ms" and "p99InterTokenLatencySeconds" not in wire
+    assert wire["diagnosis"]["speculative"] == "Decode-bound"
+
+
+def test_a_regression_is_failing_with_the_count_towards_failure_limit() -> None:
+    spec, running, first = _measuring()
+    status = sampled_status(first, spec, running, sample(0.8, itl=0.05, control_itl=0.02), T1)
+    healthy = _condition(status, "SpeculationHealthy")
+    assert (healthy.status, healthy.reason) == (ConditionStatus.FALSE, "InterTokenLatencyRegressed")
+    assert "95% interval" in healthy.message and healthy.message.endswith("(1 of failureLimit 3 in a row)")
+    assert status.phase == Phase.MEASURING
+
+
+def test_not_drafting_and_too_little_evidence_are_unknown_with_their_reason() -> None:
+    spec, running, first = _measuring()
+    idle = sampled_status(first, spec, running, sample(math.nan), T1)
+    condition_ = _condition(idle, "SpeculationHealthy")
+    assert (condition_.status, condition_.reason) == (ConditionStatus.UNKNOWN, "NotDrafting")
+    assert condition_.message.startswith("not drafting now")
+    assert idle.phase == Phase.MEASURING and idle.analysis is not None
+    assert idle.analysis.consecutive_inconclusive == 0
+    close = sampled_status(first, spec, running, sample(0.8, itl=0.0219, control_itl=0.02), T1)
+    condition_ = _condition(close, "SpeculationHealthy")
+    assert (condition_.status, condition_.reason) == (ConditionStatus.UNKNOWN, "NotEnoughEvidence")
+    assert "requests per variant would tell" in condition_.message

@@ -46,6 +46,8 @@ def _labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str
     return "{" + ",".join(parts) + "}" if parts else ""
 
 
+SPEEDUP_BOUNDS = ("estimate", "low", "high")
+
 class _Family:
     kind = ""
 
@@ -202,6 +204,10 @@ class OperatorMetrics:
         self.acceptance = self.registry.register(Gauge(
             "specdeploy_acceptance_rate", "Accepted / drafted tokens of the speculative pods in the last window.",
             ("namespace", "name")))
+        self.speedup = self.registry.register(Gauge(
+            "specdeploy_speedup",
+            "Baseline / speculative mean per-token latency in the last window (bound: estimate, low, high of its "
+            "95% interval); above 1 speculation helps.", ("namespace", "name", "bound")))
         self.verdicts = self.registry.register(Counter(
             "specdeploy_analysis_verdicts_total", "Analysis verdicts (Healthy, Failing, Inconclusive).",
             ("verdict",)))
@@ -225,6 +231,14 @@ class OperatorMetrics:
         else:
             self.acceptance.set(value, namespace=namespace, name=name)
 
+    def speedup_interval(self, namespace: str, name: str, speedup: tuple[float, float, float] | None) -> None:
+        """The last speedup (estimate, low, high); None (nothing compared) removes the series rather than lie."""
+        for bound, value in zip(SPEEDUP_BOUNDS, speedup or (None, None, None), strict=True):
+            if value is None:
+                self.speedup.remove(namespace=namespace, name=name, bound=bound)
+            else:
+                self.speedup.set(value, namespace=namespace, name=name, bound=bound)
+
     def verdict(self, kind: str) -> None:
         """Count one verdict: kind is "Healthy", "Failing" or "Inconclusive" (not the reason: bounded labels)."""
         self.verdicts.inc(verdict=kind)
@@ -240,6 +254,7 @@ class OperatorMetrics:
         """Drop the gauges of a deleted SD (counters stay: a rate() over them must not see a reset)."""
         self.active.remove(namespace=namespace, name=name)
         self.acceptance.remove(namespace=namespace, name=name)
+        self.speedup_interval(namespace, name, None)
 
     def render(self) -> str:
         return self.registry.render()

@@ -463,18 +463,18 @@ def assess(sample: DeploymentSample, policy: Policy) -> Assessment:
     failures = [o for o in outcomes if isinstance(o, _Fail)]
     if failures:
         queued = _queue_note(sample.speculative) if diagnosis.get("speculative") == "Queue-bound" else ""
-        text = "; ".join(f.text for f in failures) + explanation + queued + f" {context}"
+        text = "; ".join(f.text for f in failures) + f" {context}" + explanation + queued
         return Assessment(Failing(failures[0].reason, text), per_token, name, diagnosis, policy.floor)
     unknowns = [o for o in outcomes if isinstance(o, _Unknown)]
     if unknowns:
-        text = "; ".join(u.text for u in unknowns) + explanation + f" {context}"
+        text = "; ".join(u.text for u in unknowns) + f" {context}" + explanation
         return Assessment(Inconclusive(unknowns[0].reason, text), per_token, name, diagnosis, policy.floor)
     passed = "; ".join(o.text for o in outcomes if isinstance(o, _Pass))
     if isinstance(acceptance, _NotDrafting):
         text = acceptance.text + (f"; {passed}" if passed else "") + f" {context}"
         return Assessment(Inconclusive(InconclusiveReason.NOT_DRAFTING, text), per_token, name, diagnosis,
                           policy.floor)
-    return Assessment(Healthy(passed + explanation + f" {context}"), per_token, name, diagnosis, policy.floor)
+    return Assessment(Healthy(passed + f" {context}" + explanation), per_token, name, diagnosis, policy.floor)
 
 
 def verdict(sample: DeploymentSample, policy: Policy) -> Verdict:

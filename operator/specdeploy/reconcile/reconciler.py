@@ -192,6 +192,8 @@ class Reconciler:
         if step.verdict is not None:
             self.metrics.verdict(kind(step.verdict))
             self.metrics.acceptance_rate(namespace, name, step.analysis.acceptance_rate if step.analysis else None)
+            speedup = step.analysis.speedup if step.analysis else None
+            self.metrics.speedup_interval(namespace, name, (speedup.value, speedup.low, speedup.high) if speedup else None)
 
     async def _notify(self, body: dict[str, Any], resource: SpeculativeDeployment,
                       status: SpeculativeDeploymentStatus, step: SpeculationStep, now: datetime.datetime,
