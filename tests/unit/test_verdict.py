@@ -167,7 +167,7 @@ def test_auto_floor_explains_but_the_measured_comparison_decides() -> None:
     """Acceptance 0.05 below the Auto floor while the pods are measured faster than control: Healthy, and said."""
     result = verdict(sample(variant(0.0050, acceptance_rate=0.05)), policy())
     assert isinstance(result, Healthy)
-    assert "acceptance rate 0.05 < minAcceptanceRate 0.11 (Auto: break-even" in result.summary
+    assert "acceptance rate 0.05 < the acceptance floor 0.11 (Auto: break-even" in result.summary
 
 
 def test_auto_floor_decides_alone_without_a_baseline() -> None:
@@ -179,13 +179,13 @@ def test_auto_floor_decides_alone_without_a_baseline() -> None:
 def test_a_fixed_floor_is_the_users_rule_beside_a_baseline_too() -> None:
     result = verdict(sample(variant(0.0050, acceptance_rate=0.31)), policy(floor=FIXED))
     assert isinstance(result, Failing) and result.reason == FailureReason.ACCEPTANCE_BELOW_MINIMUM
-    assert "acceptance rate 0.31 < minAcceptanceRate 0.50 (Fixed" in result.evidence
+    assert "acceptance rate 0.31 < minAcceptanceRate 0.50 over 5m" in result.evidence
 
 
 def test_the_collapse_fails_on_latency_with_acceptance_as_the_explanation() -> None:
     result = verdict(sample(variant(0.0080 * 1.27, seed=6, acceptance_rate=0.02)), policy())
     assert isinstance(result, Failing) and result.reason == FailureReason.INTER_TOKEN_LATENCY_REGRESSED
-    assert "acceptance rate 0.02 < minAcceptanceRate 0.11" in result.evidence
+    assert "acceptance rate 0.02 < the acceptance floor 0.11" in result.evidence
 
 
 def test_not_drafting_is_its_own_inconclusive() -> None:
@@ -238,7 +238,7 @@ def test_labels_and_messages() -> None:
     result = verdict(sample(variant(0.0080 * 1.3, seed=2)), policy())
     assert kind(result) == "Failing" and label(result) == "Failing: InterTokenLatencyRegressed"
     assert message(result) == result.evidence
-    assert change(1.18) == "+18%" and change(0.62) == "−38%" and change(1.004) == "+0.4%"
+    assert change(1.18) == "+18%" and change(0.62) == "−38%" and change(1.004) == "+0.4%" and change(1.0) == "±0%"
 
 
 def test_sglang_acceptance_means_chain_positions() -> None:

@@ -9,6 +9,7 @@ import math
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -32,23 +33,24 @@ vp = _load()
 T0 = 1_749_999_600.0   # a multiple of an hour, so step alignment is easy to read
 
 
-def prometheus(**options: object) -> object:
+def prometheus(**options: Any) -> Any:
     return vp.VirtualPrometheus(**options)
 
 
-def add(p: object, labels: dict[str, str], points: list[tuple[float, float | None]]) -> None:
+def add(p: Any, labels: dict[str, str], points: list[tuple[float, float | None]]) -> None:
     for at, value in points:
-        p.storage.add(labels, T0 + at, value)  # type: ignore[attr-defined]
+        p.storage.add(labels, T0 + at, value)
 
 
-def query(p: object, promql: str, at: float) -> list[object]:
-    return asyncio.run(p.query(promql, T0 + at))  # type: ignore[attr-defined]
+def query(p: Any, promql: str, at: float) -> list[Any]:
+    return asyncio.run(p.query(promql, T0 + at))
 
 
-def one(p: object, promql: str, at: float) -> float:
+def one(p: Any, promql: str, at: float) -> float:
     result = query(p, promql, at)
     assert len(result) == 1, result
-    return result[0].value  # type: ignore[attr-defined,no-any-return]
+    value: float = result[0].value
+    return value
 
 
 # --- rate and increase: promql/functions.go extrapolatedRate ------------------------------------------------
@@ -100,7 +102,7 @@ def test_ranges_are_left_open_in_prometheus_3_and_closed_in_2() -> None:
 
 # --- histogram_quantile: promql/quantile.go bucketQuantile ---------------------------------------------------
 
-def histogram(p: object, counts: dict[str, list[float]], labels: dict[str, str] | None = None) -> None:
+def histogram(p: Any, counts: dict[str, list[float]], labels: dict[str, str] | None = None) -> None:
     """Cumulative bucket counters at 0, 10, 20 … s."""
     for le, values in counts.items():
         add(p, {"__name__": "h_bucket", "le": le, **(labels or {})}, [(10 * i, v) for i, v in enumerate(values)])
@@ -137,7 +139,7 @@ def test_histogram_quantile_groups_by_every_label_but_le() -> None:
     histogram(p, {"1": [0, 10], "+Inf": [0, 10]}, {"variant": "a"})
     histogram(p, {"1": [0, 0], "+Inf": [0, 10]}, {"variant": "b"})
     result = query(p, "histogram_quantile(0.5, sum by (le, variant) (rate(h_bucket[1m])))", 15)
-    by_variant = {s.labels["variant"]: s.value for s in result}  # type: ignore[attr-defined]
+    by_variant = {s.labels["variant"]: s.value for s in result}
     assert by_variant == {"a": pytest.approx(0.5), "b": 1.0}
 
 
@@ -148,17 +150,17 @@ def test_subquery_steps_are_aligned_to_multiples_of_the_step() -> None:
     add(p, {"__name__": "c"}, [(2 + 5 * i, 2 + 5 * i) for i in range(40)])   # every 5 s from 2 s, value = time
     result = query(p, "c[60s:30s]", 100)       # range (40, 100]: steps at 60 and 90
     assert len(result) == 1
-    points = result[0].points  # type: ignore[attr-defined]
+    points = result[0].points
     assert [t - T0 for t, _ in points] == [60, 90]
     assert [v for _, v in points] == [57, 87]   # the newest sample at or before each step
-    assert result[0].value == 87  # type: ignore[attr-defined]
+    assert result[0].value == 87
 
 
 def test_a_step_on_the_range_start_is_outside_in_prometheus_3_and_inside_in_2() -> None:
     for options, expected in (({}, [90, 120]), ({"left_open": False}, [60, 90, 120])):
         p = prometheus(**options)
         add(p, {"__name__": "c"}, [(2 + 5 * i, 1.0) for i in range(40)])
-        points = query(p, "c[60s:30s]", 120)[0].points  # type: ignore[attr-defined]
+        points = query(p, "c[60s:30s]", 120)[0].points
         assert [t - T0 for t, _ in points] == expected
 
 
@@ -169,7 +171,7 @@ def test_the_operators_cumulative_series_have_slices_plus_one_points() -> None:
     series = next(q for q in queries_for(EngineKind.VLLM, 300.0) if q.signal == Signal.E2E_LATENCY_COUNT_SERIES)
     promql = series.promql.replace("vllm:e2e_request_latency_seconds_count", "x_sum")
     for at, count in ((450.0, 11), (451.0, 11)):
-        assert len(query(p, promql, at)[0].points) == count  # type: ignore[attr-defined]
+        assert len(query(p, promql, at)[0].points) == count
 
 
 # --- vectors, matching, NaN ----------------------------------------------------------------------------------
@@ -181,11 +183,11 @@ def test_zero_over_zero_is_nan_and_a_ratio_matches_on_all_labels_but_the_name() 
         add(p, {"__name__": "accepted_total", **labels}, [(10 * i, 5.0 * i if moving else 0.0) for i in range(7)])
         add(p, {"__name__": "drafted_total", **labels}, [(10 * i, 10.0 * i if moving else 0.0) for i in range(7)])
     q = ("sum by (variant) (rate(accepted_total[1m])) / sum by (variant) (rate(drafted_total[1m]))")
-    result = {s.labels["variant"]: s.value for s in query(p, q, 60)}  # type: ignore[attr-defined]
+    result = {s.labels["variant"]: s.value for s in query(p, q, 60)}
     assert result["speculative"] == pytest.approx(0.5)
     assert math.isnan(result["control"])
     lengths = query(p, "1 + sum by (variant) (rate(accepted_total[1m])) / sum by (variant) (rate(drafted_total[1m]))", 60)
-    assert {s.labels["variant"]: round(s.value, 6) for s in lengths if not math.isnan(s.value)} == {"speculative": 1.5}  # type: ignore[attr-defined]
+    assert {s.labels["variant"]: round(s.value, 6) for s in lengths if not math.isnan(s.value)} == {"speculative": 1.5}
 
 
 def test_division_by_zero_and_name_dropping() -> None:
@@ -193,10 +195,10 @@ def test_division_by_zero_and_name_dropping() -> None:
     add(p, {"__name__": "a", "k": "1"}, [(0, 3.0)])
     add(p, {"__name__": "b", "k": "1"}, [(0, 0.0)])
     result = query(p, "a / b", 10)
-    assert result[0].value == math.inf and "__name__" not in result[0].labels  # type: ignore[attr-defined]
-    assert query(p, "a", 10)[0].labels["__name__"] == "a"  # type: ignore[attr-defined]
-    assert query(p, "a > 2", 10)[0].labels["__name__"] == "a"  # type: ignore[attr-defined]
-    assert query(p, "a > bool 5", 10)[0].value == 0.0  # type: ignore[attr-defined]
+    assert result[0].value == math.inf and "__name__" not in result[0].labels
+    assert query(p, "a", 10)[0].labels["__name__"] == "a"
+    assert query(p, "a > 2", 10)[0].labels["__name__"] == "a"
+    assert query(p, "a > bool 5", 10)[0].value == 0.0
     assert one(p, "2 * a - 1", 10) == 5.0
 
 
@@ -226,7 +228,7 @@ def test_aggregations_by_and_without() -> None:
     assert one(p, "count without (pod) (g)", 10) == 3.0
     assert one(p, "avg(g)", 10) == 3.0
     assert one(p, "max(g) by (sd)", 10) == 6.0
-    assert {s.labels["pod"] for s in query(p, "topk(2, g)", 10)} == {"b", "c"}  # type: ignore[attr-defined]
+    assert {s.labels["pod"] for s in query(p, "topk(2, g)", 10)} == {"b", "c"}
     assert one(p, 'sum(g{pod=~"a|b"})', 10) == 3.0
     assert one(p, 'sum(g{pod!~"a|b"})', 10) == 6.0
 
@@ -246,10 +248,10 @@ h_count 2
 
 def test_scrapes_add_target_labels_and_keep_colliding_ones_as_exported() -> None:
     p = prometheus()
-    target = p.add_target({"namespace": "n", "pod": "p1"}, lambda: EXPOSITION)  # type: ignore[attr-defined]
-    p.scrape(target, T0 + 5)  # type: ignore[attr-defined]
+    target = p.add_target({"namespace": "n", "pod": "p1"}, lambda: EXPOSITION)
+    p.scrape(target, T0 + 5)
     sample = query(p, "t_total", 10)[0]
-    assert sample.labels == {"__name__": "t_total", "model_name": "m", "namespace": "n",  # type: ignore[attr-defined]
+    assert sample.labels == {"__name__": "t_total", "model_name": "m", "namespace": "n",
                              "exported_namespace": "exposed", "pod": "p1"}
     assert one(p, 'h_bucket{le="+Inf"}', 10) == 2.0
     assert one(p, "up", 10) == 1.0
@@ -257,13 +259,13 @@ def test_scrapes_add_target_labels_and_keep_colliding_ones_as_exported() -> None
 
 def test_series_go_stale_when_their_target_is_removed_and_after_the_lookback() -> None:
     p = prometheus()
-    target = p.add_target({"pod": "p1"}, lambda: EXPOSITION)  # type: ignore[attr-defined]
+    target = p.add_target({"pod": "p1"}, lambda: EXPOSITION)
     for at in (0, 5, 10):
-        p.scrape(target, T0 + at)  # type: ignore[attr-defined]
+        p.scrape(target, T0 + at)
     assert len(query(p, "t_total", 12)) == 1
     assert len(query(p, "t_total", 10 + 299)) == 1          # within the 5m lookback
     assert query(p, "t_total", 10 + 300) == []              # (t − 5m, t]: gone
-    p.remove_target(target, T0 + 15)  # type: ignore[attr-defined]
+    p.remove_target(target, T0 + 15)
     assert query(p, "t_total", 16) == []                    # stale marker
     assert len(query(p, "t_total", 14)) == 1
     assert one(p, "count_over_time(t_total[1m])", 20) == 3  # ranges skip the stale marker
@@ -287,11 +289,11 @@ def test_the_operators_queries_over_a_scraped_simulator() -> None:
         served = served_model(parse_engine_argv(argv, gpu=gpu), gpu)
         metrics = engine_metrics(served)
         engine = Engine(served, seed=index, observer=metrics)
-        target = p.add_target({"namespace": "n", "pod": f"p{index}", "specdeploy_io_name": "sd",  # type: ignore[attr-defined]
+        target = p.add_target({"namespace": "n", "pod": f"p{index}", "specdeploy_io_name": "sd",
                                "specdeploy_io_variant": variant}, metrics.render, offset=1.5 + index)
         planned = Workload(QpsSchedule.constant(2), Lengths.parse("100"), Lengths.parse("50")).plan(60, seed=index)
         now, arrived, pending, due = 0.0, 0, None, 0.0
-        for scrape_at in p.scrape_times(target, 5.0, 0.0, 60.0):  # type: ignore[attr-defined]
+        for scrape_at in p.scrape_times(target, 5.0, 0.0, 60.0):
             while True:   # every step that ends by the scrape, then the scrape
                 if pending is None:
                     while arrived < len(planned) and planned[arrived].at <= now:
@@ -310,8 +312,8 @@ def test_the_operators_queries_over_a_scraped_simulator() -> None:
                 now = due
                 engine.complete_step(pending, now)
                 pending = None
-            p.scrape(target, T0 + scrape_at)  # type: ignore[attr-defined]
-    samples = asyncio.run(query_all(p, [QueryGroup(EngineKind.VLLM, 60.0)], at=T0 + 60))  # type: ignore[arg-type]
+            p.scrape(target, T0 + scrape_at)
+    samples = asyncio.run(query_all(p, [QueryGroup(EngineKind.VLLM, 60.0)], at=T0 + 60))
     group = samples.groups[QueryGroup(EngineKind.VLLM, 60.0)]
     assert not group.errors
     sample = samples.for_deployment("n", "sd", EngineKind.VLLM, 60.0)

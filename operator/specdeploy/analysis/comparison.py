@@ -1,6 +1,6 @@
 """Speculative ÷ baseline mean latency with a 95% interval: the paired comparison the latency checks decide on.
 
-    comparison = paired_ratio(spec_sums, spec_counts, control_sums, control_counts)
+    comparison = paired_ratio(slices(spec_sums, spec_counts), slices(control_sums, control_counts))
     comparison.ratio, comparison.low, comparison.high      # 1.18, 1.09, 1.27: +18% (95% interval +9…+27%)
 
 Why means and slices. vLLM's per-token histograms start at 10 ms and the next bucket is 2.5× wider
@@ -32,6 +32,8 @@ from specdeploy.analysis.samples import Points
 MIN_SLICES = 4
 """Fewer slices than this (with requests in both variants) give no interval: t with 2 degrees of freedom
 is 4.3, an interval too wide to decide anything."""
+DECIDABLE_DISTANCE = 0.001
+"""An estimate within 0.1% of its limit cannot be told from it by any feasible number of requests."""
 MIN_SLICE_REQUESTS = 1.0
 """A slice counts when each variant finished at least this many requests in it."""
 
@@ -70,9 +72,7 @@ class Comparison:
         or the estimate sits on the limit."""
         distance = abs(math.log(self.ratio) - math.log(limit))
         half = self.log_half_width
-        if half <= distance:
-            return None
-        if distance <= 0:
+        if half <= distance or distance < DECIDABLE_DISTANCE:
             return None
         return max(self.requests, self.baseline_requests) * (half / distance) ** 2
 

@@ -10,7 +10,7 @@ why it is Inconclusive (the tree mirrors samples.QueryErrorKind):
     ├── PrometheusUnavailable   connection refused or reset, timeout, HTTP 5xx or 429: try next cycle
     ├── PrometheusRefused       HTTP 401, 403, 404 or another 4xx: the URL or the headers are wrong
     ├── PrometheusBadQuery      HTTP 400 or 422: Prometheus rejected the PromQL
-    └── PrometheusBadResponse   not the JSON envelope the API documents, or not an instant vector
+    └── PrometheusBadResponse   not the JSON envelope the API documents, or not an instant or range vector
 
 Status codes and the envelope `{status, data: {resultType, result}, errorType, error}` are those of the
 Prometheus HTTP API (prometheus.io/docs/prometheus/latest/querying/api: 400 for bad parameters, 422 for
@@ -128,7 +128,8 @@ class PrometheusClient:
         await self._client.aclose()
 
     async def query(self, promql: str, at: float | None = None) -> list[Sample]:
-        """The instant vector `promql` evaluates to, now or at Unix time `at`; raises PrometheusError."""
+        """The vector `promql` evaluates to, now or at Unix time `at` (a range vector for a subquery: each Sample
+        then has its points); raises PrometheusError."""
         if self.unusable_headers is not None:
             raise PrometheusRefused(f"no query sent to Prometheus at {self.base_url}: {self.unusable_headers}")
         form = {"query": promql, "timeout": _timeout_param(self.timeout)}

@@ -166,8 +166,8 @@ def decide(state: AnalysisStatus, result: Verdict, analysis: Analysis,
         return Rollback(RollbackReason(result.reason.value),
                         f"{failures} consecutive failing samples (failureLimit {limit}); the last: {result.evidence}")
     inconclusive, inconclusive_limit = state.consecutive_inconclusive, analysis.inconclusive_limit
-    if (isinstance(result, Inconclusive) and analysis.on_inconclusive == OnInconclusive.ROLLBACK
-            and inconclusive >= inconclusive_limit):
+    if (isinstance(result, Inconclusive) and result.reason != InconclusiveReason.NOT_DRAFTING
+            and analysis.on_inconclusive == OnInconclusive.ROLLBACK and inconclusive >= inconclusive_limit):
         return Rollback(RollbackReason.INCONCLUSIVE_TOO_LONG,
                         f"{inconclusive} consecutive inconclusive samples (inconclusiveLimit {inconclusive_limit}, "
                         f"onInconclusive Rollback); the last: {result.message}")

@@ -247,6 +247,8 @@ def p99_shown(value: float | None, signal: Signal = Signal.P99_INTER_TOKEN_LATEN
 def change(ratio: float) -> str:
     """A ratio as a change: 1.18 → "+18%", 0.62 → "−38%"."""
     percent = (ratio - 1.0) * 100
+    if abs(percent) < 0.05:
+        return "±0%"
     shown = f"{abs(percent):.0f}%" if abs(percent) >= 1 else f"{abs(percent):.1f}%"
     return ("+" if percent >= 0 else "−") + shown
 
@@ -380,8 +382,8 @@ def _acceptance(sample: DeploymentSample, floor: Floor | None) -> _Outcome | _No
         return _Pass(f"acceptance rate {evidence.number(measured)} (no floor: set minAcceptanceRate)")
     shown, limit = evidence.compared(measured, floor.rate)
     if measured < floor.rate:
-        return _Fail(FailureReason.ACCEPTANCE_BELOW_MINIMUM,
-                     f"acceptance rate {shown} < minAcceptanceRate {limit} ({floor.basis})")
+        rule = f"minAcceptanceRate {limit}" if floor.fixed else f"the acceptance floor {limit} ({floor.basis})"
+        return _Fail(FailureReason.ACCEPTANCE_BELOW_MINIMUM, f"acceptance rate {shown} < {rule}")
     return _Pass(f"acceptance rate {shown} (floor {limit})")
 
 
