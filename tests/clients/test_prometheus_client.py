@@ -262,18 +262,18 @@ def test_query_all_groups_values_by_sd_and_variant() -> None:
     assert group.errors == {}
     assert group.values[SeriesKey("prod", "llama", "speculative")] == SignalValues(
         acceptance_rate=0.71, requests=1234.0, p99_inter_token_latency_seconds=0.031,
-        series={Signal.INTER_TOKEN_LATENCY_SUM_SERIES: ((T, 1.5), (T + 30, 2.0)),
-                Signal.INTER_TOKEN_LATENCY_COUNT_SERIES: ((T, 100.0), (T + 30, 130.0))})
+        series={Signal.INTER_TOKEN_LATENCY_SUM_SERIES: ((T, 0.0), (T + 30, 0.5)),
+                Signal.INTER_TOKEN_LATENCY_COUNT_SERIES: ((T, 0.0), (T + 30, 30.0))})
     assert group.values[SeriesKey("prod", "llama", "control")] == SignalValues(
         requests=410.0, p99_inter_token_latency_seconds=0.030,
-        series={Signal.INTER_TOKEN_LATENCY_SUM_SERIES: ((T, 0.7),)})
+        series={Signal.INTER_TOKEN_LATENCY_SUM_SERIES: ((T, 0.0),)})
     assert math.isnan(group.values[SeriesKey("dev", "q", "speculative")].acceptance_rate or 0.0)
 
     sample = samples.for_deployment("prod", "llama", EngineKind.VLLM, 300.0)
     assert sample.speculative.acceptance_rate == 0.71
     assert sample.control.requests == 410.0
     assert sample.requests_per_second == pytest.approx(1234 / 300)
-    assert sample.speculative.points(Signal.INTER_TOKEN_LATENCY_COUNT_SERIES) == ((T, 100.0), (T + 30, 130.0))
+    assert sample.speculative.points(Signal.INTER_TOKEN_LATENCY_COUNT_SERIES) == ((T, 0.0), (T + 30, 30.0))
     assert sample.control.points(Signal.INTER_TOKEN_LATENCY_COUNT_SERIES) == ()
     assert sample.speculative.mean_inter_token_latency_seconds is None, "a series is no value"
     missing = samples.for_deployment("prod", "absent", EngineKind.VLLM, 300.0)

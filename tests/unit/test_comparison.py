@@ -13,6 +13,7 @@ from specdeploy.analysis.comparison import (
     MIN_SLICES,
     Slice,
     estimate,
+    merge_counters,
     paired_ratio,
     slices,
     t975,
@@ -107,3 +108,16 @@ def test_the_interval_holds_the_estimate(control: list[float], noise: list[float
     assert not isinstance(found, str)
     assert found.low <= found.ratio <= found.high
     assert found.low > 0
+
+
+def test_pods_are_differenced_one_by_one_and_a_restart_counts_as_prometheus_counts_it() -> None:
+    """Two pods; the second restarts between 60 and 90 s: its counter falls from 50 to 4, which is 4 new."""
+    steady = ((30.0, 100.0), (60.0, 110.0), (90.0, 120.0), (120.0, 130.0))
+    restarted = ((30.0, 40.0), (60.0, 50.0), (90.0, 4.0), (120.0, 9.0))
+    merged = merge_counters([steady, restarted])
+    assert merged == ((30.0, 0.0), (60.0, 20.0), (90.0, 34.0), (120.0, 49.0))
+    # Summed before differencing, the restart would read as a fall of 36 (a dropped slice) or, with more
+    # pods growing, as growth that never happened.
+    late = ((90.0, 7.0), (120.0, 8.0))      # a pod that started inside the window: its first point adds nothing
+    assert merge_counters([steady, late])[-1] == (120.0, 31.0)
+    assert merge_counters([]) == ()

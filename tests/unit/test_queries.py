@@ -154,11 +154,12 @@ def test_means_are_sum_over_count_of_the_histogram_not_its_buckets(signal: Signa
     (Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES, "vllm:time_to_first_token_seconds_sum"),
     (Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES, "vllm:time_to_first_token_seconds_count"),
 ])
-def test_slice_series_are_the_cumulative_counter_summed_over_pods_at_instants(signal: Signal, series: str) -> None:
-    """No rate(): the differences of consecutive points are the slices, each pod's counter summed first."""
+def test_slice_series_are_each_pods_cumulative_counter_at_instants(signal: Signal, series: str) -> None:
+    """No rate(): per pod (a restart resets one pod's counter), the differences of consecutive points are the
+    slices; the operator sums them over pods afterwards."""
     assert signal.is_series
     text = promql(signal, EngineKind.VLLM, 300)
-    assert text == f"sum by ({GROUP_LABELS}) ({series}{SELECTOR})[330s:30s]"
+    assert text == f"sum by ({GROUP_LABELS}, pod) ({series}{SELECTOR})[330s:30s]"
     assert text == render(CUMULATIVE_SERIES, counter=series, range="330s", step="30s")
     assert "rate(" not in text and "increase(" not in text
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdeploy.analysis.samples import Points
@@ -84,6 +85,26 @@ class Slice:
     end: float
     total: float
     count: float
+
+
+def merge_counters(per_pod: Sequence[Points]) -> Points:
+    """One reset-free cumulative series of a variant from its pods' counters at the same instants.
+
+    Per pod an increment is the growth since its previous point, or — when the value fell (the pod restarted)
+    — the new value, as Prometheus' increase() counts a reset; a pod's first point adds nothing (its growth
+    before it is unknown). The increments are summed over pods and accumulated again.
+    """
+    growth: dict[float, float] = {}
+    for points in per_pod:
+        for (_, before), (at, value) in zip(points, points[1:], strict=False):
+            growth[at] = growth.get(at, 0.0) + (value - before if value >= before else value)
+        if points:
+            growth.setdefault(points[0][0], 0.0)
+    total, merged = 0.0, []
+    for at in sorted(growth):
+        total += growth[at]
+        merged.append((at, total))
+    return tuple(merged)
 
 
 def slices(sums: Points, counts: Points) -> list[Slice]:

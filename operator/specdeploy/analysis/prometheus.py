@@ -31,9 +31,11 @@ from typing import Any
 
 import httpx
 
+from specdeploy.analysis.comparison import merge_counters
 from specdeploy.analysis.queries import Query, queries_for
 from specdeploy.analysis.samples import (
     GroupSamples,
+    Points,
     QueryError,
     QueryErrorKind,
     QueryGroup,
@@ -256,6 +258,7 @@ async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: 
     answers = await asyncio.gather(*(_ask(client, q, instant) for q in queries))
     values: dict[QueryGroup, dict[SeriesKey, SignalValues]] = {}
     errors: dict[QueryGroup, dict[Signal, QueryError]] = {}
+    per_pod: dict[tuple[QueryGroup, SeriesKey, Signal], list[Points]] = {}
     for answer in answers:
         group = QueryGroup(answer.query.engine, answer.query.window_seconds)
         series = values.setdefault(group, {})
@@ -267,10 +270,14 @@ async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: 
             key = _key(sample.labels)
             if key is None:
                 continue
-            before = series.get(key, SignalValues())
             signal = answer.query.signal
-            series[key] = before.with_points(signal, sample.points) if signal.is_series \
-                else before.with_value(signal, sample.value)
+            if signal.is_series:
+                per_pod.setdefault((group, key, signal), []).append(sample.points)
+                series.setdefault(key, SignalValues())
+            else:
+                series[key] = series.get(key, SignalValues()).with_value(signal, sample.value)
+    for (group, key, signal), pods in per_pod.items():
+        values[group][key] = values[group][key].with_points(signal, merge_counters(pods))
     return Samples(
         groups={g: GroupSamples(values[g], errors[g]) for g in values},
         query_seconds=tuple(a.seconds for a in answers),

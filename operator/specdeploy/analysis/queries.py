@@ -59,10 +59,11 @@ MEAN_FROM_HISTOGRAM = (
     "sum by ($by) (rate(${histogram}_sum${selector}[$window]))"
     " / sum by ($by) (rate(${histogram}_count${selector}[$window]))"
 )
-# A cumulative counter summed over pods, at SLICES + 1 evenly spaced instants over the window (a subquery of an
-# instant vector: each point is the last scrape before it, whatever the scrape interval). Differences of
-# consecutive points are the slices the paired comparison rests on (analysis/comparison.py).
-CUMULATIVE_SERIES = "sum by ($by) (${counter}${selector})[$range:$step]"
+# A cumulative counter per pod, at SLICES + 1 evenly spaced instants over the window (a subquery of an instant
+# vector: each point is the last scrape before it, whatever the scrape interval). Per pod, because a restarted
+# pod's counter starts again at 0: the differences are taken pod by pod, resets counted as Prometheus counts
+# them, and only then summed (analysis/comparison.py merge_counters) into the slices of the paired comparison.
+CUMULATIVE_SERIES = "sum by ($by, pod) (${counter}${selector})[$range:$step]"
 # Pods reporting the running gauge now: running requests per pod is the load a step time depends on.
 PODS_FROM_GAUGE = "count by ($by) (${gauge}${selector})"
 # Finished requests in the window (extrapolated by increase(), so not always a whole number).
