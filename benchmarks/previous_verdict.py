@@ -1,7 +1,7 @@
 """The verdict as it was before the judgment rewrite (979bd3b): operator/specdeploy/analysis/verdict.py at 896965e
 (`git show 896965e:operator/specdeploy/analysis/verdict.py`), for `benchmarks/decisions.py --policy previous`.
 Changed: `checks.min_acceptance_rate` None (now "Auto") means the old default 0.5 (PREVIOUS_MIN_ACCEPTANCE_RATE);
-nothing else. It reads only the signals that existed then (the speculative and control pods' acceptance
+the verdict types come from today's module (they did not change); nothing else. It reads only the signals that existed then (the speculative and control pods' acceptance
 rate, P99s and request counts), which the samples still carry.
 
 The original docstring:
@@ -34,6 +34,9 @@ from datetime import datetime
 from specdeploy.analysis import evidence
 from specdeploy.analysis.reasons import FailureReason, InconclusiveReason
 from specdeploy.analysis.samples import DeploymentSample, QueryErrorKind, Signal, SignalValues
+
+# The verdict types, their labels and messages are the same then and now: one definition.
+from specdeploy.analysis.verdict import Failing, Healthy, Inconclusive, Verdict, message  # noqa: F401 (decisions.py)
 from specdeploy.api.spec import BaselineMode, Checks
 
 PREVIOUS_MIN_ACCEPTANCE_RATE = 0.5
@@ -43,55 +46,6 @@ LOAD_TOLERANCE = 0.30
 """Previous: compare only when requests/s is within ±30% of the snapshot's. Latency grows with batch size
 (planning/roofline.py), so a P99 measured at other load says more about the load than about speculation;
 30% keeps the batch-size effect on step time well under the default 1.10 ITL limit for decode-bound steps."""
-
-
-@dataclass(frozen=True)
-class Healthy:
-    """Every check held; `summary` lists the numbers."""
-
-    summary: str
-
-
-@dataclass(frozen=True)
-class Failing:
-    """A check broke on valid numbers; `evidence` is the measured values and the limits, in one sentence."""
-
-    reason: FailureReason
-    evidence: str
-
-
-@dataclass(frozen=True)
-class Inconclusive:
-    """Nothing can be concluded; `message` says what was missing."""
-
-    reason: InconclusiveReason
-    message: str
-
-
-Verdict = Healthy | Failing | Inconclusive
-
-
-def kind(result: Verdict) -> str:
-    """ "Healthy", "Failing" or "Inconclusive": the bounded label of specdeploy_analysis_verdicts_total."""
-    return type(result).__name__
-
-
-def label(result: Verdict) -> str:
-    """The short form status.analysis.verdict holds: "Healthy", "Failing: <Reason>", "Inconclusive: <Reason>"."""
-    match result:
-        case Healthy():
-            return "Healthy"
-        case Failing(reason=reason):
-            return f"Failing: {reason.value}"
-        case Inconclusive(reason=reason):
-            return f"Inconclusive: {reason.value}"
-
-
-def message(result: Verdict) -> str:
-    """The sentence behind the verdict (for the SpeculationHealthy condition)."""
-    match result:
-        case Healthy(summary=text) | Failing(evidence=text) | Inconclusive(message=text):
-            return text
 
 
 @dataclass(frozen=True)
