@@ -195,11 +195,13 @@ def test_without_a_baseline_the_auto_floor_decides_alone() -> None:
     assert "Auto: break-even" in rollback.evidence
 
 
-def test_sglang_acceptance_is_judged_per_chain_position_from_the_acceptance_length() -> None:
-    """SGLang's own rate divides by the draft tree; the floor means accepted ÷ proposed chain positions,
-    (L − 1) ÷ k from the mean acceptance length L."""
-    resource = _resource({"failureLimit": 1, "checks": {"minAcceptanceRate": 0.5}},
-                         example="sglang-llama-8b-eagle3.yaml")
+def test_sglang_tree_acceptance_is_judged_per_chain_position_from_the_acceptance_length() -> None:
+    """With eagleTopk > 1 SGLang's own rate divides by the draft tree; the floor means accepted ÷ proposed chain
+    positions, (L − 1) ÷ k from the mean acceptance length L. With topk 1 its rate is already that."""
+    chain = _resource({"failureLimit": 1, "checks": {"minAcceptanceRate": 0.5}}, example="sglang-llama-8b-eagle3.yaml")
+    assert _last(_run(chain, [_sample(0.7, itl=0.012, mean_acceptance_length=1.6)])).acceptance_rate == 0.7
+    resource = chain.model_copy(update={"spec": chain.spec.model_copy(update={
+        "speculation": chain.spec.speculation.model_copy(update={"eagle_topk": 4})})})
     good = _sample(0.3, itl=0.012, mean_acceptance_length=3.4)     # (3.4 − 1) ÷ 3 = 0.8
     state = _last(_run(resource, [good]))
     assert state.verdict == "Healthy" and state.acceptance_rate == 0.8

@@ -64,8 +64,10 @@ def _policy(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, analysis:
 
 
 def _normalised(spec: SpeculativeDeploymentSpec, sample: DeploymentSample) -> DeploymentSample:
-    """SGLang's own rate divides by the draft tree; minAcceptanceRate means accepted ÷ proposed chain positions."""
-    if spec.engine.kind == EngineKind.SGLANG:
+    """SGLang's own rate divides by the draft tree when eagleTopk > 1; minAcceptanceRate means accepted ÷ proposed
+    chain positions, so trees are judged by (accept length − 1) ÷ k. With topk 1 the tree is the chain and
+    SGLang's rate already means that (its denominator, num_draft_tokens − 1, is k)."""
+    if spec.engine.kind == EngineKind.SGLANG and spec.speculation.eagle_topk > 1:
         return chain_acceptance(sample, spec.speculation.num_speculative_tokens)
     return sample
 
