@@ -37,7 +37,8 @@ latency per engine step (the simulator's `extraLatencySeconds` knob) on both var
 pre-runs (150 s of the same workload, a seed of its own). Without it: H100-80GB as modelled.
 
 Scenarios (the change happens at the regression start, after `--warmup-windows` windows, default 2; a run
-lasts until the start + 3 windows + failureLimit intervals, or its rollback):
+lasts until the start + 3 windows + failureLimit intervals, or its rollback; `--healthy-windows N` makes a
+healthy run last N windows instead):
 
 - healthy: steady load, the simulator's default acceptance (EAGLE-3 at k=3: 0.578 greedy), nothing changes;
 - latency-regression: at the start the speculative pod's extra per-step latency grows so that its mean TPOT
@@ -550,6 +551,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-requests", type=int, default=20)
     parser.add_argument("--scrape", default="15s", help="scrape interval (the operator's PodMonitor: 15s)")
     parser.add_argument("--warmup-windows", type=float, default=2.0, help="windows before the regression start")
+    parser.add_argument("--healthy-windows", type=float, default=None,
+                        help="healthy: a run lasts this many windows (default: as every scenario, the regression "
+                             "start + 3 windows + failureLimit intervals)")
     parser.add_argument("--temperature", default=DEFAULT_TEMPERATURE, help="the load generator's temperature mix")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     return parser
@@ -561,6 +565,8 @@ def build(args: argparse.Namespace) -> Setup:
     window, interval, scrape = parse_duration(args.window), parse_duration(args.interval), parse_duration(args.scrape)
     start = args.warmup_windows * window
     end = start + 3 * window + args.failure_limit * interval
+    if args.scenario == "healthy" and args.healthy_windows is not None:
+        end = args.healthy_windows * window
     temperatures = TemperatureMix.parse(args.temperature)
     prompt, output = Lengths.parse(DEFAULT_PROMPT), Lengths.parse(DEFAULT_OUTPUT)
     steady = QpsSchedule.constant(args.qps)
