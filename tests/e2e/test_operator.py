@@ -197,8 +197,11 @@ def test_replicas_change_only_replicas_and_metadata_changes_restart_nothing(
     _patch(dev_cluster, namespace, name, {"spec": {"replicas": 2}})
     wait_for_object(dev_cluster, ["deployment", name], lambda d: d["spec"]["replicas"] == 2, 30, "replicas 2",
                     namespace=namespace)
-    handled = _sd(dev_cluster, namespace, name)["metadata"]["annotations"]["specdeploy.io/last-handled-configuration"]
-    assert '"replicas":2' in handled and "owner" not in handled and "team" not in handled
+    # kopf records the handled spec after the handler has applied the Deployment: wait for the record too.
+    handled = wait_for(lambda: next((text for text in [_sd(dev_cluster, namespace, name)["metadata"]["annotations"]
+                                                       .get("specdeploy.io/last-handled-configuration", "")]
+                                     if '"replicas":2' in text), None), 30, "the handled spec recorded")
+    assert "owner" not in handled and "team" not in handled
     assert _deployments(dev_cluster, namespace, name)[name]["spec"]["template"] == template
     wait_for_pods(dev_cluster, namespace, f"specdeploy.io/name={name},specdeploy.io/variant=speculative", 2, 60)
     assert _pod_uids(dev_cluster, namespace, name) <= uids, "scaling down restarted no pod"
