@@ -33,10 +33,20 @@ from datetime import datetime
 
 from specdeploy.analysis import evidence
 from specdeploy.analysis.reasons import FailureReason, InconclusiveReason
-from specdeploy.analysis.samples import DeploymentSample, QueryErrorKind, Signal, SignalValues
+from specdeploy.analysis.samples import DeploymentSample, Signal, SignalValues
 
 # The verdict types, their labels and messages are the same then and now: one definition.
-from specdeploy.analysis.verdict import Failing, Healthy, Inconclusive, Verdict, message  # noqa: F401 (decisions.py)
+from specdeploy.analysis.verdict import (  # noqa: F401 (message: for decisions.py)
+    _ERROR_REASONS,
+    Failing,
+    Healthy,
+    Inconclusive,
+    Verdict,
+    _Fail,
+    _Pass,
+    _Unknown,
+    message,
+)
 from specdeploy.api.spec import BaselineMode, Checks
 
 PREVIOUS_MIN_ACCEPTANCE_RATE = 0.5
@@ -88,31 +98,8 @@ def previous_baseline(sample: DeploymentSample, min_requests: int, now: datetime
 
 # -- one check's outcome ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Pass:
-    text: str
-
-
-@dataclass(frozen=True)
-class _Fail:
-    reason: FailureReason
-    text: str
-
-
-@dataclass(frozen=True)
-class _Unknown:
-    reason: InconclusiveReason
-    text: str
-
-
+# The check outcomes and the error reasons did not change either.
 _Outcome = _Pass | _Fail | _Unknown
-
-_ERROR_REASONS = {
-    QueryErrorKind.UNAVAILABLE: InconclusiveReason.PROMETHEUS_UNAVAILABLE,
-    QueryErrorKind.REFUSED: InconclusiveReason.PROMETHEUS_REFUSED,
-    QueryErrorKind.BAD_QUERY: InconclusiveReason.PROMETHEUS_BAD_QUERY,
-    QueryErrorKind.BAD_RESPONSE: InconclusiveReason.PROMETHEUS_BAD_RESPONSE,
-}
 
 _WHAT = {
     Signal.ACCEPTANCE_RATE: "acceptance rate",
