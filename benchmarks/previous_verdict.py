@@ -44,6 +44,7 @@ from specdeploy.analysis.verdict import (  # noqa: F401 (message: for decisions.
     Verdict,
     _Fail,
     _Pass,
+    _request_gate,
     _Unknown,
     message,
 )
@@ -122,17 +123,6 @@ def _measured(sample: DeploymentSample, values: SignalValues, signal: Signal, wh
         return _Unknown(InconclusiveReason.NOT_A_NUMBER,
                         f"the {_WHAT[signal]} of the {whose} is {evidence.number(value)} (nothing measured)")
     return value
-
-
-def _request_gate(sample: DeploymentSample, values: SignalValues, min_requests: int, whose: str,
-                  too_few: InconclusiveReason) -> float | _Unknown:
-    requests = _measured(sample, values, Signal.REQUESTS, whose)
-    if isinstance(requests, _Unknown):
-        return requests
-    if requests < min_requests:
-        return _Unknown(too_few, f"the {whose} finished {evidence.count(requests)} requests in "
-                                 f"{evidence.window(sample.window_seconds)}, fewer than minRequests {min_requests}")
-    return requests
 
 
 def _acceptance(sample: DeploymentSample, checks: Checks) -> _Outcome:
