@@ -349,12 +349,15 @@ class PodRunner:
                                                   engine.termination_message_policy)
                 log.info("%s/%s: simulator pid %d exited %d (%s); restarting in %gs", engine.namespace, engine.name,
                          proc.pid, ended.exit_code, ended.reason, delay)
-                await self._report(engine, functools.partial(
-                    kubeletstatus.crashed_status, container=engine.container, ended=ended, back_off=delay,
-                    container_id=_container_id(proc.pid), now=finished_at))
+                container_id = _container_id(proc.pid)
                 proc = None
+                # The registry first: whoever reads the crash in the pod's status must not find the dead
+                # process still listed as running.
                 sim = replace(sim, pid=0, started=None, state=BACK_OFF, restarts=sim.restarts + 1)
                 self._publish(sim)
+                await self._report(engine, functools.partial(
+                    kubeletstatus.crashed_status, container=engine.container, ended=ended, back_off=delay,
+                    container_id=container_id, now=finished_at))
                 await asyncio.sleep(delay)
         except asyncio.CancelledError:
             pass
