@@ -351,3 +351,59 @@ def test_a_metrics_port_in_use_stops_the_operator_before_it_takes_the_lease(
     assert operator.process.returncode != 0
     assert f"cannot serve /metrics on port {port}" in operator.output()
     assert "acquired" not in operator.output().lower()
+
+
+def _policy_refusing_status_writes(namespace: str, name: str) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy (and its binding) that refuses every status write of SD `name`: a status
+    that can no longer be written, as after a cluster admin's policy, for one SD among healthy ones."""
+    policy = f"{namespace}-refuse-{name}-status"[:63]
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": policy},
+         "spec": {"failurePolicy": "Fail",
+                  "matchConstraints": {"resourceRules": [{
+                      "apiGroups": ["specdeploy.io"], "apiVersions": ["*"], "operations": ["UPDATE"],
+                      "resources": ["speculativedeployments/status"]}]},
+                  "validations": [{"expression": f"object.metadata.name != '{name}'",
+                                   "message": f"status writes of {name} are refused by a test policy"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": {"name": policy},
+         "spec": {"policyName": policy, "validationActions": ["Deny"],
+                  "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}}},
+    ]
+
+
+def test_the_resync_goes_on_past_an_sd_whose_reconcile_fails(
+    dev_cluster: DevCluster, namespace: str, operator_processes: Callable[..., Any]
+) -> None:
+    """Three SDs in name order; the middle one's status cannot be written, so each of its reconciles raises.
+    The resync (every 3 s) still restores a Service deleted by hand of the SDs on either side of it: a
+    Service change is seen by no watch of the operator, only by the resync."""
+    dev_cluster.kubectl("create", "quota", "no-pods", "--hard=pods=0", "-n", namespace)   # children, no pods
+    policy = _policy_refusing_status_writes(namespace, "broken")
+    dev_cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in policy))
+    try:
+        base = yaml.safe_load((EXAMPLES / "llama-8b-ngram.yaml").read_text())
+        names = ("alpha", "broken", "zulu")
+        for name in names:
+            assert _apply(dev_cluster, namespace, json.dumps({**base, "metadata": {"name": name}})).returncode == 0
+        operator = operator_processes("resync")
+        healthy = [n for n in names if n != "broken"]
+        for name in healthy:
+            _wait_sd(dev_cluster, namespace, name, lambda o: o.get("status", {}).get("observedGeneration") == 1,
+                     "status written", timeout=60)
+        wait_for(lambda: "periodic resync of " + f"{namespace}/broken failed" in operator.output(), 30,
+                 "the resync to log the broken SD by name")
+        assert "status" not in _sd(dev_cluster, namespace, "broken")
+
+        for name in healthy:
+            dev_cluster.kubectl("delete", "service", name, "-n", namespace)
+        def restored(name: str) -> bool:
+            return bool(dev_cluster.kubectl("get", "service", name, "-n", namespace, "--ignore-not-found",
+                                            "-o", "name").stdout.strip())
+
+        for name in healthy:
+            wait_for(lambda name=name: restored(name), 30, f"{name}: the Service restored by the resync")
+    finally:
+        for document in reversed(policy):
+            dev_cluster.kubectl("delete", document["kind"], document["metadata"]["name"], "--ignore-not-found")

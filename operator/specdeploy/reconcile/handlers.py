@@ -31,6 +31,7 @@ from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT
 from specdeploy.reconcile.leader import LeaderElection
 from specdeploy.reconcile.metrics_server import serve_metrics
 from specdeploy.reconcile.reconciler import Reconciler
+from specdeploy.reconcile.resync import resync_forever
 
 ANNOTATION_PREFIX = "specdeploy.io"
 ENV_LEASE_NAMESPACE = "SPECDEPLOY_LEASE_NAMESPACE"
@@ -98,7 +99,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.lease_task = asyncio.create_task(election.keep(on_lost=_lost_lease))
     memo.reconciler = reconciler
     memo.resync_task = asyncio.create_task(
-        _resync_forever(reconciler, float(os.environ.get(ENV_RESYNC_SECONDS, "30")))
+        resync_forever(reconciler, _namespaces() or [ALL_NS], float(os.environ.get(ENV_RESYNC_SECONDS, "30")))
     )
     memo.analysis_task = asyncio.create_task(analyse_forever(
         reconciler, _namespaces() or [ALL_NS], os.environ.get(ENV_PROMETHEUS_URL) or None,
@@ -173,19 +174,3 @@ async def speculative_pod_changed(
     except Exception:
         logger.exception("reconciling %s/%s after a pod restart failed", namespace, owner)
 
-
-async def _resync_forever(reconciler: Reconciler, interval: float) -> None:
-    """Every `interval`, reconcile every SD in scope: restores hand-edited or deleted children."""
-    while True:
-        await asyncio.sleep(interval)
-        namespaces = _namespaces() or [ALL_NS]
-        for namespace in namespaces:
-            try:
-                async for sd in reconciler.client.list(kube.SpeculativeDeploymentResource, namespace=namespace):
-                    assert sd.metadata is not None
-                    await reconciler.reconcile(sd.metadata.namespace or "", sd.metadata.name or "")
-            except kube.API_UNREACHABLE as error:
-                logger.warning("periodic resync of namespace %s skipped: the apiserver does not answer (%s: %s)",
-                               namespace, type(error).__name__, error)
-            except Exception:
-                logger.exception("periodic resync of namespace %s failed", namespace)
