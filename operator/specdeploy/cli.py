@@ -56,10 +56,12 @@ def main() -> None:
 def plan(file: str, output: str) -> None:
     """Will FILE's SpeculativeDeployment fit on its GPUs, and what will run?"""
     resource, the_plan = _load(file)
-    command = engine_command(the_plan, Variant.SPECULATIVE, resource.spec.speculation.enabled)
+    # An incompatible spec has no command to show: rendering it would fail on what the findings explain.
+    command = (engine_command(the_plan, Variant.SPECULATIVE, resource.spec.speculation.enabled)
+               if the_plan.compatibility.compatible else None)
     if output == "json":
-        document = plan_document(the_plan, {"command": list(command.command), "args": list(command.args),
-                                             "configFiles": dict(command.config_files)})
+        document = plan_document(the_plan, None if command is None else {
+            "command": list(command.command), "args": list(command.args), "configFiles": dict(command.config_files)})
         floor = acceptance_floor(resource.spec)
         document["acceptanceFloor"] = floor.to_wire() if floor is not None else None
         click.echo(json.dumps(document, indent=2))

@@ -22,7 +22,7 @@ _SEVERITY_MARK = {Severity.ERROR: ("✗", "red"), Severity.WARNING: ("!", "yello
 def _headline(name: str, plan: Plan) -> Text:
     spec = plan.spec
     speculation = spec.speculation
-    method = speculation.method.value if speculation.enabled else "off"
+    method = speculation.enabled_method.value if speculation.enabled else "off"
     if speculation.enabled and speculation.draft is not None:
         method += f" ({speculation.draft.name})"
     if speculation.enabled:

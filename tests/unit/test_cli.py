@@ -115,3 +115,50 @@ def test_plan_json_without_speculation_has_no_acceptance_floor(tmp_path: Path) -
     path.write_text(yaml.safe_dump(document))
     result = CliRunner().invoke(main, ["plan", "-o", "json", str(path)])
     assert json.loads(result.output)["acceptanceFloor"] is None
+
+
+def test_plan_json_outcome_agrees_with_the_exit_code_and_the_text_on_a_compatibility_error(tmp_path: Path) -> None:
+    document = yaml.safe_load((EXAMPLES[0].parent / "trtllm-llama-8b-eagle3.yaml").read_text())
+    document["spec"]["speculation"]["method"] = "eagle"     # TensorRT-LLM runs EAGLE-3 heads only
+    path = tmp_path / "sd.yaml"
+    path.write_text(yaml.safe_dump(document))
+    as_json = CliRunner().invoke(main, ["plan", "-o", "json", str(path)])
+    as_text = CliRunner().invoke(main, ["plan", str(path)])
+    plan = json.loads(as_json.output)
+    assert as_json.exit_code == as_text.exit_code == 1
+    assert plan["outcome"] == "Rejected" and "Verdict: Rejected" in as_text.output
+    assert plan["verdict"] in ("Fits", "FitsWithWarnings")   # the memory plan's own verdict: it does fit
+    assert not plan["compatibility"]["compatible"] and plan["engineCommand"] is None
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_plan_json_outcome_is_the_text_verdict(path: Path) -> None:
+    as_json = CliRunner().invoke(main, ["plan", "-o", "json", str(path)])
+    as_text = CliRunner().invoke(main, ["plan", str(path)])
+    assert as_json.exit_code == as_text.exit_code
+    assert f"Verdict: {json.loads(as_json.output)['outcome']}" in as_text.output
+
+
+def test_speculation_disabled_needs_no_method(tmp_path: Path) -> None:
+    document = yaml.safe_load((EXAMPLES[0].parent / "llama-8b-ngram.yaml").read_text())
+    document["spec"]["speculation"] = {"enabled": False}
+    path = tmp_path / "sd.yaml"
+    path.write_text(yaml.safe_dump(document))
+    planned = CliRunner().invoke(main, ["plan", "-o", "json", str(path)])
+    assert planned.exit_code == 0, planned.output
+    plan = json.loads(planned.output)
+    assert plan["outcome"] == "Fits" and plan["speedup"] is None and plan["acceptanceFloor"] is None
+    assert not any(arg.startswith("--speculative") for arg in plan["engineCommand"]["args"])
+    rendered = CliRunner().invoke(main, ["render", str(path)])
+    assert rendered.exit_code == 0 and "speculative-config" not in rendered.output
+
+
+def test_speculation_enabled_without_a_method_is_refused_with_the_fix(tmp_path: Path) -> None:
+    document = yaml.safe_load((EXAMPLES[0].parent / "llama-8b-ngram.yaml").read_text())
+    document["spec"]["speculation"] = {"numSpeculativeTokens": 3}
+    path = tmp_path / "sd.yaml"
+    path.write_text(yaml.safe_dump(document))
+    result = CliRunner().invoke(main, ["plan", str(path)])
+    assert result.exit_code == 2
+    assert "`spec.speculation.method` is required while `spec.speculation.enabled` is true" in result.output
+    assert "or set enabled to false" in result.output

@@ -198,7 +198,9 @@ class Speculation(WireModel):
     """How tokens are proposed. Rollback turns it off in status, never here."""
 
     enabled: bool = Field(True, description="false renders the same target without speculation")
-    method: Method = Field(description="draft_model, eagle, eagle3, mtp, ngram or suffix")
+    method: Method | None = Field(
+        None, description="draft_model, eagle, eagle3, mtp, ngram or suffix; required unless enabled is false"
+    )
     draft: Draft | None = Field(None, description="Required for draft_model, eagle and eagle3; forbidden otherwise")
     num_speculative_tokens: int = Field(3, description="Tokens proposed per step (k), 1 to 16")
     prompt_lookup_min: int = Field(2, ge=1, le=64, description="ngram: shortest n-gram matched in the prompt")
@@ -207,15 +209,29 @@ class Speculation(WireModel):
         1, ge=1, le=64, description="SGLang: branching per draft step; >1 turns the overlap scheduler off"
     )
 
+    @property
+    def enabled_method(self) -> Method:
+        """The method, for code that runs only for enabled speculation (rendering it, costing it): the rule
+        `!enabled || has(method)` makes it present there."""
+        if self.method is None:
+            raise ValueError("`spec.speculation.method` is not set, so there is no speculation to render or cost")
+        return self.method
+
     cel_rules = (
         CelRule(
-            f"!(self.method in {_cel_list(METHODS_WITH_DRAFT)}) || has(self.draft)",
+            "!self.enabled || has(self.method)",
+            "`spec.speculation.method` is required while `spec.speculation.enabled` is true: name how tokens are "
+            "proposed (draft_model, eagle, eagle3, mtp, ngram or suffix), or set enabled to false",
+            lambda s: not s.enabled or s.method is not None,
+        ),
+        CelRule(
+            f"!has(self.method) || !(self.method in {_cel_list(METHODS_WITH_DRAFT)}) || has(self.draft)",
             f"`spec.speculation.draft` is required when `spec.speculation.method` is {_words(METHODS_WITH_DRAFT)}: "
             "name the draft model or EAGLE head",
             lambda s: s.method not in METHODS_WITH_DRAFT or s.draft is not None,
         ),
         CelRule(
-            f"!(self.method in {_cel_list(METHODS_WITHOUT_DRAFT)}) || !has(self.draft)",
+            f"!has(self.method) || !(self.method in {_cel_list(METHODS_WITHOUT_DRAFT)}) || !has(self.draft)",
             f"`spec.speculation.draft` must not be set when `spec.speculation.method` is "
             f"{_words(METHODS_WITHOUT_DRAFT)}: these methods draft without a separate model; remove it",
             lambda s: s.method not in METHODS_WITHOUT_DRAFT or s.draft is None,
@@ -432,7 +448,7 @@ class SpeculativeDeploymentSpec(WireModel):
             lambda s: s.serving.kv_cache_memory_gib is None or s.engine.kind == EngineKind.VLLM,
         ),
         CelRule(
-            "self.speculation.method != 'suffix' || self.engine.kind == 'vllm'",
+            "!has(self.speculation.method) || self.speculation.method != 'suffix' || self.engine.kind == 'vllm'",
             "`spec.speculation.method` suffix is supported by vllm only; use ngram with sglang or trtllm",
             lambda s: s.speculation.method != Method.SUFFIX or s.engine.kind == EngineKind.VLLM,
         ),

@@ -76,10 +76,11 @@ def num_draft_tokens(steps: int, topk: int) -> int:
 def speculative_args(spec: SpeculativeDeploymentSpec) -> list[str]:
     """The --speculative-* flags for the spec's method."""
     speculation = spec.speculation
-    algorithm = SPECULATIVE_ALGORITHMS.get(speculation.method)
+    method = speculation.enabled_method
+    algorithm = SPECULATIVE_ALGORITHMS.get(method)
     if algorithm is None:
         raise EngineRenderError(
-            f"`spec.speculation.method` {speculation.method.value} is not available in SGLang; "
+            f"`spec.speculation.method` {method.value} is not available in SGLang; "
             f"use one of {', '.join(m.value for m in SPECULATIVE_ALGORITHMS)}"
         )
     k = speculation.num_speculative_tokens

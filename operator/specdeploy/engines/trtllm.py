@@ -73,17 +73,18 @@ DECODING_TYPES = {
 def speculative_config(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
     """The YAML speculative_config for the spec's method."""
     speculation = spec.speculation
-    if speculation.method == Method.EAGLE:
+    method = speculation.enabled_method
+    if method == Method.EAGLE:
         # EagleDecodingConfig ("Eagle") runs the EAGLE-3 code path on the PyTorch backend (its
         # spec_dec_mode is EAGLE3 / EAGLE3_ONE_MODEL), so an EAGLE-1 head does not load.
         raise EngineRenderError(
             "TensorRT-LLM runs EAGLE heads only as EAGLE-3: set `spec.speculation.method` to eagle3 with "
             "an EAGLE-3 head, or use vllm or sglang for an EAGLE-1 head"
         )
-    decoding_type = DECODING_TYPES.get(speculation.method)
+    decoding_type = DECODING_TYPES.get(method)
     if decoding_type is None:
         raise EngineRenderError(
-            f"`spec.speculation.method` {speculation.method.value} is not available in TensorRT-LLM; "
+            f"`spec.speculation.method` {method.value} is not available in TensorRT-LLM; "
             f"use one of {', '.join(m.value for m in DECODING_TYPES)}"
         )
     k = speculation.num_speculative_tokens

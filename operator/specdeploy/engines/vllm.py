@@ -74,7 +74,7 @@ def speculative_config(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
     """The --speculative-config object: method, k, and the draft's own settings where it has a draft."""
     speculation = spec.speculation
     config: dict[str, Any] = {
-        "method": SPECULATIVE_METHODS[speculation.method],
+        "method": SPECULATIVE_METHODS[speculation.enabled_method],
         "num_speculative_tokens": speculation.num_speculative_tokens,
     }
     draft = speculation.draft

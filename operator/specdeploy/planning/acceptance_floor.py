@@ -188,7 +188,7 @@ def _auto(key: _Key) -> AcceptanceFloor | None:
     return AcceptanceFloor(
         rate=min(max(_rate_where(cost, batch, k, 1.0 + AUTO_MARGIN), 0.0), 1.0),
         break_even=min(max(break_even, 0.0), 1.0), batch_size=batch, source=AUTO,
-        method=spec.speculation.method.value, k=k, draft_cost_ratio=cost.draft_cost_ratio(batch),
+        method=spec.speculation.enabled_method.value, k=k, draft_cost_ratio=cost.draft_cost_ratio(batch),
         gpu=cost.gpu.name, pays=break_even <= 1.0,
     )
 

@@ -130,7 +130,8 @@ def resolve_draft(spec: SpeculativeDeploymentSpec) -> ModelInfo | None:
     draft = spec.speculation.draft
     if draft is None:
         return None
-    kind = _KIND_FOR_METHOD.get(spec.speculation.method, ModelKind.BASE)
+    method = spec.speculation.method
+    kind = _KIND_FOR_METHOD.get(method, ModelKind.BASE) if method is not None else ModelKind.BASE
     resolved = _resolve(draft.name, draft.architecture, "spec.speculation.draft.architecture", kind)
     if resolved is None:
         raise UnknownModel(draft.name, "spec.speculation.draft.name", "spec.speculation.draft.architecture")

@@ -79,7 +79,7 @@ def _is_head_like(draft: ModelInfo) -> bool:
 def method_supported(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
     """The engine must implement the method at all."""
     engine, method = spec.engine.kind, spec.speculation.method
-    if method in SUPPORTED_METHODS[engine]:
+    if method is None or method in SUPPORTED_METHODS[engine]:   # no method: nothing is proposed
         return
     if engine == EngineKind.TRTLLM and method == Method.EAGLE:
         # TensorRT-LLM docs: "decoding_type: Eagle is accepted as a backward-compatible alias for Eagle3,

@@ -69,10 +69,14 @@ def make_plan(spec: SpeculativeDeploymentSpec) -> Plan:
 
 def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> dict[str, Any]:
     """What `specdeploy plan -o json` prints: status.memoryPlan's JSON, with compatibility,
-    engineCommand and speedup beside it."""
-    document = plan.memory.to_wire()
+    engineCommand and speedup beside it.
+
+    `verdict` stays the memory plan's own (status.memoryPlan.verdict is the same field); `outcome` is the
+    plan's as a whole — Rejected also for a compatibility error — and agrees with the exit code and the
+    text output's "Verdict:" line, so a pipeline reads `.outcome`.
+    """
+    document = {"outcome": plan.verdict.value, **plan.memory.to_wire()}
     document["compatibility"] = plan.compatibility.to_wire()
-    if engine_command is not None:
-        document["engineCommand"] = engine_command
+    document["engineCommand"] = engine_command
     document["speedup"] = plan.speedup.to_wire() if plan.speedup is not None else None
     return document

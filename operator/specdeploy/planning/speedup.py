@@ -255,7 +255,7 @@ def estimate_speedup(
     made for REFERENCE_GPU and names it.
     """
     product = gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU]
-    method, k = spec.speculation.method, spec.speculation.num_speculative_tokens
+    method, k = spec.speculation.enabled_method, spec.speculation.num_speculative_tokens
     cost = speculation_cost(spec, target, draft, product, context_tokens=context_tokens)
     alpha_at = _alpha_for(spec, target, acceptance_rate)
     alpha = alpha_at(k)
@@ -287,7 +287,7 @@ def _alpha_for(
         return lambda _k: measured
     draft_spec = spec.speculation.draft
     return lambda k: default_alpha(
-        spec.speculation.method,
+        spec.speculation.enabled_method,
         k,
         target_quantization=spec.model.quantization,
         draft_quantization=draft_spec.quantization if draft_spec is not None else Quantization.NONE,
