@@ -129,6 +129,8 @@ def test_rejected_resource_gets_reasons_and_suggestions_and_no_deployment(
          ["`spec.speculation.numSpeculativeTokens` must be at least 1 and at most 16",
           "`spec.resources.gpuMemoryUtilization` must be greater than 0 and at most 1"]),
         ("model: {name: x}\n  speculation: {method: ngram}\n  engine: {kind: tgi}", ["spec.engine.kind", "tgi"]),
+        ("model: {name: x}\n  speculation: {numSpeculativeTokens: 3}",
+         ["`spec.speculation.method` is required while `spec.speculation.enabled` is true"]),
     ],
 )
 def test_malformed_resources_are_refused_at_apply(
@@ -139,6 +141,15 @@ def test_malformed_resources_are_refused_at_apply(
     assert result.returncode != 0
     for message in messages:
         assert message in result.stderr
+
+
+def test_speculation_disabled_without_a_method_is_accepted_at_apply(
+    dev_cluster: DevCluster, crds: None, namespace: str
+) -> None:
+    text = ("apiVersion: specdeploy.io/v1alpha1\nkind: SpeculativeDeployment\nmetadata: {name: plain}\n"
+            "spec:\n  model: {name: meta-llama/Llama-3.1-8B-Instruct}\n  speculation: {enabled: false}\n")
+    result = dev_cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=text, check=False)
+    assert result.returncode == 0, result.stderr
 
 
 def _ready_ngram(dev_cluster: DevCluster, namespace: str) -> str:
