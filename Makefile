@@ -30,7 +30,7 @@ cluster-binaries: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check operator engine-image tests benchmarks
-	$(BIN)/mypy operator/specdeploy/api operator/specdeploy/planning operator/specdeploy/engines
+	$(BIN)/mypy operator/specdeploy/api operator/specdeploy/planning operator/specdeploy/engines operator/specdeploy/modelsource
 
 unit: $(STAMP)
 	$(BIN)/pytest -m "not e2e" tests
