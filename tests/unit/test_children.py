@@ -190,3 +190,29 @@ def test_already_applied_means_every_wanted_deployment_from_this_apply_and_no_ot
     assert not already_applied(children, 1, [*both, DeploymentState(
         name="llama-8b-ngram-old", variant=Variant.CONTROL, replicas=1, updated_replicas=1, available_replicas=1,
         generation=1, observed_generation=1, sd_generation=1, children_fingerprint=current)])   # one too many
+
+
+def test_by_default_a_rollout_needs_no_spare_gpu() -> None:
+    """maxSurge 0: a full cluster can roll (a rollback included); one pod at a time is out of service."""
+    resource = _load("llama-8b-ngram.yaml")
+    for deployment in desired_children(resource, make_plan(resource.spec)).deployments.values():
+        assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                                  "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
+def test_spec_rollout_reaches_both_deployments_and_restarts_nothing() -> None:
+    resource = _load("llama-8b-ngram.yaml")
+    surging = load_resource(
+        (EXAMPLES[0].parent / "llama-8b-ngram.yaml").read_text() + "  rollout: {maxSurge: 1, maxUnavailable: 0}\n")
+    before = desired_children(resource, make_plan(resource.spec)).deployments
+    after = desired_children(surging, make_plan(surging.spec)).deployments
+    assert set(after) == {Variant.SPECULATIVE, Variant.CONTROL}
+    for variant, deployment in after.items():
+        assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        assert deployment["spec"]["template"] == before[variant]["spec"]["template"]
+
+
+def test_a_rollout_that_could_neither_add_nor_stop_a_pod_is_refused() -> None:
+    text = (EXAMPLES[0].parent / "llama-8b-ngram.yaml").read_text() + "  rollout: {maxSurge: 0, maxUnavailable: 0}\n"
+    with pytest.raises(ValueError, match="must not both be 0"):
+        load_resource(text)

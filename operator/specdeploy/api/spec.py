@@ -421,6 +421,28 @@ class Alerting(WireModel):
     )
 
 
+class Rollout(WireModel):
+    """How the engine Deployments replace their pods, a rollback included. The default needs no spare GPU:
+    GPU clusters are usually full, and a rollback that waits for a free GPU never happens
+    (docs/decisions.md)."""
+
+    max_surge: int = Field(
+        0, ge=0, le=10_000, description="Pods a rollout may start above the replicas; each needs free GPUs"
+    )
+    max_unavailable: int = Field(
+        1, ge=0, le=10_000, description="Pods a rollout may stop before their replacements are ready"
+    )
+
+    cel_rules = (
+        CelRule(
+            "self.maxSurge + self.maxUnavailable >= 1",
+            "`spec.rollout.maxSurge` and `spec.rollout.maxUnavailable` must not both be 0: a rollout could "
+            "neither add a pod nor stop one; keep maxUnavailable 1 for a cluster without spare GPUs",
+            lambda s: s.max_surge + s.max_unavailable >= 1,
+        ),
+    )
+
+
 class SpeculativeDeploymentSpec(WireModel):
     """What the user wants: a target model served with speculative decoding."""
 
@@ -432,6 +454,9 @@ class SpeculativeDeploymentSpec(WireModel):
     serving: Serving = Field(default_factory=Serving, description="Engine scheduling limits")
     analysis: Analysis = Field(default_factory=Analysis, description="Metric analysis and rollback")
     alerting: Alerting = Field(default_factory=Alerting, description="Where rollback alerts go")
+    rollout: Rollout = Field(
+        default_factory=Rollout, description="How the engine pods are replaced: maxSurge 0, maxUnavailable 1 by default"
+    )
 
     cel_rules = (
         CelRule(

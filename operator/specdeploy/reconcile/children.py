@@ -187,6 +187,8 @@ def _deployment(
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {
+                "maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}},
             "template": {
                 "metadata": {"labels": labels, "annotations": {ANNOTATION_CONFIG_HASH: _config_hash(files)}},
                 "spec": pod_spec,
