@@ -53,9 +53,9 @@ Inconclusive samples, the rollback reasons, and the true mean TPOT ratio specula
 window of each run (from the simulated requests themselves, no buckets). `--json` prints one object (with
 `--policy both`, one per policy under "current" and "previous").
 
-Cost: the engine core is nearly all of it (Engine.plan_step/complete_step and the metrics observer, ~92%;
-rendering and parsing the expositions ~2.5%, the PromQL ~2%): one run of 26.5 virtual minutes at 4 QPS per
-variant takes 5–15 s of one core, so `--runs 20` takes 1.5–3 minutes with `--jobs 2`.
+Cost: the engine core is nearly all of it (Engine.plan_step/complete_step and the metrics observer, ~90%;
+rendering and parsing the expositions with prometheus_client ~4–5%, the PromQL ~2%): one run of 26.5
+virtual minutes at 4 QPS per variant takes 5–15 s of one core, so `--runs 20` takes 1.5–3 minutes with `--jobs 2`.
 """
 
 from __future__ import annotations

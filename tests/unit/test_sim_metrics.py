@@ -4,6 +4,7 @@ labels and buckets, in valid exposition format, counting what the engine counts.
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -144,7 +145,8 @@ def test_trtllm_metrics(tmp_path: Path) -> None:
         families[names.e2e_request_latency].value(names.e2e_request_latency + "_count")   # one TPOT per request
 
 
-def test_exposition_text_is_prometheus_format() -> None:
+def test_exposition_text_is_prometheus_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("time.time", lambda: 1_750_000_000.0)    # when each series is created
     registry = Registry()
     counter = registry.counter("demo:requests_total", "Requests.", ("model_name",))
     counter.inc(("a",), 2)
@@ -153,21 +155,45 @@ def test_exposition_text_is_prometheus_format() -> None:
     histogram.observe(("a",), 0.5)
     histogram.observe(("a",), 5.0)
     text = registry.render()
-    assert text == (
+    assert text == (          # as prometheus_client writes it: labels sorted, _created as gauges after each family
         "# HELP demo:requests_total Requests.\n# TYPE demo:requests_total counter\n"
         'demo:requests_total{model_name="a"} 2.0\n'
+        "# HELP demo:requests_created Requests.\n# TYPE demo:requests_created gauge\n"
+        'demo:requests_created{model_name="a"} 1.75e+09\n'
         "# HELP demo:latency_seconds Latency.\n# TYPE demo:latency_seconds histogram\n"
-        'demo:latency_seconds_bucket{model_name="a",le="0.1"} 1.0\n'
-        'demo:latency_seconds_bucket{model_name="a",le="1.0"} 2.0\n'
-        'demo:latency_seconds_bucket{model_name="a",le="+Inf"} 3.0\n'
+        'demo:latency_seconds_bucket{le="0.1",model_name="a"} 1.0\n'
+        'demo:latency_seconds_bucket{le="1.0",model_name="a"} 2.0\n'
+        'demo:latency_seconds_bucket{le="+Inf",model_name="a"} 3.0\n'
         'demo:latency_seconds_count{model_name="a"} 3.0\n'
         'demo:latency_seconds_sum{model_name="a"} 5.55\n'
+        "# HELP demo:latency_seconds_created Latency.\n# TYPE demo:latency_seconds_created gauge\n"
+        'demo:latency_seconds_created{model_name="a"} 1.75e+09\n'
     )
-    assert parse(text)["demo:latency_seconds"].value("demo:latency_seconds_sum") == pytest.approx(5.55)
+    families = parse(text)
+    assert families["demo:latency_seconds"].value("demo:latency_seconds_sum") == pytest.approx(5.55)
+    assert families["demo:requests_created"].value(model_name="a") == 1_750_000_000.0
     with pytest.raises(ValueError):
         counter.inc(("a",), -1)
     with pytest.raises(ValueError):
         registry.gauge("demo:requests_total", "again", ())
+    with pytest.raises(ValueError):
+        registry.counter("demo:requests", "without _total", ())
+
+
+def test_counters_and_histograms_carry_when_each_series_was_created() -> None:
+    before = time.time()
+    families = parse(run(COMMANDS[EngineKind.VLLM], seconds=5).render())
+    after = time.time()
+    assert {family.kind for family in families.values()} == {"counter", "gauge", "histogram"}
+    for name, family in list(families.items()):
+        if family.kind == "gauge":
+            continue
+        created = families.pop(name.removesuffix("_total") + "_created")
+        assert created.kind == "gauge"
+        series = {pairs for sample, pairs in family.samples if not sample.endswith("_bucket")}
+        assert {pairs for _, pairs in created.samples} == series, name
+        assert all(before <= value <= after for value in created.samples.values()), name
+    assert not [name for name in families if name.endswith("_created")]     # gauges have none
 
 
 @pytest.mark.parametrize("text", [

@@ -213,8 +213,8 @@ class SglangMetrics(EngineMetrics):
                                tokenizer, SGLANG_E2E_BUCKETS)
         for family in (self.running, self.queued, self.token_usage, self.accept_length, self.accept_rate):
             family.touch(self.scheduler_labels)
-        for family in (self.prompt_tokens, self.generation_tokens, self.requests, self.aborted):
-            family.touch(self.labels)
+        for counter in (self.prompt_tokens, self.generation_tokens, self.requests, self.aborted):
+            counter.touch(self.labels)
         self.queue.touch(self.scheduler_labels)
         for histogram in (self.ttft, self.itl, self.e2e):
             histogram.touch(self.labels)
