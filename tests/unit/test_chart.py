@@ -207,7 +207,7 @@ OPERATOR_CALLS = {
     ("specdeploy.io", "speculativedeployments/status", "patch"),
     ("apps", "deployments", "get"), ("apps", "deployments", "list"),
     ("apps", "deployments", "watch"), ("apps", "deployments", "create"),
-    ("apps", "deployments", "patch"), ("apps", "deployments", "delete"),
+    ("apps", "deployments", "patch"), ("apps", "deployments", "delete"), ("apps", "replicasets", "list"),
     ("", "configmaps", "create"), ("", "configmaps", "patch"),
     ("", "services", "create"), ("", "services", "patch"),
     ("", "pods", "list"), ("", "pods", "watch"),

@@ -216,14 +216,14 @@ ACTIVE = SpeculationStatus(active=True, since="2026-03-01T10:00:00Z", rollbacks=
 def test_rolled_back_records_why_and_counts() -> None:
     decision = Rollback(RollbackReason.INTER_TOKEN_LATENCY_REGRESSED, "P99 … 1.37×")
     after = rolled_back(ACTIVE, decision, NOW)
-    assert after == SpeculationStatus(
-        active=False, since="2026-03-01T12:00:00Z", rollbacks=1,
+    assert after == SpeculationStatus(   # decided; the pods still speculate until the rollout replaces them
+        decided=False, active=True, since="2026-03-01T12:00:00Z", rollbacks=1,
         last_rollback=RollbackRecord(at="2026-03-01T12:00:00Z", reason="InterTokenLatencyRegressed",
                                      evidence="P99 … 1.37×"))
     assert rolled_back(after, decision, NOW + timedelta(hours=1)).rollbacks == 2
     assert rolled_back(None, decision, NOW).rollbacks == 1
     back = reenabled(after, NOW + timedelta(hours=2))
-    assert (back.active, back.since, back.rollbacks, back.last_rollback) == (
+    assert (back.decided, back.since, back.rollbacks, back.last_rollback) == (
         True, "2026-03-01T14:00:00Z", 1, after.last_rollback)
 
 

@@ -74,7 +74,7 @@ def test_failure_limit_consecutive_failures_roll_back_with_evidence() -> None:
     steps = _run(_resource({"failureLimit": 3, "checks": {"minAcceptanceRate": 0.5}}), [_sample(0.3)] * 3)
     assert [s.rollback is not None for s in steps] == [False, False, True]
     last = steps[-1]
-    assert not last.speculation.active
+    assert not last.speculation.decided
     record = last.speculation.last_rollback
     assert record is not None and record.reason == "AcceptanceBelowMinimum"
     assert "0.30 < minAcceptanceRate 0.50 over 5m" in record.evidence
@@ -94,7 +94,7 @@ def test_no_data_and_idle_never_roll_back() -> None:
     empty = DeploymentSample(window_seconds=300)
     idle = _sample(0.1, requests=3)
     steps = _run(_resource({"failureLimit": 1, "checks": {"minAcceptanceRate": 0.5}}), [empty] * 30 + [idle] * 30)
-    assert all(s.rollback is None and s.speculation.active for s in steps)
+    assert all(s.rollback is None and s.speculation.decided for s in steps)
     assert _last(steps).verdict == "Inconclusive: TooFewRequests"
 
 
@@ -102,7 +102,7 @@ def test_not_drafting_is_inconclusive_and_never_counts_towards_on_inconclusive_r
     """Counters that did not move (NaN acceptance): the engine drafts nothing at this batch size."""
     resource = _resource({"onInconclusive": "Rollback", "inconclusiveLimit": 2})
     steps = _run(resource, [_sample(math.nan)] * 5)
-    assert all(s.rollback is None and s.speculation.active for s in steps)
+    assert all(s.rollback is None and s.speculation.decided for s in steps)
     state = _last(steps)
     assert state.verdict == "Inconclusive: NotDrafting"
     assert (state.consecutive_failures, state.consecutive_inconclusive) == (0, 0)
@@ -126,7 +126,7 @@ def test_latency_regression_against_control_rolls_back() -> None:
 
 def test_a_faster_speculative_variant_is_healthy_and_shows_its_speedup() -> None:
     steps = _run(_resource({"failureLimit": 1}), [_sample(0.8, itl=0.012, control_itl=0.02)] * 4)
-    assert all(s.rollback is None and s.speculation.active for s in steps)
+    assert all(s.rollback is None and s.speculation.decided for s in steps)
     state = _last(steps)
     assert state.verdict == "Healthy"
     assert state.message is not None and "95% interval" in state.message and "vs the control" in state.message
@@ -175,7 +175,7 @@ def test_auto_floor_keeps_a_healthy_eagle3_head_with_low_acceptance() -> None:
     """EAGLE-3 on Llama-3.1-8B at k=3 measures ~0.47: under the old constant 0.5, above the break-even."""
     sample = _sample(0.47, itl=0.0085, control_itl=0.02, running=8.0, pods=2.0)
     steps = _run(_resource({"failureLimit": 1}, EAGLE3_8B), [sample] * 3)
-    assert all(s.rollback is None and s.speculation.active for s in steps)
+    assert all(s.rollback is None and s.speculation.decided for s in steps)
     state = _last(steps)
     assert state.verdict == "Healthy"
     assert state.acceptance_floor is not None and 0.05 < state.acceptance_floor < 0.2
@@ -219,12 +219,12 @@ def test_out_of_memory_rolls_back_at_once_without_a_sample() -> None:
     speculation = SpeculationStatus(active=True, since="2026-11-29T09:00:00Z")
     step = step_speculation(_resource(), speculation, None, True, None, [death], T0)
     assert step.rollback is not None and step.rollback.reason.value == "SpeculativePodOutOfMemory"
-    assert not step.speculation.active
+    assert not step.speculation.decided
 
 
 def _rolled_back(resource: SpeculativeDeployment) -> SpeculationStatus:
     speculation = _run(resource, [_sample(0.8, itl=0.05)] * resource.spec.analysis.failure_limit)[-1].speculation
-    assert not speculation.active
+    assert not speculation.decided
     return speculation
 
 
@@ -232,11 +232,11 @@ def test_retry_annotation_brings_speculation_back_once() -> None:
     resource = _resource()
     speculation = _rolled_back(resource)
     same = step_speculation(resource, speculation, None, True, None, [], T0 + timedelta(minutes=5))
-    assert not same.speculation.active
+    assert not same.speculation.decided
     annotated = resource.model_copy(update={"metadata": resource.metadata.model_copy(
         update={"annotations": {RETRY_ANNOTATION: "1"}})})
     back = step_speculation(annotated, speculation, None, True, None, [], T0 + timedelta(minutes=5))
-    assert back.speculation.active and back.reenabled is not None
+    assert back.speculation.decided and back.reenabled is not None
     assert [e.reason for e in back.events] == ["SpeculationReenabled"]
     again = step_speculation(annotated, back.speculation, back.analysis, True, None, [], T0 + timedelta(minutes=6))
     assert again.reenabled is None, "the same annotation value is acted on once"
@@ -248,7 +248,7 @@ def test_changing_spec_speculation_brings_it_back() -> None:
     changed = resource.model_copy(update={"spec": resource.spec.model_copy(update={
         "speculation": resource.spec.speculation.model_copy(update={"num_speculative_tokens": 2})})})
     step = step_speculation(changed, speculation, None, True, None, [], T0 + timedelta(minutes=1))
-    assert step.speculation.active and step.reenabled is not None
+    assert step.speculation.decided and step.reenabled is not None
 
 
 def test_auto_reenable_after_the_cooldown() -> None:
@@ -256,9 +256,9 @@ def test_auto_reenable_after_the_cooldown() -> None:
     speculation = _rolled_back(resource)
     at = datetime.fromisoformat(speculation.last_rollback.at.replace("Z", "+00:00"))  # type: ignore[union-attr]
     early = step_speculation(resource, speculation, None, True, None, [], at + timedelta(seconds=599))
-    assert not early.speculation.active
+    assert not early.speculation.decided
     due = step_speculation(resource, speculation, None, True, None, [], at + timedelta(seconds=600))
-    assert due.speculation.active
+    assert due.speculation.decided
 
 
 def test_a_rejected_generation_changes_nothing() -> None:
@@ -269,7 +269,7 @@ def test_a_rejected_generation_changes_nothing() -> None:
 
 def test_a_sample_while_rolled_back_is_recorded_so_the_next_is_an_interval_later() -> None:
     resource = _resource()
-    speculation = _rolled_back(resource)
+    speculation = _rolled_back(resource).model_copy(update={"active": False})   # the rollout is done
     later = T0 + timedelta(minutes=3)
     step = step_speculation(resource, speculation, None, True, _sample(0.8, running=8.0, pods=2.0), [], later)
     assert step.analysis is not None and step.analysis.last_sample_at == "2026-11-29T10:03:00Z"
@@ -280,6 +280,17 @@ def test_a_sample_while_rolled_back_is_recorded_so_the_next_is_an_interval_later
     assert snapshot.inter_token_latency.mean_seconds == pytest.approx(0.02, rel=0.005)
     assert snapshot.inter_token_latency.log_standard_error > 0
     assert snapshot.e2e_latency is not None and snapshot.time_to_first_token is not None
+
+
+def test_no_previous_baseline_while_the_rollback_still_rolls() -> None:
+    """Decided but not done: some pods still speculate, so the sample is no measure of the pods without it."""
+    resource = _resource()
+    rolling = _rolled_back(resource)
+    assert rolling.active and not rolling.decided
+    step = step_speculation(resource, rolling, None, True, _sample(0.8, running=8.0, pods=2.0), [],
+                            T0 + timedelta(minutes=3))
+    assert step.analysis is not None and step.analysis.last_sample_at == "2026-11-29T10:03:00Z"
+    assert step.analysis.previous_baseline is None
 
 
 # -- the Previous baseline --------------------------------------------------------------------------
@@ -293,7 +304,7 @@ def test_previous_baseline_compares_at_matched_load_only() -> None:
     without = step_speculation(resource, rolled, None, True, _sample(0.8, running=8.0, pods=2.0), [], T0)
     assert without.analysis is not None and without.analysis.previous_baseline is not None
     back = step_speculation(annotated, without.speculation, without.analysis, True, None, [], T0)
-    assert back.speculation.active
+    assert back.speculation.decided
 
     matched = _sample(0.8, itl=0.012, running=9.0, pods=2.0)       # 4.5 vs 4.0 running per pod: within 30%
     faster = _run(annotated, [matched], back.speculation, back.analysis)

@@ -9,7 +9,14 @@ from analysis_samples import sample
 from specdeploy.analysis.samples import DeploymentSample
 from specdeploy.api.resource import ObjectMeta, SpeculativeDeployment, load_resource
 from specdeploy.api.spec import SpeculativeDeploymentSpec
-from specdeploy.api.status import Condition, ConditionStatus, Phase, SpeculativeDeploymentStatus
+from specdeploy.api.status import (
+    Condition,
+    ConditionStatus,
+    Phase,
+    SpeculationStatus,
+    SpeculativeDeploymentStatus,
+)
+from specdeploy.api.status import Rollback as RollbackRecord
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import Variant
 from specdeploy.reconcile.conditions import Reason, transition_events
@@ -69,7 +76,7 @@ def test_accepted_and_available_is_measuring_and_ready() -> None:
     assert _condition(status, "Ready").status == ConditionStatus.TRUE
     assert _condition(status, "MemoryFits").reason == "Fits"
     assert status.observed_generation == 1
-    assert status.speculation is not None and status.speculation.active
+    assert status.speculation is not None and status.speculation.decided
 
 
 def test_missing_control_is_progressing() -> None:
@@ -89,7 +96,7 @@ def test_rejected_with_nothing_running_says_so_and_does_not_speculate() -> None:
     assert _condition(status, "MemoryFits").status == ConditionStatus.FALSE
     assert "What would fit" in _condition(status, "MemoryFits").message
     assert _condition(status, "Ready").reason == "Rejected"
-    assert status.speculation is not None and not status.speculation.active
+    assert status.speculation is not None and not status.speculation.decided
 
 
 def test_rejected_update_keeps_serving_and_keeps_speculation_state() -> None:
@@ -197,3 +204,38 @@ def test_not_drafting_and_too_little_evidence_are_unknown_with_their_reason() ->
     condition_ = _condition(close, "SpeculationHealthy")
     assert (condition_.status, condition_.reason) == (ConditionStatus.UNKNOWN, "NotEnoughEvidence")
     assert "requests per variant would tell" in condition_.message
+
+
+def _rolled_back_status(pods_speculating: int) -> tuple[SpeculativeDeploymentSpec, SpeculativeDeploymentStatus]:
+    spec = _spec("llama-8b-ngram.yaml")
+    speculation = SpeculationStatus(
+        decided=False, active=pods_speculating > 0, speculating_pods=pods_speculating, since=T0, rollbacks=1,
+        last_rollback=RollbackRecord(at=T0, reason="AcceptanceBelowMinimum", evidence="acceptance 0.02 < 0.11"))
+    return spec, SpeculativeDeploymentStatus(speculation=speculation)
+
+
+def test_a_rollback_decided_while_pods_still_speculate_is_rolling_back_not_rolled_back() -> None:
+    spec, previous = _rolled_back_status(pods_speculating=3)
+    stuck = [_deployment(Variant.SPECULATIVE, 3, 3, updated=0, sd_generation=1), _deployment(Variant.CONTROL, 1, 1)]
+    status = next_status(previous, spec, 1, Planned(make_plan(spec)), stuck, T1)
+    assert status.phase == Phase.ROLLING_BACK
+    assert status.speculation is not None and status.speculation.active and not status.speculation.decided
+    rolled = _condition(status, "RolledBack")
+    assert (rolled.status, rolled.reason) == (ConditionStatus.FALSE, "RollbackInProgress")
+    assert "3 speculative pods still run with speculation" in rolled.message
+    assert "AcceptanceBelowMinimum" in rolled.message
+
+
+def test_a_rollback_is_rolled_back_once_no_pod_speculates() -> None:
+    spec, previous = _rolled_back_status(pods_speculating=0)
+    done = [_deployment(Variant.SPECULATIVE, 3, 3), _deployment(Variant.CONTROL, 1, 1)]
+    status = next_status(previous, spec, 1, Planned(make_plan(spec)), done, T1)
+    assert status.phase == Phase.ROLLED_BACK
+    rolled = _condition(status, "RolledBack")
+    assert (rolled.status, rolled.reason) == (ConditionStatus.TRUE, "AcceptanceBelowMinimum")
+
+
+def test_a_status_from_before_decided_existed_reads_its_decision_from_active() -> None:
+    old = SpeculationStatus.model_validate({"active": False, "rollbacks": 1})
+    assert (old.decided, old.active) == (False, False)
+    assert SpeculationStatus.model_validate({"decided": False, "active": True}).active

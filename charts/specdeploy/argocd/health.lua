@@ -5,8 +5,10 @@
 -- then status.phase decides, and the conditions say why:
 --   Speculating, Serving, Measuring (with Ready True)  -> Healthy
 --   Deploying, Pending, Measuring (Ready not True)     -> Progressing
---   RolledBack, Rejected, Degraded                     -> Degraded
+--   RollingBack, RolledBack, Rejected, Degraded        -> Degraded
 -- RolledBack is Degraded although the pods still serve: what Git asked for (speculation) is not running.
+-- RollingBack (decided; speculative pods still run with speculation until the rollout replaces them) is
+-- Degraded too: the decision stands, only the rollout is still under way.
 
 local function find_condition(status, kind)
   if status.conditions == nil then
@@ -65,6 +67,10 @@ local function health(sd)
   end
   if phase == "RolledBack" then
     return "Degraded", "Speculation rolled back: " .. (describe(find_condition(status, "RolledBack"))
+      or "see status.speculation.lastRollback")
+  end
+  if phase == "RollingBack" then
+    return "Degraded", "Speculation rolling back: " .. (describe(find_condition(status, "RolledBack"))
       or "see status.speculation.lastRollback")
   end
   if phase == "Degraded" then

@@ -78,6 +78,11 @@ Server-side apply of a child that does not exist yet is a create, so apply needs
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
+# Their ReplicaSets: listed to tell which pods run with a speculative config (a rollback is done when
+# none does).
+- apiGroups: [apps]
+  resources: [replicasets]
+  verbs: [list]
 # The engine ConfigMap (plan.json, engine config files) and the Service: applied.
 - apiGroups: [""]
   resources: [configmaps, services]

@@ -181,13 +181,14 @@ def rolled_back(speculation: SpeculationStatus | None, decision: Rollback, now: 
     at = evidence.rfc3339(now)
     rollbacks = (speculation.rollbacks if speculation else 0) + 1
     record = RollbackRecord(at=at, reason=decision.reason.value, evidence=decision.evidence)
-    return SpeculationStatus(active=False, since=at, rollbacks=rollbacks, last_rollback=record)
+    observed = {"active": speculation.active, "speculating_pods": speculation.speculating_pods} if speculation else {}
+    return SpeculationStatus(decided=False, since=at, rollbacks=rollbacks, last_rollback=record, **observed)
 
 
 def reenabled(speculation: SpeculationStatus, now: datetime) -> SpeculationStatus:
     """status.speculation when speculation comes back: on since now; the rollback count and record stay
     (they set the next cooldown and tell the story)."""
-    return speculation.model_copy(update={"active": True, "since": evidence.rfc3339(now)})
+    return speculation.model_copy(update={"decided": True, "since": evidence.rfc3339(now)})
 
 
 def speculation_hash(speculation: Speculation) -> str:
@@ -204,7 +205,7 @@ def cooldown_seconds(analysis: Analysis, rollbacks: int) -> float:
 
 def auto_reenable_at(speculation: SpeculationStatus, analysis: Analysis) -> datetime | None:
     """When `reenable: Auto` brings speculation back; None when it will not (Manual, or not rolled back)."""
-    if analysis.reenable != Reenable.AUTO or speculation.active or speculation.last_rollback is None:
+    if analysis.reenable != Reenable.AUTO or speculation.decided or speculation.last_rollback is None:
         return None
     at = evidence.parse_rfc3339(speculation.last_rollback.at)
     return at + timedelta(seconds=cooldown_seconds(analysis, max(speculation.rollbacks, 1)))
@@ -228,7 +229,7 @@ def reenable(speculation: SpeculationStatus | None, analysis: Analysis, now: dat
     retry_annotation / retry_annotation_seen: the `specdeploy.io/retry-speculation` value now and the one
         recorded at the rollback (or the last retry); any other non-empty value is a request to retry.
     """
-    if speculation is None or speculation.active or speculation.last_rollback is None:
+    if speculation is None or speculation.decided or speculation.last_rollback is None:
         return None
     if speculation_hash_at_rollback is not None and speculation_hash_now != speculation_hash_at_rollback:
         return Reenabled(ReenableReason.SPECULATION_SPEC_CHANGED,

@@ -7,8 +7,9 @@ spec, so Git stays the source of truth and GitOps tools see no drift.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from specdeploy.api.base import WireModel
 
@@ -40,6 +41,7 @@ class Phase(StrEnum):
     MEASURING = "Measuring"
     SPECULATING = "Speculating"
     SERVING = "Serving"          # ready, without speculation because the spec turns it off
+    ROLLING_BACK = "RollingBack"  # decided, while speculative pods still run with speculation
     ROLLED_BACK = "RolledBack"
     DEGRADED = "Degraded"
 
@@ -114,13 +116,31 @@ class Rollback(StatusModel):
 
 
 class SpeculationStatus(StatusModel):
-    active: bool = Field(description="The engine pods run with speculation")
-    since: str | None = Field(None, description="When speculation last changed")
+    """What the operator decided, and what runs: the two differ while a rollout (a rollback) is under way."""
+
+    decided: bool = Field(
+        description="What the operator decided the pods run: true speculates; false after a rollback or with "
+        "enabled false"
+    )
+    active: bool = Field(
+        False, description="A speculative pod runs with a speculative config now (read from the pods, not the "
+        "decision): a rollback is done when this is false"
+    )
+    speculating_pods: int = Field(0, description="Scheduled speculative pods that run with a speculative config")
+    since: str | None = Field(None, description="When the decision last changed")
     rollbacks: int = 0
     last_rollback: Rollback | None = None
     retry_annotation_seen: str | None = Field(
         None, description="The specdeploy.io/retry-speculation value already acted on"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _decided_from_active(cls, data: Any) -> Any:
+        """A status written before `decided` existed held the decision in `active`."""
+        if isinstance(data, dict) and "decided" not in data and "active" in data:
+            return {**data, "decided": data["active"]}
+        return data
 
 
 class MeanLatency(StatusModel):

@@ -24,6 +24,11 @@ from specdeploy.reconcile import podsecurity
 LABEL_NAME = "specdeploy.io/name"
 LABEL_VARIANT = "specdeploy.io/variant"
 ANNOTATION_CONFIG_HASH = "specdeploy.io/config-hash"
+ANNOTATION_SPECULATING = "specdeploy.io/speculating"
+"""On each engine Deployment ("true" or "false"): whether its pod template speculates. Not in the template,
+so it restarts nothing; the Deployment controller copies a Deployment's annotations onto the ReplicaSet it
+rolls to, so each ReplicaSet — and through it each pod — says whether it runs with a speculative config
+(reconcile/observed.py)."""
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PLAN_FILE = "plan.json"
@@ -54,13 +59,13 @@ class Children:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def speculation_active(resource: SpeculativeDeployment) -> bool:
-    """Speculation runs unless the spec turns it off or a rollback (in status) took it away."""
+def speculation_decided(resource: SpeculativeDeployment) -> bool:
+    """The pods are to speculate unless the spec turns it off or a rollback (in status) took it away."""
     if not resource.spec.speculation.enabled:
         return False
     status = resource.status
     if status is not None and status.speculation is not None:
-        return status.speculation.active
+        return status.speculation.decided
     return True
 
 
@@ -129,7 +134,8 @@ def _config_hash(files: dict[str, str]) -> str:
 
 
 def _deployment(
-    resource: SpeculativeDeployment, plan: Plan, variant: Variant, command: EngineCommand, files: dict[str, str]
+    resource: SpeculativeDeployment, plan: Plan, variant: Variant, command: EngineCommand, files: dict[str, str],
+    speculating: bool,
 ) -> dict[str, Any]:
     spec = resource.spec
     name = (names.engine_deployment_name if variant == Variant.SPECULATIVE else names.control_deployment_name)(
@@ -180,10 +186,12 @@ def _deployment(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 60,
     }
+    metadata = _metadata(resource, name, labels)
+    metadata["annotations"] = {ANNOTATION_SPECULATING: "true" if speculating else "false"}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(resource, name, labels),
+        "metadata": metadata,
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector},
@@ -208,16 +216,17 @@ def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor
     """The manifests `resource` should run, given its plan (which must be accepted)."""
     spec = resource.spec
     name = resource.metadata.name
-    speculate = speculation_active(resource)
+    speculate = speculation_decided(resource)
     deployments: dict[Variant, dict[str, Any]] = {}
     config_data: dict[str, str] = {}
     first_command: EngineCommand | None = None
     for variant in variants(spec):
         command = engine_command(plan, variant, speculate)
         first_command = first_command or command
-        files = _variant_files(plan, command, variant_speculates(plan, variant, speculate))
+        speculating = variant_speculates(plan, variant, speculate)
+        files = _variant_files(plan, command, speculating)
         config_data.update({_config_key(variant, f): content for f, content in files.items()})
-        deployments[variant] = _deployment(resource, plan, variant, command, files)
+        deployments[variant] = _deployment(resource, plan, variant, command, files, speculating)
     assert first_command is not None
     config_map = {
         "apiVersion": "v1",

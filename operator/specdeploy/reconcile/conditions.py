@@ -40,6 +40,7 @@ class Reason(StrEnum):
     ROLLED_BACK = "RolledBack"
     # RolledBack (True reasons are the rollback reasons)
     NOT_ROLLED_BACK = "NotRolledBack"
+    ROLLBACK_IN_PROGRESS = "RollbackInProgress"
     REENABLED = "Reenabled"
 
 

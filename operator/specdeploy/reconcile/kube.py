@@ -20,7 +20,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
-from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.apps_v1 import Deployment, ReplicaSet
 from lightkube.resources.core_v1 import Event, Pod, Secret
 from lightkube.types import PatchType
 
@@ -194,6 +194,13 @@ async def speculative_pods(client: AsyncClient, namespace: str, name: str) -> li
     """The speculative engine pods of SD `name`, as JSON (their container states tell OOM deaths)."""
     labels: dict[str, Any] = {LABEL_NAME: name, LABEL_VARIANT: Variant.SPECULATIVE.value}
     return [pod.to_dict() async for pod in client.list(Pod, namespace=namespace, labels=labels)]
+
+
+async def speculative_replica_sets(client: AsyncClient, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The ReplicaSets of SD `name`'s speculative Deployment, as JSON (their annotations say which
+    speculate; reconcile/observed.py)."""
+    labels: dict[str, Any] = {LABEL_NAME: name, LABEL_VARIANT: Variant.SPECULATIVE.value}
+    return [rs.to_dict() async for rs in client.list(ReplicaSet, namespace=namespace, labels=labels)]
 
 
 API_UNREACHABLE: tuple[type[Exception], ...] = (httpx2.TransportError, OSError)

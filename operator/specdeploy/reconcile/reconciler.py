@@ -11,6 +11,7 @@ it, and its Event (fixed name) and alert are sent once, then marked as sent.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import os
@@ -38,6 +39,7 @@ from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile import kube
 from specdeploy.reconcile.children import desired_children, engine_command, variants
 from specdeploy.reconcile.conditions import Event, Reason, transition_events
+from specdeploy.reconcile.observed import speculative_pods_state
 from specdeploy.reconcile.speculation import SpeculationStep, step_speculation
 from specdeploy.reconcile.status import Planned, next_status, refused_status
 
@@ -172,19 +174,30 @@ class Reconciler:
 
     async def _step(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus,
                     planned: Planned, sample: DeploymentSample | None, now: datetime.datetime) -> SpeculationStep:
-        """The speculation step, with the OOM deaths of the speculative pods since speculation started.
+        """The speculation step, with the OOM deaths of the speculative pods since speculation started and
+        what the pods run now (`speculation.active`: a rollback is done when no pod speculates).
 
-        Pods are listed on every trigger but an analysis sample: a restart is a pod event, which
-        reconciles at once, and the resync looks again; a label list is the costliest read of a cycle with
-        many SDs (~90 ms right after a write, docs/performance.md)."""
+        Pods are listed on every trigger but an analysis sample: a restart is a pod event and a pod that
+        comes or goes changes its Deployment's status, each of which reconciles at once, and the resync
+        looks again; a label list is the costliest read of a cycle with many SDs (~90 ms right after a
+        write, docs/performance.md). An analysis sample keeps the last observation."""
         deaths = []
         speculation = previous.speculation
-        if sample is None and planned.accepted and speculation is not None and speculation.active:
-            pods = await kube.speculative_pods(self.client, resource.metadata.namespace or "", resource.metadata.name)
-            since = evidence.parse_rfc3339(speculation.since) if speculation.since else None
-            deaths = out_of_memory(pods, since)
-        return step_speculation(resource, previous.speculation, previous.analysis, planned.accepted, sample,
+        observed = None
+        if sample is None and planned.accepted:
+            namespace, name = resource.metadata.namespace or "", resource.metadata.name
+            pods = await kube.speculative_pods(self.client, namespace, name)
+            replica_sets = await kube.speculative_replica_sets(self.client, namespace, name) if pods else []
+            observed = speculative_pods_state(pods, replica_sets)
+            if speculation is not None and speculation.decided:
+                since = evidence.parse_rfc3339(speculation.since) if speculation.since else None
+                deaths = out_of_memory(pods, since)
+        step = step_speculation(resource, previous.speculation, previous.analysis, planned.accepted, sample,
                                 deaths, now)
+        if observed is None:
+            return step
+        return dataclasses.replace(step, speculation=step.speculation.model_copy(update={
+            "active": observed.active, "speculating_pods": len(observed.speculating)}))
 
     def _observe(self, namespace: str, name: str, status: SpeculativeDeploymentStatus, step: SpeculationStep) -> None:
         if status.speculation is not None:
@@ -238,7 +251,7 @@ class Reconciler:
         if step.reenabled is not None:
             await alert(ends_at=now)
             return
-        if speculation.active:
+        if speculation.decided:
             return
         if not record.notified:
             event = Event.warning(ROLLBACK_EVENT_REASON, f"{record.reason}: {record.evidence}")

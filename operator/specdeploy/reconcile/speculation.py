@@ -2,7 +2,7 @@
 
 Inputs: the previous status, the spec, the plan's outcome, the analysis sample (None between samples),
 the out-of-memory deaths of speculative pods and the clock. Rollback state lives in status only: a
-rollback sets `speculation.active` false with the evidence; a change of `spec.speculation`, the
+rollback sets `speculation.decided` false with the evidence; a change of `spec.speculation`, the
 annotation `specdeploy.io/retry-speculation` or `reenable: Auto` after the cooldown brings it back.
 """
 
@@ -85,22 +85,22 @@ def step_speculation(
     at = evidence.rfc3339(now)
     spec = resource.spec
     if not accepted:  # a rejected generation changes nothing that runs
-        return SpeculationStep(previous or SpeculationStatus(active=False, since=at), previous_analysis)
+        return SpeculationStep(previous or SpeculationStatus(decided=False, since=at), previous_analysis)
     annotation = resource.metadata.annotations.get(RETRY_ANNOTATION)
     hash_now = speculation_hash(spec.speculation)
     if previous is None:
         return SpeculationStep(
-            SpeculationStatus(active=spec.speculation.enabled, since=at, retry_annotation_seen=annotation),
+            SpeculationStatus(decided=spec.speculation.enabled, since=at, retry_annotation_seen=annotation),
             previous_analysis,
         )
     speculation, analysis, events = previous, previous_analysis, []
     back: Reenabled | None = None
     if not spec.speculation.enabled:
-        if speculation.active:
-            speculation = speculation.model_copy(update={"active": False, "since": at})
-    elif not speculation.active:
+        if speculation.decided:
+            speculation = speculation.model_copy(update={"decided": False, "since": at})
+    elif not speculation.decided:
         if speculation.last_rollback is None:  # the spec had turned it off; now it is on again
-            speculation = speculation.model_copy(update={"active": True, "since": at})
+            speculation = speculation.model_copy(update={"decided": True, "since": at})
         else:
             back = reenable(
                 speculation, spec.analysis, now, speculation_hash_now=hash_now,
@@ -112,10 +112,12 @@ def step_speculation(
                 analysis = (analysis or AnalysisStatus()).model_copy(
                     update={"consecutive_failures": 0, "consecutive_inconclusive": 0})
                 events.append(Event.normal("SpeculationReenabled", back.message))
-    if not speculation.active:
-        if sample is not None:  # measure the pods without speculation: the Previous baseline
+    if not speculation.decided:
+        # Measure the pods without speculation (the Previous baseline) once none speculates any more: while
+        # a rollback rolls, the sample mixes both kinds of pod.
+        if sample is not None:
             update: dict[str, object] = {"last_sample_at": at}   # sampled: not due again before `interval`
-            snapshot = previous_baseline(sample, spec.analysis.min_requests, now)
+            snapshot = None if speculation.active else previous_baseline(sample, spec.analysis.min_requests, now)
             if snapshot is not None:
                 update["previous_baseline"] = snapshot
             analysis = (analysis or AnalysisStatus()).model_copy(update=update)

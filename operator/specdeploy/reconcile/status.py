@@ -148,7 +148,7 @@ def _verdict_kind(analysis: AnalysisStatus | None) -> str | None:
 
 def _speculation_healthy(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus,
                          analysis: AnalysisStatus | None) -> tuple[ConditionStatus, str, str]:
-    if not speculation.active:
+    if not speculation.decided:
         if speculation.last_rollback is not None and spec.speculation.enabled:
             return ConditionStatus.UNKNOWN, Reason.ROLLED_BACK, "speculation was rolled back; see RolledBack"
         return ConditionStatus.UNKNOWN, Reason.SPECULATION_DISABLED, "the pods run without speculation"
@@ -171,11 +171,17 @@ def _rolled_back(speculation: SpeculationStatus) -> tuple[ConditionStatus, str, 
     record = speculation.last_rollback
     if record is None:
         return ConditionStatus.FALSE, Reason.NOT_ROLLED_BACK, "speculation has not been rolled back"
-    if speculation.active:
+    if speculation.decided:
         return ConditionStatus.FALSE, Reason.REENABLED, (
             f"speculating again since {speculation.since}; the last rollback ({record.reason}, {record.at}): "
             f"{record.evidence}"
         )
+    if speculation.active:
+        pods = speculation.speculating_pods
+        return ConditionStatus.FALSE, Reason.ROLLBACK_IN_PROGRESS, (
+            f"rollback decided at {record.at} ({record.reason}: {record.evidence}); {pods} speculative "
+            f"pod{'s' if pods != 1 else ''} still run{'s' if pods == 1 else ''} with speculation until the "
+            "rollout replaces them (see Ready)")
     return ConditionStatus.TRUE, record.reason, (
         f"{record.evidence}. Speculation comes back when `spec.speculation` changes, when the annotation "
         f"specdeploy.io/retry-speculation is set to a new value, or after the cooldown with `reenable: Auto`"
@@ -186,13 +192,13 @@ def _phase(planned: Planned, ready: ConditionStatus, ready_reason: str, previous
            speculation: SpeculationStatus, healthy: ConditionStatus) -> Phase:
     if not planned.accepted:
         return Phase.REJECTED
-    if not speculation.active and speculation.last_rollback is not None and planned.plan is not None \
+    if not speculation.decided and speculation.last_rollback is not None and planned.plan is not None \
             and planned.plan.spec.speculation.enabled:
-        return Phase.ROLLED_BACK
+        return Phase.ROLLING_BACK if speculation.active else Phase.ROLLED_BACK
     if ready != ConditionStatus.TRUE:
         was_ready = previous_ready is not None and previous_ready.status == ConditionStatus.TRUE
         return Phase.DEGRADED if was_ready and ready_reason == Reason.UNAVAILABLE else Phase.DEPLOYING
-    if not speculation.active:
+    if not speculation.decided:
         return Phase.SERVING
     return Phase.SPECULATING if healthy == ConditionStatus.TRUE else Phase.MEASURING
 
