@@ -1,13 +1,16 @@
 """The `specdeploy` command: plan, render, crd, dev-cluster (and later run, demo).
 
 Exit codes of `plan` and `render`: 0 the spec fits, 1 it is rejected, 2 the input is bad (YAML error,
-unknown field, unknown model) — always with the field path and a hint, never a traceback.
+unknown field, unknown model, a model or revision the Hub does not have, a gated model without a token,
+a config.json that cannot be read) — always with the field path and a hint, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -17,7 +20,12 @@ from rich.console import Console
 from specdeploy.api.crd import crd_yaml
 from specdeploy.api.reference import reference_markdown
 from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, load_resource
+from specdeploy.api.spec import SpeculativeDeploymentSpec
+from specdeploy.devcluster.build import cache_dir
 from specdeploy.devcluster.cli import dev_cluster, sim_admin_cmd
+from specdeploy.modelsource import ModelSourceError
+from specdeploy.modelsource.local import is_true, resolve_here
+from specdeploy.modelsource.resolve import Origin, ResolvedModels
 from specdeploy.planning.acceptance_floor import acceptance_floor
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import Plan, make_plan, plan_document
@@ -33,16 +41,45 @@ def _fail(message: str) -> NoReturn:
     sys.exit(EXIT_BAD_INPUT)
 
 
-def _load(path: str) -> tuple[SpeculativeDeployment, Plan]:
+Resolver = Callable[[SpeculativeDeploymentSpec], ResolvedModels]
+
+
+def _load(path: str, resolver: Resolver | None = None) -> tuple[SpeculativeDeployment, Plan]:
+    """The resource in `path` and its plan; `resolver` resolves its models (None: spec and catalog only)."""
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except OSError as error:
         _fail(f"cannot read {path}: {error.strerror}")
     try:
         resource = load_resource(text)
-        return resource, make_plan(resource.spec)
-    except (InvalidResource, UnknownModel) as error:
+        models = resolver(resource.spec) if resolver is not None else None
+        return resource, make_plan(resource.spec, models)
+    except (InvalidResource, UnknownModel, ModelSourceError) as error:
         _fail(f"{path}:\n{error}")
+
+
+def _hub_resolver(offline: bool) -> Resolver:
+    """Resolution as `plan` does it: a local configPath, the Hub (HF_ENDPOINT, HF_TOKEN), the catalog.
+
+    Notes on what only the operator can read, and the warning of a catalog that stood in for the Hub,
+    go to stderr, so `-o json` stays one JSON document on stdout. The token is never printed.
+    """
+    def resolve(spec: SpeculativeDeploymentSpec) -> ResolvedModels:
+        models, notes = resolve_here(
+            spec, offline=offline or is_true(os.environ.get("HF_HUB_OFFLINE")),
+            cache_dir=cache_dir() / "hub-configs",
+            endpoint=os.environ.get("HF_ENDPOINT"), token=os.environ.get("HF_TOKEN"),
+        )
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
+        origins: list[tuple[str, Origin]] = [("spec.model", models.target.origin)]
+        if models.draft is not None:
+            origins.append(("spec.speculation.draft", models.draft.origin))
+        for spec_field, origin in origins:
+            for warning in origin.warnings:
+                click.echo(f"warning: `{spec_field}.name` {origin.name}: {warning}", err=True)
+        return models
+    return resolve
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -53,9 +90,16 @@ def main() -> None:
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def plan(file: str, output: str) -> None:
-    """Will FILE's SpeculativeDeployment fit on its GPUs, and what will run?"""
-    resource, the_plan = _load(file)
+@click.option("--offline", is_flag=True,
+              help="Do not ask the Hugging Face Hub: the spec's architecture, a local configPath or the catalog "
+              "(also when HF_HUB_OFFLINE=1).")
+def plan(file: str, output: str, offline: bool) -> None:
+    """Will FILE's SpeculativeDeployment fit on its GPUs, and what will run?
+
+    Each model's architecture comes from the spec, a local configPath, its config.json on the Hub at the
+    commit its revision names (HF_ENDPOINT for a mirror, HF_TOKEN for a gated model), or the catalog.
+    """
+    resource, the_plan = _load(file, _hub_resolver(offline))
     # An incompatible spec has no command to show: rendering it would fail on what the findings explain.
     command = (engine_command(the_plan, Variant.SPECULATIVE, resource.spec.speculation.enabled)
                if the_plan.compatibility.compatible else None)

@@ -1,5 +1,5 @@
-"""The plan as a platform engineer reads it: verdict first, memory per GPU, what the draft costs,
-findings and fixes, predicted speedup, and the engine command that will run."""
+"""The plan as a platform engineer reads it: verdict first, where each model's numbers came from, memory
+per GPU, what the draft costs, findings and fixes, predicted speedup, and the engine command that will run."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rich.text import Text
 
 from specdeploy.api.status import Finding, Severity, Verdict
 from specdeploy.engines.base import EngineCommand
+from specdeploy.modelsource.resolve import ArchitectureSource, Origin
 from specdeploy.planning.acceptance_floor import AUTO, acceptance_floor
 from specdeploy.planning.plan import Plan
 
@@ -33,6 +34,38 @@ def _headline(name: str, plan: Plan) -> Text:
     text.append(name, style="bold")
     text.append(f"  {spec.engine.kind.value} · {spec.model.name}{quantization} · {method} · {gpus}")
     return text
+
+
+_SOURCE_WORDS = {
+    ArchitectureSource.SPEC: "spec architecture", ArchitectureSource.HUB: "Hub", ArchitectureSource.CATALOG: "catalog",
+}
+_SHORT_SHA = 12
+
+
+def _source(origin: Origin) -> str:
+    """Where the numbers came from; a ConfigMap or a path by name (a Hub URL is its commit, shown beside)."""
+    return _SOURCE_WORDS.get(origin.source) or origin.location
+
+
+def _revision(origin: Origin) -> str:
+    """The commit the pods will load, or that nothing pins one."""
+    if origin.commit_sha:
+        return f"{origin.requested_revision or 'main'} → {origin.commit_sha[:_SHORT_SHA]}"
+    return f"{origin.requested_revision}, not pinned" if origin.requested_revision else "not pinned"
+
+
+def _models_table(plan: Plan) -> Table:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="dim")
+    table.add_column()
+    table.add_column()
+    table.add_column(style="dim")
+    rows = [("target", plan.target_origin)]
+    if plan.draft_origin is not None:
+        rows.append(("draft", plan.draft_origin))
+    for role, origin in rows:
+        table.add_row(role, origin.name, _source(origin), _revision(origin))
+    return table
 
 
 def _memory_table(plan: Plan) -> Table:
@@ -129,6 +162,7 @@ def render_plan(name: str, plan: Plan, command: EngineCommand | None, console: C
     verdict = plan.verdict
     console.print(_headline(name, plan))
     console.print(Text(f"Verdict: {verdict.value}", style=_VERDICT_STYLE[verdict]))
+    console.print(Panel(_models_table(plan), title="models", title_align="left"))
     console.print(Panel(_memory_table(plan), title="memory per GPU", title_align="left"))
     findings = list(plan.memory.reasons) + list(plan.compatibility.findings)
     if findings:

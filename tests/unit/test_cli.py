@@ -29,7 +29,8 @@ def test_plan_json_is_the_memory_plan_with_command_and_speedup() -> None:
     result = CliRunner().invoke(main, ["plan", "-o", "json", str(EXAMPLES[0].parent / "llama-70b-fp8-tp2.yaml")])
     document = json.loads(result.output)
     assert {"verdict", "fits", "perGpu", "kvBytesPerToken", "kvCacheTokens", "maxConcurrency", "draftCost",
-            "reasons", "suggestions", "engineCommand", "speedup"} <= document.keys()
+            "reasons", "suggestions", "engineCommand", "speedup", "models"} <= document.keys()
+    assert {"target", "draft"} == document["models"].keys()
     assert {"budgetGiB", "targetWeightsGiB", "draftWeightsGiB", "overheadGiB", "kvCacheGiB"} <= document["perGpu"].keys()
     assert {"kvCacheGiB", "kvCacheTokens", "concurrentSequences"} <= document["draftCost"].keys()
     assert document["maxConcurrency"] == pytest.approx(document["kvCacheTokens"] / 32768, abs=0.01)

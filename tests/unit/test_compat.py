@@ -22,7 +22,7 @@ from model_fixtures import (
 )
 
 from specdeploy.api.spec import EngineKind, Method, Quantization, SpeculativeDeploymentSpec
-from specdeploy.api.status import Severity
+from specdeploy.api.status import Finding, Severity
 from specdeploy.engines import EngineInputs, render_engine
 from specdeploy.planning.compat import MANAGED_FLAGS, SUPPORTED_METHODS, check_compatibility, draft_size_ratio
 from specdeploy.planning.managed_flags import REMOVED_VLLM_FLAGS, find_managed_flags
@@ -162,6 +162,17 @@ def test_head_target_match_ignores_case_but_not_model_variants() -> None:
     both = ModelInfo(EAGLE3_8B.name, EAGLE3_8B.architecture, kind=ModelKind.EAGLE3, family="llama3",
                      targets=(LLAMA_8B.name, base.name), draft_vocab_size=32000)
     assert "EagleHeadTargetMismatch" not in codes(make_spec("eagle3", both.name, model=base.name), base, both)
+
+
+def test_findings_from_the_heads_own_config_replace_those_of_the_same_code_only_while_speculating() -> None:
+    from_config = Finding(code="EagleHeadTargetMismatch", severity=Severity.ERROR, message="from its config.json")
+    spec = make_spec("eagle3", EAGLE3_8B.name, model=LLAMA_70B.name)
+    findings = check_compatibility(spec, LLAMA_70B, EAGLE3_8B, [from_config]).findings
+    assert [f for f in findings if f.code == "EagleHeadTargetMismatch"] == [from_config]
+    assert [f.code for f in findings if f.code != from_config.code] == [
+        f.code for f in check_compatibility(spec, LLAMA_70B, EAGLE3_8B).findings if f.code != from_config.code]
+    off = spec.model_copy(update={"speculation": spec.speculation.model_copy(update={"enabled": False})})
+    assert check_compatibility(off, LLAMA_70B, EAGLE3_8B, [from_config]).findings == []
 
 
 def test_head_outside_the_catalog_is_a_warning_not_an_error() -> None:

@@ -176,7 +176,21 @@ class Model(WireModel):
     dtype: Dtype = Field(Dtype.BFLOAT16, description="Activation and unquantised weight dtype")
     revision: str | None = Field(None, max_length=128, description="Model revision (branch, tag, commit)")
     architecture: Architecture | None = Field(
-        None, description="Required when the model is not in the built-in catalog"
+        None, description="The model's numbers; they win over every config.json. Needed only when no "
+        "configMapRef, configPath, Hugging Face Hub or built-in catalog entry describes the model"
+    )
+    config_map_ref: str | None = Field(
+        None, min_length=1, max_length=253,
+        description="ConfigMap in this namespace whose key config.json holds the model's config.json",
+    )
+    config_path: str | None = Field(
+        None, min_length=1, max_length=1024,
+        description="config.json, or the directory holding it, in the engine's model volume",
+    )
+    token_secret_ref: str | None = Field(
+        None, min_length=1, max_length=253,
+        description="Secret in this namespace whose key token holds a Hugging Face token for a gated or private "
+        "model (never shown)",
     )
 
 
@@ -190,7 +204,21 @@ class Draft(WireModel):
         None, ge=1, le=64, description="Draft tensor parallelism: 1 or the target's (vLLM draft_tensor_parallel_size)"
     )
     architecture: Architecture | None = Field(
-        None, description="Required when the draft is not in the built-in catalog"
+        None, description="The draft's numbers; they win over every config.json. Needed only when no "
+        "configMapRef, configPath, Hugging Face Hub or built-in catalog entry describes the draft"
+    )
+    config_map_ref: str | None = Field(
+        None, min_length=1, max_length=253,
+        description="ConfigMap in this namespace whose key config.json holds the draft's config.json",
+    )
+    config_path: str | None = Field(
+        None, min_length=1, max_length=1024,
+        description="config.json, or the directory holding it, in the engine's model volume",
+    )
+    token_secret_ref: str | None = Field(
+        None, min_length=1, max_length=253,
+        description="Secret in this namespace whose key token holds a Hugging Face token for a gated or private "
+        "draft (never shown)",
     )
 
 

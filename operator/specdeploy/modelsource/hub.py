@@ -236,8 +236,9 @@ class HubClient:
                 return HubAccessDenied(
                     f"{repo_id} is gated or private on {hub} (HTTP 401): its files are served only with the "
                     "token of an account that has accepted the model's licence or may read it, and no token was "
-                    "accepted; accept the licence on the model page and give the operator that account's token "
-                    "through a Secret, or give config.json through a ConfigMap"
+                    "accepted; accept the licence on the model page and give specdeploy that account's token (a "
+                    "Secret named by the model's `tokenSecretRef`; HF_TOKEN for `specdeploy plan`), or give "
+                    "config.json through a ConfigMap"
                 )
             return HubAccessDenied(
                 f"{hub} refused the token for {repo_id} (HTTP {status}): the account it belongs to has not been "

@@ -351,8 +351,9 @@ def _unresolvable_message(request: ModelRequest, hub: HubConfigs | None, offline
         why = "the Hub did not describe it"
     return (
         f"`{request.spec_field}.name` {request.name!r} is not in the built-in catalog and no config.json describes it "
-        f"({why}): supply its config.json (a ConfigMap, or a path in the model volume), let the operator read it "
-        f"from the Hub, or add `{request.spec_field}.architecture` (numLayers, hiddenSize, intermediateSize, "
+        f"({why}): supply its config.json (a ConfigMap in `{request.spec_field}.configMapRef`, or a path in the "
+        f"model volume in `.configPath`), let specdeploy read it from the Hub, or add "
+        f"`{request.spec_field}.architecture` (numLayers, hiddenSize, intermediateSize, "
         "numAttentionHeads, numKeyValueHeads, vocabSize, numParameters, maxPositionEmbeddings); catalog models "
         f"with similar names: {', '.join(near_names(request.name))}"
     )

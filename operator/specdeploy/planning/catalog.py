@@ -1,4 +1,4 @@
-"""The built-in catalog of model architectures, and how a spec's target and draft are resolved.
+"""The built-in catalog of model architectures, and how a spec's target and draft are resolved without I/O.
 
 Exceptions:
 
@@ -6,7 +6,8 @@ Exceptions:
      └── UnknownModel   a model neither in the catalog nor described by `architecture`
 
 A catalog model's numbers come from its config.json (`catalog_entries.py`); a spec's `architecture`
-overrides them, and is required for any other model.
+overrides them. `resolve_target`/`resolve_draft` know only these two; `specdeploy.modelsource` also reads
+a model's own config.json (a ConfigMap, a path, the Hub) and falls back to this catalog.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """Do target, draft, method and engine work together? Findings, each with its reason and source.
 
-    compatibility = check_compatibility(spec, target, draft)
+    compatibility = check_compatibility(spec, target, draft, head_findings)
     compatibility.compatible      # False when any finding is an Error
 
-`target` and `draft` are the resolved catalog entries (`planning.catalog.resolve_target/resolve_draft`);
-`draft` is None for methods that draft without a separate model. Codes are stable CamelCase words that
+`target` and `draft` are the resolved models (the catalog's, or read from their config.json by
+`specdeploy.modelsource`); `draft` is None for methods that draft without a separate model.
+`head_findings` are planning.pairing's, from an EAGLE head's own config.json: they replace this module's
+findings of the same codes (`head_belongs_to_target` and `vocabulary` judge a head from its resolved
+numbers and catalog entry; its own config says more, and one problem is reported once). Codes are stable CamelCase words that
 status, Events and docs/compatibility.md use; messages follow the Kubernetes API conventions (fields in
 backquotes, must / must not, what to do).
 
@@ -403,11 +406,22 @@ ALWAYS_RULES: tuple[Rule, ...] = (extra_args,)
 
 
 def check_compatibility(
-    spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None
+    spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None,
+    head_findings: Iterable[Finding] = (),
 ) -> Compatibility:
-    """Every finding about `spec` with its resolved target and draft; compatible when none is an Error."""
-    rules = (*SPECULATION_RULES, *ALWAYS_RULES) if spec.speculation.enabled else ALWAYS_RULES
-    findings = [finding for rule in rules for finding in rule(spec, target, draft)]
+    """Every finding about `spec` with its resolved target and draft; compatible when none is an Error.
+
+    `head_findings` (planning.pairing, from the head's config.json) stand in for this module's findings
+    of the same codes; like every speculation rule they apply only while speculation is enabled.
+    """
+    findings: list[Finding] = []
+    if spec.speculation.enabled:
+        from_head = list(head_findings)
+        replaced = {finding.code for finding in from_head}
+        findings += [finding for rule in SPECULATION_RULES for finding in rule(spec, target, draft)
+                     if finding.code not in replaced]
+        findings += from_head
+    findings += [finding for rule in ALWAYS_RULES for finding in rule(spec, target, draft)]
     return Compatibility(
         compatible=not any(f.severity == Severity.ERROR for f in findings),
         findings=findings,

@@ -1,7 +1,11 @@
 """One plan for one spec: the models resolved, the memory plan, compatibility and predicted speedup.
 
+    plan = make_plan(spec)                                   # spec architecture or catalog, no I/O
+    plan = make_plan(spec, resolve_models(spec, hub=hub))    # configs from a ConfigMap, a path or the Hub
+
 Everything the operator decides before it touches a cluster comes from `make_plan`; the CLI prints it,
-the reconciler writes its memory plan to status and renders children from it.
+the reconciler writes its memory plan to status and renders children from it. Resolving the models is
+I/O and happens before (specdeploy.modelsource); the plan only takes its result, so it stays pure.
 """
 
 from __future__ import annotations
@@ -9,8 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
+from specdeploy.api.spec import Architecture, EngineKind, SpeculativeDeploymentSpec
 from specdeploy.api.status import Compatibility, MemoryPlan, Verdict
+from specdeploy.modelsource.resolve import (
+    ArchitectureSource,
+    Origin,
+    ResolvedModel,
+    ResolvedModels,
+    head_findings,
+)
 from specdeploy.planning.catalog import resolve_draft, resolve_target
 from specdeploy.planning.compat import check_compatibility
 from specdeploy.planning.gpus import find_gpu
@@ -21,13 +32,15 @@ from specdeploy.planning.speedup import SpeedupEstimate, estimate_speedup
 
 @dataclass(frozen=True)
 class Plan:
-    spec: SpeculativeDeploymentSpec
+    spec: SpeculativeDeploymentSpec          # as written, each revision pinned to the commit it resolved to
     target: ModelInfo
     draft: ModelInfo | None
     memory: MemoryPlan
     memory_without_speculation: MemoryPlan   # what the same pods get after a rollback, or as Control
     compatibility: Compatibility
     speedup: SpeedupEstimate | None
+    target_origin: Origin                    # where the target's architecture came from
+    draft_origin: Origin | None              # the draft's or EAGLE head's; None without one
 
     @property
     def accepted(self) -> bool:
@@ -51,25 +64,71 @@ class Plan:
         return trtllm_free_gpu_memory_fraction(memory, memory_gib)
 
 
-def make_plan(spec: SpeculativeDeploymentSpec) -> Plan:
-    """The plan for `spec` as written (with speculation unless `spec.speculation.enabled` is false).
+def _origin_without_io(name: str, revision: str | None, architecture: Architecture | None, spec_field: str,
+                       info: ModelInfo) -> Origin:
+    if architecture is not None:
+        return Origin(ArchitectureSource.SPEC, name, revision, location=f"{spec_field}.architecture")
+    return Origin(ArchitectureSource.CATALOG, name, revision, location=info.source)
+
+
+def models_without_io(spec: SpeculativeDeploymentSpec) -> ResolvedModels:
+    """The target and draft from `architecture` in the spec or the built-in catalog alone.
 
     Raises `UnknownModel` when a model is neither in the catalog nor described by an architecture.
     """
+    model, draft_spec = spec.model, spec.speculation.draft
     target = resolve_target(spec)
+    resolved_target = ResolvedModel(
+        target, _origin_without_io(model.name, model.revision, model.architecture, "spec.model", target))
     draft = resolve_draft(spec)
+    if draft is None or draft_spec is None:
+        return ResolvedModels(resolved_target, None)
+    origin = _origin_without_io(draft_spec.name, draft_spec.revision, draft_spec.architecture,
+                                "spec.speculation.draft", draft)
+    return ResolvedModels(resolved_target, ResolvedModel(draft, origin))
+
+
+def pin_revisions(spec: SpeculativeDeploymentSpec, models: ResolvedModels) -> SpeculativeDeploymentSpec:
+    """`spec` with each revision the Hub resolved replaced by its commit sha, for the engine args.
+
+    A branch moves; the pods must load the commit that was planned, not whatever the branch names when
+    they start. Models from the spec, a ConfigMap, a path or the catalog keep the revision as written.
+    """
+    update: dict[str, Any] = {}
+    target_sha = models.target.origin.commit_sha
+    if target_sha:
+        update["model"] = spec.model.model_copy(update={"revision": target_sha})
+    draft, draft_spec = models.draft, spec.speculation.draft
+    if draft is not None and draft.origin.commit_sha and draft_spec is not None:
+        pinned_draft = draft_spec.model_copy(update={"revision": draft.origin.commit_sha})
+        update["speculation"] = spec.speculation.model_copy(update={"draft": pinned_draft})
+    return spec.model_copy(update=update) if update else spec
+
+
+def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = None) -> Plan:
+    """The plan for `spec` as written (with speculation unless `spec.speculation.enabled` is false).
+
+    `models`: the target and draft as `specdeploy.modelsource.resolve_models` resolved them (from a
+    ConfigMap, a path, the Hub or the catalog); None resolves from the spec's `architecture` and the
+    catalog only, without I/O. Raises `UnknownModel` then when a model is in neither. The plan's `spec`
+    is `spec` with the commits the Hub resolved pinned (`pin_revisions`): what the engines render.
+    """
+    resolved = models if models is not None else models_without_io(spec)
+    target = resolved.target.info
+    draft = resolved.draft.info if resolved.draft is not None else None
     speculate = spec.speculation.enabled
     memory = plan_memory(spec, target, draft, speculate=speculate)
     memory_without_speculation = plan_memory(spec, target, draft, speculate=False) if speculate else memory
-    compatibility = check_compatibility(spec, target, draft)
+    compatibility = check_compatibility(spec, target, draft, head_findings(spec, resolved))
     gpu = find_gpu(spec.resources.gpu.product)
     speedup = estimate_speedup(spec, target, draft, gpu) if speculate else None
-    return Plan(spec, target, draft, memory, memory_without_speculation, compatibility, speedup)
+    return Plan(pin_revisions(spec, resolved), target, draft, memory, memory_without_speculation, compatibility,
+                speedup, resolved.target.origin, resolved.draft.origin if resolved.draft is not None else None)
 
 
 def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> dict[str, Any]:
     """What `specdeploy plan -o json` prints: status.memoryPlan's JSON, with compatibility,
-    engineCommand and speedup beside it.
+    engineCommand, speedup and models (where each architecture came from, `Origin.to_wire`) beside it.
 
     `verdict` stays the memory plan's own (status.memoryPlan.verdict is the same field); `outcome` is the
     plan's as a whole — Rejected also for a compatibility error — and agrees with the exit code and the
@@ -79,4 +138,8 @@ def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> d
     document["compatibility"] = plan.compatibility.to_wire()
     document["engineCommand"] = engine_command
     document["speedup"] = plan.speedup.to_wire() if plan.speedup is not None else None
+    document["models"] = {
+        "target": plan.target_origin.to_wire(),
+        "draft": plan.draft_origin.to_wire() if plan.draft_origin is not None else None,
+    }
     return document
