@@ -20,7 +20,7 @@ demo: $(STAMP) system-deps cluster-binaries
 	$(BIN)/specdeploy demo $(DEMO_ARGS)
 
 plan: $(STAMP)
-	$(BIN)/specdeploy plan examples/llama-70b-fp8-tp2.yaml
+	$(BIN)/specdeploy plan --offline examples/llama-70b-fp8-tp2.yaml
 
 system-deps:
 	bash scripts/system-deps.sh
