@@ -1,7 +1,8 @@
 """A rollback on a GPU cluster with no free GPU: 3 speculative + 1 control pods of 8 GPUs each take all
 4 nodes of the dev cluster. With a surge the rollback cannot progress, and status says so; with the
 default rollout (maxSurge 0, maxUnavailable 1) it completes. At every step, status.speculation.active
-(the SPECULATING column) is false only when no scheduled speculative pod runs with a speculative config."""
+(the SPECULATING column) is false only when no scheduled speculative pod runs with a speculative config,
+and a rollout that waits on a pod no node can take says so in Ready (RolloutStuck)."""
 
 from __future__ import annotations
 
@@ -100,7 +101,12 @@ def test_a_rollback_on_a_full_cluster_is_truthful_while_stuck_and_completes_with
             pending = [p for p in listing["items"] if not p["spec"].get("nodeName")]
             return bool(pending) and obj["status"]["phase"] == "RollingBack"
 
-        stuck = watch.until(pending_and_said, 60, "a Pending pod and phase RollingBack")
+        watch.until(pending_and_said, 60, "a Pending pod and phase RollingBack")
+        # Within one resync (3 s here, 30 s by default) Ready says the rollout is stuck, in the scheduler's words.
+        stuck = watch.until(lambda o: (condition(o, "Ready") or {}).get("reason") == "RolloutStuck", 30,
+                            "Ready=False RolloutStuck")
+        assert "Insufficient nvidia.com/gpu" in condition(stuck, "Ready")["message"]  # type: ignore[index]
+        assert stuck["status"]["phase"] == "RollingBack"
         rolled = condition(stuck, "RolledBack")
         assert rolled is not None and rolled["status"] == "False" and rolled["reason"] == "RollbackInProgress"
         assert "3 speculative pods still run with speculation" in rolled["message"]

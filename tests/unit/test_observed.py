@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from specdeploy.reconcile.children import ANNOTATION_SPECULATING
-from specdeploy.reconcile.observed import speculative_pods_state
+from specdeploy.reconcile.observed import speculative_pods_state, stuck_pods
 
 
 def _replica_set(name: str, speculating: str | None) -> dict[str, Any]:
@@ -53,3 +53,33 @@ def test_an_unannotated_or_unknown_replica_set_counts_as_speculating() -> None:
 
 def test_no_pods_nothing_speculates() -> None:
     assert not speculative_pods_state([], []).active
+
+
+def _pending(name: str, message: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}}
+
+
+def _waiting(name: str, reason: str, message: str = "") -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"nodeName": "node-1"}, "status": {"phase": "Running",
+            "containerStatuses": [{"name": "engine", "state": {"waiting": {"reason": reason, "message": message}}}]}}
+
+
+def test_a_pod_no_node_can_take_is_stuck_in_the_schedulers_words() -> None:
+    words = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are available"
+    [stuck] = stuck_pods([_pending("llama-7b9c-a", words), _pod("llama-6d4f-a", "llama-6d4f")])
+    assert (stuck.name, stuck.reason) == ("llama-7b9c-a", "Unschedulable")
+    assert stuck.describe() == f"pod llama-7b9c-a Unschedulable: {words}"
+
+
+def test_image_pulls_and_crash_loops_are_stuck_a_container_starting_is_not() -> None:
+    pods = [_waiting("a", "ImagePullBackOff", "Back-off pulling image \"vllm/vllm-openai:v9\""),
+            _waiting("b", "CrashLoopBackOff", "back-off 40s restarting failed container=engine"),
+            _waiting("c", "ContainerCreating"), _pod("d", "rs")]
+    assert [(p.name, p.reason) for p in stuck_pods(pods)] == [("a", "ImagePullBackOff"), ("b", "CrashLoopBackOff")]
+
+
+def test_a_pod_being_deleted_is_not_stuck() -> None:
+    pod = _pending("gone", "0/4 nodes are available")
+    pod["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:00Z"
+    assert stuck_pods([pod]) == ()

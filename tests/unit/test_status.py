@@ -20,6 +20,7 @@ from specdeploy.api.status import Rollback as RollbackRecord
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import Variant
 from specdeploy.reconcile.conditions import Reason, transition_events
+from specdeploy.reconcile.observed import StuckPod
 from specdeploy.reconcile.speculation import step_speculation
 from specdeploy.reconcile.status import DeploymentState, Planned, refused_status
 from specdeploy.reconcile.status import next_status as next_status_with
@@ -239,3 +240,30 @@ def test_a_status_from_before_decided_existed_reads_its_decision_from_active() -
     old = SpeculationStatus.model_validate({"active": False, "rollbacks": 1})
     assert (old.decided, old.active) == (False, False)
     assert SpeculationStatus.model_validate({"decided": False, "active": True}).active
+
+
+def test_a_rollout_waiting_on_a_pod_no_node_can_take_is_rollout_stuck_with_the_fix() -> None:
+    spec = _spec("llama-8b-ngram.yaml")
+    rolling = [_deployment(Variant.SPECULATIVE, 2, 2, updated=1), _deployment(Variant.CONTROL, 1, 1)]
+    words = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."
+    stuck = (StuckPod("x-speculative-7b9c-a", "Unschedulable", words),)
+    status = next_status_with(SpeculativeDeploymentStatus(), spec, 1, Planned(make_plan(spec)), rolling, T0,
+                              SpeculationStatus(decided=True), None, stuck)
+    ready = _condition(status, "Ready")
+    assert (ready.status, ready.reason) == (ConditionStatus.FALSE, "RolloutStuck")
+    assert f"pod x-speculative-7b9c-a Unschedulable: {words}" in ready.message
+    assert "spec.rollout.maxSurge at 0" in ready.message
+
+    # an analysis sample lists no pods: it keeps what the last listing saw, rather than flap to Progressing
+    sampled = next_status_with(status, spec, 1, Planned(make_plan(spec)), rolling, T1,
+                               SpeculationStatus(decided=True), None, None)
+    assert _condition(sampled, "Ready").reason == "RolloutStuck"
+    assert _condition(sampled, "Ready").last_transition_time == T0
+    # a listing that finds nothing stuck clears it; a finished rollout is Available
+    listed = next_status_with(sampled, spec, 1, Planned(make_plan(spec)), rolling, T1,
+                              SpeculationStatus(decided=True), None, ())
+    assert _condition(listed, "Ready").reason == "Progressing"
+    done = [_deployment(Variant.SPECULATIVE, 2, 2), _deployment(Variant.CONTROL, 1, 1)]
+    available = next_status_with(status, spec, 1, Planned(make_plan(spec)), done, T1,
+                                 SpeculationStatus(decided=True), None, None)
+    assert _condition(available, "Ready").reason == "Available"

@@ -30,6 +30,7 @@ class Reason(StrEnum):
     AVAILABLE = "Available"
     PROGRESSING = "Progressing"
     UNAVAILABLE = "Unavailable"
+    ROLLOUT_STUCK = "RolloutStuck"
     REJECTED = "Rejected"
     INVALID_SPEC = "InvalidSpec"        # admitted by the CRD installed, refused by the operator's own model
     APPLY_REFUSED = "ApplyRefused"      # the apiserver refused a child (400/403/413/422)

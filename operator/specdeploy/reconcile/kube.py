@@ -190,10 +190,9 @@ async def write_status(client: AsyncClient, namespace: str, name: str, old: dict
         logger.info("%s/%s was deleted; its status is not written", namespace, name)
 
 
-async def speculative_pods(client: AsyncClient, namespace: str, name: str) -> list[dict[str, Any]]:
-    """The speculative engine pods of SD `name`, as JSON (their container states tell OOM deaths)."""
-    labels: dict[str, Any] = {LABEL_NAME: name, LABEL_VARIANT: Variant.SPECULATIVE.value}
-    return [pod.to_dict() async for pod in client.list(Pod, namespace=namespace, labels=labels)]
+async def engine_pods(client: AsyncClient, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The engine pods of SD `name`, both variants, as JSON (OOM deaths, what runs, what is stuck)."""
+    return [pod.to_dict() async for pod in client.list(Pod, namespace=namespace, labels={LABEL_NAME: name})]
 
 
 async def speculative_replica_sets(client: AsyncClient, namespace: str, name: str) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""What runs, read from the speculative pods and their ReplicaSets: a pure function of API objects.
+"""What runs, read from the SD's pods and the speculative ReplicaSets: pure functions of API objects.
 
 A pod runs with a speculative config when it is scheduled, has not finished, and its ReplicaSet says so:
 the operator annotates each engine Deployment with `specdeploy.io/speculating`, and the Deployment
@@ -57,3 +57,60 @@ def speculative_pods_state(pods: Iterable[Mapping[str, Any]],
         else:
             without.append(name)
     return SpeculativePods(tuple(sorted(speculating)), tuple(sorted(without)), tuple(sorted(unscheduled)))
+
+
+STUCK_WAITING_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
+                                   "CreateContainerConfigError"})
+"""Container waiting reasons (the kubelet's words) that no amount of waiting fixes by itself."""
+
+
+@dataclass(frozen=True)
+class StuckPod:
+    """A pod a rollout waits on in vain: unschedulable, or its engine cannot start."""
+
+    name: str
+    reason: str       # Unschedulable, or the container's waiting reason
+    message: str      # the scheduler's or the kubelet's own words
+
+    def describe(self) -> str:
+        return f"pod {self.name} {self.reason}: {self.message}" if self.message else f"pod {self.name} {self.reason}"
+
+
+def stuck_pods(pods: Iterable[Mapping[str, Any]]) -> tuple[StuckPod, ...]:
+    """The pods of `pods` that cannot progress: PodScheduled False (the scheduler says why: no free GPU,
+    a node selector nothing matches), or an engine container waiting on an image pull or a crash loop."""
+    stuck = []
+    for pod in pods:
+        metadata, status = pod["metadata"], pod.get("status") or {}
+        if metadata.get("deletionTimestamp") or status.get("phase") in FINISHED_PHASES:
+            continue
+        scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+        if scheduled is not None and scheduled.get("status") == "False":
+            stuck.append(StuckPod(metadata["name"], scheduled.get("reason") or "Unschedulable",
+                                  (scheduled.get("message") or "").strip()))
+            continue
+        for container in status.get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in STUCK_WAITING_REASONS:
+                message = (waiting.get("message") or "").strip().splitlines()
+                stuck.append(StuckPod(metadata["name"], waiting["reason"], message[0][:300] if message else ""))
+                break
+    return tuple(sorted(stuck, key=lambda p: p.name))
+
+
+@dataclass(frozen=True)
+class PodsObserved:
+    """One listing of an SD's engine pods: the speculative ones as the API returned them (their container
+    states tell OOM deaths), what they run, and the pods of either variant a rollout waits on in vain."""
+
+    speculative: tuple[Mapping[str, Any], ...]
+    running: SpeculativePods
+    stuck: tuple[StuckPod, ...]
+
+
+def observe_pods(pods: Iterable[Mapping[str, Any]], replica_sets: Iterable[Mapping[str, Any]],
+                 variant_label: str, speculative: str) -> PodsObserved:
+    """`pods` of both variants, told apart by their `variant_label`; `replica_sets` the speculative ones."""
+    every = list(pods)
+    mine = tuple(p for p in every if (p["metadata"].get("labels") or {}).get(variant_label) == speculative)
+    return PodsObserved(mine, speculative_pods_state(mine, replica_sets), stuck_pods(every))

@@ -37,9 +37,9 @@ from specdeploy.engines import EngineRenderError
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile import kube
-from specdeploy.reconcile.children import desired_children, engine_command, variants
+from specdeploy.reconcile.children import LABEL_VARIANT, Variant, desired_children, engine_command, variants
 from specdeploy.reconcile.conditions import Event, Reason, transition_events
-from specdeploy.reconcile.observed import speculative_pods_state
+from specdeploy.reconcile.observed import PodsObserved, observe_pods
 from specdeploy.reconcile.speculation import SpeculationStep, step_speculation
 from specdeploy.reconcile.status import Planned, next_status, refused_status
 
@@ -118,9 +118,11 @@ class Reconciler:
         moment = datetime.datetime.now(datetime.UTC)
         now = evidence.rfc3339(moment)
         existing = await kube.observe_deployments(self.client, namespace, name)
-        step = await self._step(resource, previous, planned, sample, moment)
+        observed = await self._pods(resource, planned, sample)
+        stuck = observed.stuck if observed is not None else None
+        step = await self._step(resource, previous, planned, sample, moment, observed)
         status = next_status(previous, resource.spec, generation, planned, existing, now,
-                             step.speculation, step.analysis)
+                             step.speculation, step.analysis, stuck)
         events: list[Event] = list(step.events)
         if step.rollback is not None:
             # Persist the decision before acting on it: after a crash from here on, the status already
@@ -149,7 +151,7 @@ class Reconciler:
                 refusal = error.status.message
             existing = await kube.observe_deployments(self.client, namespace, name)
             status = next_status(previous, resource.spec, generation, planned, existing, now,
-                                 step.speculation, step.analysis)
+                                 step.speculation, step.analysis, stuck)
             if refusal is not None:
                 logger.warning("%s/%s: the apiserver refused a child: %s", namespace, name, refusal)
                 status = refused_status(status, generation, Reason.APPLY_REFUSED, (
@@ -173,7 +175,8 @@ class Reconciler:
             await kube.post_event(self.client, body, event)
 
     async def _step(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus,
-                    planned: Planned, sample: DeploymentSample | None, now: datetime.datetime) -> SpeculationStep:
+                    planned: Planned, sample: DeploymentSample | None, now: datetime.datetime,
+                    observed: PodsObserved | None) -> SpeculationStep:
         """The speculation step, with the OOM deaths of the speculative pods since speculation started and
         what the pods run now (`speculation.active`: a rollback is done when no pod speculates).
 
@@ -183,21 +186,25 @@ class Reconciler:
         write, docs/performance.md). An analysis sample keeps the last observation."""
         deaths = []
         speculation = previous.speculation
-        observed = None
-        if sample is None and planned.accepted:
-            namespace, name = resource.metadata.namespace or "", resource.metadata.name
-            pods = await kube.speculative_pods(self.client, namespace, name)
-            replica_sets = await kube.speculative_replica_sets(self.client, namespace, name) if pods else []
-            observed = speculative_pods_state(pods, replica_sets)
-            if speculation is not None and speculation.decided:
-                since = evidence.parse_rfc3339(speculation.since) if speculation.since else None
-                deaths = out_of_memory(pods, since)
+        if observed is not None and speculation is not None and speculation.decided:
+            since = evidence.parse_rfc3339(speculation.since) if speculation.since else None
+            deaths = out_of_memory(list(observed.speculative), since)
         step = step_speculation(resource, previous.speculation, previous.analysis, planned.accepted, sample,
                                 deaths, now)
         if observed is None:
             return step
         return dataclasses.replace(step, speculation=step.speculation.model_copy(update={
-            "active": observed.active, "speculating_pods": len(observed.speculating)}))
+            "active": observed.running.active, "speculating_pods": len(observed.running.speculating)}))
+
+    async def _pods(self, resource: SpeculativeDeployment, planned: Planned,
+                    sample: DeploymentSample | None) -> PodsObserved | None:
+        """The engine pods, listed on every trigger but an analysis sample (see `_step`)."""
+        if sample is not None or not planned.accepted:
+            return None
+        namespace, name = resource.metadata.namespace or "", resource.metadata.name
+        pods = await kube.engine_pods(self.client, namespace, name)
+        replica_sets = await kube.speculative_replica_sets(self.client, namespace, name) if pods else []
+        return observe_pods(pods, replica_sets, LABEL_VARIANT, Variant.SPECULATIVE.value)
 
     def _observe(self, namespace: str, name: str, status: SpeculativeDeploymentStatus, step: SpeculationStep) -> None:
         if status.speculation is not None:

@@ -22,6 +22,7 @@ from specdeploy.api.status import (
 from specdeploy.planning.plan import Plan
 from specdeploy.reconcile.children import Variant, variants
 from specdeploy.reconcile.conditions import ConditionType, Reason, condition
+from specdeploy.reconcile.observed import StuckPod
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,43 @@ def _compatible_condition(planned: Planned) -> tuple[ConditionStatus, str, str]:
     return ConditionStatus.TRUE, Reason.COMPATIBLE, "; ".join(notes) or "target, draft, method and engine work together"
 
 
+_STUCK_FIXES = {
+    "Unschedulable": "free a GPU of that product, or keep spec.rollout.maxSurge at 0 so that a rollout needs no "
+                     "spare GPU",
+    "ErrImagePull": "check spec.engine.image and the pull secret",
+    "ImagePullBackOff": "check spec.engine.image and the pull secret",
+    "InvalidImageName": "check spec.engine.image",
+    "CrashLoopBackOff": "see `kubectl logs --previous` of the pod and its lastState",
+    "CreateContainerConfigError": "see `kubectl describe pod`",
+}
+STUCK_SHOWN = 3
+
+
+def _stuck_message(summary: str, stuck: tuple[StuckPod, ...]) -> str:
+    fixes = sorted({_STUCK_FIXES[p.reason] for p in stuck if p.reason in _STUCK_FIXES})
+    shown = "; ".join(p.describe() for p in stuck[:STUCK_SHOWN])
+    more = f" (and {len(stuck) - STUCK_SHOWN} more)" if len(stuck) > STUCK_SHOWN else ""
+    return f"{summary}; the rollout cannot progress: {shown}{more}" + (f" — {'; '.join(fixes)}" if fixes else "")
+
+
 def _ready_condition(
+    planned: Planned, expected: tuple[Variant, ...], deployments: list[DeploymentState], generation: int,
+    stuck: tuple[StuckPod, ...] | None, previous_ready: Condition | None,
+) -> tuple[ConditionStatus, str, str]:
+    """Ready, and RolloutStuck when a rollout waits on pods that cannot come: seen in the pods (`stuck`)
+    on every pass that lists them — all but analysis samples, which keep what the last listing saw."""
+    found = _rollout_condition(planned, expected, deployments, generation)
+    if found[0] == ConditionStatus.TRUE or found[1] not in (Reason.PROGRESSING, Reason.UNAVAILABLE):
+        return found
+    if stuck:
+        return ConditionStatus.FALSE, Reason.ROLLOUT_STUCK, _stuck_message(found[2], stuck)
+    if stuck is None and previous_ready is not None and previous_ready.reason == Reason.ROLLOUT_STUCK \
+            and previous_ready.observed_generation == generation:
+        return ConditionStatus.FALSE, Reason.ROLLOUT_STUCK, previous_ready.message
+    return found
+
+
+def _rollout_condition(
     planned: Planned, expected: tuple[Variant, ...], deployments: list[DeploymentState], generation: int
 ) -> tuple[ConditionStatus, str, str]:
     by_variant = {d.variant: d for d in deployments}
@@ -231,11 +268,14 @@ def next_status(
     now: str,
     speculation: SpeculationStatus,
     analysis: AnalysisStatus | None,
+    stuck: tuple[StuckPod, ...] | None = None,
 ) -> SpeculativeDeploymentStatus:
-    """The status to write after reconciling `generation` of `spec`, with the speculation step's result."""
+    """The status to write after reconciling `generation` of `spec`, with the speculation step's result;
+    `stuck`: the pods a rollout waits on in vain, None when the pods were not listed this pass."""
     memory_plan: MemoryPlan | None = planned.plan.memory if planned.plan is not None else None
     compatibility: Compatibility | None = planned.plan.compatibility if planned.plan is not None else None
-    ready = _ready_condition(planned, variants(spec), deployments, generation)
+    previous_ready = next((c for c in previous.conditions if c.type == ConditionType.READY), None)
+    ready = _ready_condition(planned, variants(spec), deployments, generation, stuck, previous_ready)
     speculation_healthy = _speculation_healthy(spec, speculation, analysis)
     rolled_back = _rolled_back(speculation)
     conditions = list(previous.conditions)
@@ -247,7 +287,6 @@ def next_status(
         (ConditionType.ROLLED_BACK, rolled_back),
     ):
         conditions = set_condition(conditions, condition(type_, status, reason, message, now, generation))
-    previous_ready = next((c for c in previous.conditions if c.type == ConditionType.READY), None)
     phase = _phase(planned, ready[0], ready[1], previous_ready, speculation, speculation_healthy[0])
     conditions = _in_type_order(conditions)
     return previous.model_copy(update={
