@@ -122,7 +122,9 @@ def test_a_per_token_slowdown_rolls_back_on_latency_and_healthy_traffic_does_not
         analysis = healthy[-1]
         control_tpot = analysis["baselineMeanInterTokenLatencySeconds"]
         speculative_tpot = analysis["meanInterTokenLatencySeconds"]
-        assert 0.003 < control_tpot < 0.008, analysis       # engines at ~5 ms per token
+        # engines at ~5 ms per token (more on a loaded machine): below vLLM's 10 ms first bucket, where a
+        # P99 sees nothing and only the means can decide
+        assert 0.003 < control_tpot < 0.010, analysis
         # Per step the pods emit meanAcceptanceLength tokens: make a token 1.3× the control's.
         per_step = (1.3 * control_tpot - speculative_tpot) * analysis["meanAcceptanceLength"]
         assert per_step > 0, analysis
