@@ -208,7 +208,7 @@ OPERATOR_CALLS = {
     ("apps", "deployments", "get"), ("apps", "deployments", "list"),
     ("apps", "deployments", "watch"), ("apps", "deployments", "create"),
     ("apps", "deployments", "patch"), ("apps", "deployments", "delete"), ("apps", "replicasets", "list"),
-    ("", "configmaps", "create"), ("", "configmaps", "patch"),
+    ("", "configmaps", "create"), ("", "configmaps", "patch"), ("", "configmaps", "get"),
     ("", "services", "create"), ("", "services", "patch"),
     ("", "pods", "list"), ("", "pods", "watch"),
     ("", "events", "create"),

@@ -12,7 +12,12 @@ from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import (
     Condition,
     ConditionStatus,
+    DeployRecord,
+    EngineRecord,
+    Finding,
+    ModelRecord,
     Phase,
+    Severity,
     SpeculationStatus,
     SpeculativeDeploymentStatus,
 )
@@ -22,7 +27,7 @@ from specdeploy.reconcile.children import Variant
 from specdeploy.reconcile.conditions import Reason, transition_events
 from specdeploy.reconcile.observed import StuckPod
 from specdeploy.reconcile.speculation import step_speculation
-from specdeploy.reconcile.status import DeploymentState, Planned, refused_status
+from specdeploy.reconcile.status import DeploymentState, Planned, pinned_to_record, refused_status
 from specdeploy.reconcile.status import next_status as next_status_with
 
 T_DATES = {"2026-11-29T10:00:00Z": datetime(2026, 11, 29, 10, 0, tzinfo=UTC),
@@ -267,3 +272,36 @@ def test_a_rollout_waiting_on_a_pod_no_node_can_take_is_rollout_stuck_with_the_f
     available = next_status_with(status, spec, 1, Planned(make_plan(spec)), done, T1,
                                  SpeculationStatus(decided=True), None, None)
     assert _condition(available, "Ready").reason == "Available"
+
+
+def test_the_deploy_record_and_the_pins_follow_the_spec_revision() -> None:
+    spec = _spec("qwen3-4b-draft.yaml")
+    sha = "a" * 40
+    record = DeployRecord(target=ModelRecord(source="Hub", name=spec.model.name, revision=None, commit=sha),
+                          engine=EngineRecord(kind="vllm", image="vllm/vllm-openai"))
+    pinned = pinned_to_record(spec, record)
+    assert pinned.model.revision == sha                     # the branch asked for stays at the planned commit
+    moved = spec.model_copy(update={"model": spec.model.model_copy(update={"revision": "v2"})})
+    assert pinned_to_record(moved, record).model.revision == "v2"   # a new revision resolves again
+    assert pinned_to_record(spec, None) == spec
+
+    status = next_status(SpeculativeDeploymentStatus(), spec, 1, Planned(make_plan(spec)),
+                         [_deployment(Variant.SPECULATIVE, 1, 1), _deployment(Variant.CONTROL, 1, 1)], T0)
+    assert status.deploy_record is not None
+    assert (status.deploy_record.target.source, status.deploy_record.target.commit) == ("Catalog", None)
+    assert status.deploy_record.draft is not None and status.deploy_record.draft.name == "Qwen/Qwen3-0.6B"
+    assert status.deploy_record.engine.kind == "vllm" and status.deploy_record.engine.image
+
+
+def test_a_transient_planning_error_keeps_the_last_good_plan_and_phase() -> None:
+    spec = _spec("llama-8b-ngram.yaml")
+    running = [_deployment(Variant.SPECULATIVE, 2, 2), _deployment(Variant.CONTROL, 1, 1)]
+    good = next_status(SpeculativeDeploymentStatus(), spec, 1, Planned(make_plan(spec)), running, T0)
+    outage = Planned(None, Finding(code="HubUnreachable", severity=Severity.ERROR, message="the Hub …"),
+                     transient=True)
+    kept = next_status(good, spec, 2, outage, running, T1)
+    assert kept.phase == good.phase and kept.memory_plan == good.memory_plan
+    assert kept.deploy_record == good.deploy_record
+    memory = _condition(kept, "MemoryFits")
+    assert (memory.status, memory.reason) == (ConditionStatus.UNKNOWN, "HubUnreachable")
+    assert "keep serving" in _condition(kept, "Ready").message

@@ -87,6 +87,10 @@ Server-side apply of a child that does not exist yet is a create, so apply needs
 - apiGroups: [""]
   resources: [configmaps, services]
   verbs: [create, patch]
+# A model's config.json from the ConfigMap in spec.model.configMapRef (or the draft's): read.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get]
 # Speculative pods: watched by kopf (a restart reconciles at once), listed for OOM deaths.
 - apiGroups: [""]
   resources: [pods]

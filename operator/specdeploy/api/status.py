@@ -224,9 +224,34 @@ class Condition(StatusModel):
     observed_generation: int | None = None
 
 
+class ModelRecord(StatusModel):
+    """Where one model's architecture came from, and the commit the pods are pinned to."""
+
+    source: str = Field(description="Spec, ConfigMap, Path, Hub or Catalog")
+    name: str
+    revision: str | None = Field(None, description="The revision the spec asks for (a branch, tag or commit)")
+    commit: str | None = Field(None, description="The Hub commit it resolved to; the rendered args pin it")
+    location: str | None = Field(None, description="The config.json's URL, path or ConfigMap; the catalog entry")
+    warnings: list[str] = Field(default_factory=list, description="e.g. the Hub error the catalog stood in for")
+
+
+class EngineRecord(StatusModel):
+    kind: str
+    image: str
+
+
+class DeployRecord(StatusModel):
+    """What the pods of the observed generation run: the models as resolved, the engine and its image."""
+
+    target: ModelRecord
+    draft: ModelRecord | None = None
+    engine: EngineRecord
+
+
 class SpeculativeDeploymentStatus(StatusModel):
     observed_generation: int | None = None
     phase: Phase | None = None
+    deploy_record: DeployRecord | None = None
     memory_plan: MemoryPlan | None = None
     compatibility: Compatibility | None = None
     speculation: SpeculationStatus | None = None

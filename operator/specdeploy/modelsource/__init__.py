@@ -7,6 +7,7 @@ is never part of one):
     ModelSourceError
      ├── ConfigNotUnderstood     a config.json that is not JSON, or lacks the keys the planner reads
      ├── ConfigUnreadable        a config.json path or ConfigMap key that is not there
+     ├── TokenUnreadable         the token Secret a spec names is not there, or has no key `token`
      ├── HubError
      │    ├── HubAccessDenied    gated or private: no token, or the token was refused (401/403)
      │    ├── ModelNotFound      no such repository on the Hub
@@ -37,6 +38,10 @@ class ConfigUnreadable(ModelSourceError):
     reason = "ModelConfigUnreadable"
 
 
+class TokenUnreadable(ModelSourceError):
+    reason = "ModelTokenUnreadable"
+
+
 class HubError(ModelSourceError):
     reason = "HubRequestFailed"
 
@@ -64,5 +69,5 @@ class ModelNotResolvable(ModelSourceError):
 
 __all__ = [
     "ConfigNotUnderstood", "ConfigUnreadable", "HubAccessDenied", "HubError", "HubUnreachable",
-    "ModelNotFound", "ModelNotResolvable", "ModelSourceError", "RevisionNotFound",
+    "ModelNotFound", "ModelNotResolvable", "ModelSourceError", "RevisionNotFound", "TokenUnreadable",
 ]

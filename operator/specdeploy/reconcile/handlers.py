@@ -25,6 +25,9 @@ from lightkube import ALL_NS, AsyncClient
 
 from specdeploy.analysis.rollback import RETRY_ANNOTATION
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
+from specdeploy.devcluster.build import cache_dir
+from specdeploy.modelsource.local import is_true
+from specdeploy.modelsource.resolve import HubConfigs
 from specdeploy.reconcile import kube
 from specdeploy.reconcile.analysis_loop import analyse_forever
 from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT
@@ -87,7 +90,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # and a retry must not find tasks of the first attempt running, or a lease it holds itself.
     reconciler = Reconciler(client, pod_monitors=await kube.pod_monitors_supported(client),
                             alertmanager_url=os.environ.get(ENV_ALERTMANAGER_URL) or None,
-                            alertmanager_headers_dir=_directory(ENV_ALERTMANAGER_HEADERS_DIR))
+                            alertmanager_headers_dir=_directory(ENV_ALERTMANAGER_HEADERS_DIR), hub=_hub())
     port = int(os.environ.get(ENV_METRICS_PORT) or 0)
     try:
         memo.metrics_server = await serve_metrics(reconciler.metrics, port) if port else None
@@ -105,6 +108,18 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         reconciler, _namespaces() or [ALL_NS], os.environ.get(ENV_PROMETHEUS_URL) or None,
         float(os.environ.get(ENV_ANALYSIS_TICK_SECONDS, "5")), _directory(ENV_PROMETHEUS_HEADERS_DIR),
     ))
+
+
+def _hub() -> HubConfigs | None:
+    """The Hub client for models outside the catalog: HF_ENDPOINT (a mirror), HF_TOKEN (the operator's token),
+    configs cached under the operator's cache directory; None with HF_HUB_OFFLINE=1 (ConfigMaps, the spec
+    and the catalog only)."""
+    if is_true(os.environ.get("HF_HUB_OFFLINE")):
+        return None
+    from specdeploy.modelsource.hub import HubClient  # loads huggingface_hub: only when the Hub is asked
+
+    return HubClient(cache_dir() / "hub-configs", endpoint=os.environ.get("HF_ENDPOINT") or None,
+                     token=os.environ.get("HF_TOKEN") or None)
 
 
 @kopf.on.cleanup()

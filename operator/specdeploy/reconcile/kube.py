@@ -21,7 +21,7 @@ from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet
-from lightkube.resources.core_v1 import Event, Pod, Secret
+from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret
 from lightkube.types import PatchType
 
 from specdeploy.analysis.headers import HEADERS_SECRET_LABEL, Headers, InvalidHeaders, http_headers
@@ -220,6 +220,29 @@ async def secret_headers(client: AsyncClient, namespace: str, name: str) -> Head
             f"{HEADERS_SECRET_LABEL}=true`)")
     data = {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
     return http_headers(data, f"Secret {namespace}/{name}")
+
+
+async def config_map_data(client: AsyncClient, namespace: str, name: str) -> dict[str, str] | None:
+    """A ConfigMap's data, or None when it does not exist."""
+    try:
+        config_map = await client.get(ConfigMap, name, namespace=namespace)
+    except ApiError as error:
+        if error.status.code == 404:
+            return None
+        raise
+    return dict(config_map.data or {})
+
+
+async def secret_value(client: AsyncClient, namespace: str, name: str, key: str) -> str | None:
+    """One key of a Secret, decoded; None when the Secret or the key does not exist. Never logged."""
+    try:
+        secret = await client.get(Secret, name, namespace=namespace)
+    except ApiError as error:
+        if error.status.code == 404:
+            return None
+        raise
+    value = (secret.data or {}).get(key)
+    return base64.b64decode(value).decode().strip() if value is not None else None
 
 
 async def post_event(client: AsyncClient, body: dict[str, Any], event: SdEvent, name: str | None = None) -> bool:

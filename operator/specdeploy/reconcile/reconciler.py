@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import hashlib
+import json
 import logging
 import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +35,17 @@ from specdeploy.analysis.oom import out_of_memory
 from specdeploy.analysis.samples import DeploymentSample
 from specdeploy.analysis.verdict import kind
 from specdeploy.api.resource import SpeculativeDeployment, describe_validation_error
+from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import Finding, Severity, SpeculativeDeploymentStatus
 from specdeploy.engines import EngineRenderError
+from specdeploy.modelsource import ConfigUnreadable, ModelSourceError, TokenUnreadable
+from specdeploy.modelsource.resolve import (
+    ConfigMapConfig,
+    HubConfigs,
+    ResolvedModels,
+    Supplied,
+    resolve_models,
+)
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile import kube
@@ -41,7 +53,7 @@ from specdeploy.reconcile.children import LABEL_VARIANT, Variant, desired_childr
 from specdeploy.reconcile.conditions import Event, Reason, transition_events
 from specdeploy.reconcile.observed import PodsObserved, observe_pods
 from specdeploy.reconcile.speculation import SpeculationStep, step_speculation
-from specdeploy.reconcile.status import Planned, next_status, refused_status
+from specdeploy.reconcile.status import Planned, next_status, pinned_to_record, refused_status
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +70,33 @@ REFUSED_CODES = frozenset({400, 403, 413, 422})
 they go into status as Ready=False ApplyRefused instead of an exception retried without end."""
 
 
-def plan_resource(resource: SpeculativeDeployment) -> Planned:
-    """Plan `resource`'s spec; a model the planner cannot resolve or an engine that cannot render it is
-    an outcome (with a finding), not an exception."""
+RESOLVED_SECONDS = 300.0
+"""How long a resolution is reused: a branch's commit is looked up again after this (a pinned commit's
+config.json is cached on disk for good)."""
+FALLBACK_SECONDS = 60.0
+"""How long the catalog stands in for an unreachable Hub before the Hub is asked again."""
+
+
+def _resolution_key(spec: SpeculativeDeploymentSpec, target: Supplied, draft: Supplied | None) -> str:
+    """What a resolution depends on: the models as the (pinned) spec names them and what was supplied."""
+    def supplied(s: Supplied | None) -> object:
+        if s is None:
+            return None
+        config = s.config_map.data if s.config_map is not None else None
+        return [config, str(s.config_path) if s.config_path else None, hashlib.sha256((s.token or "").encode()).hexdigest()]
+
+    draft_spec = spec.speculation.draft
+    return json.dumps([spec.model.to_wire(), draft_spec.to_wire() if draft_spec else None,
+                       spec.speculation.method, supplied(target), supplied(draft)], sort_keys=True, default=str)
+
+
+def plan_resource(resource: SpeculativeDeployment, models: ResolvedModels | None = None,
+                  spec: SpeculativeDeploymentSpec | None = None) -> Planned:
+    """Plan `resource`'s spec (or `spec`, the same with revisions pinned) with `models` as resolved (None:
+    the spec's architecture and the catalog); a model the planner cannot resolve or an engine that cannot
+    render it is an outcome (with a finding), not an exception."""
     try:
-        plan = make_plan(resource.spec)
+        plan = make_plan(spec or resource.spec, models)
     except UnknownModel as error:
         return Planned(None, Finding(code=Reason.UNKNOWN_MODEL, severity=Severity.ERROR, message=str(error)))
     if plan.accepted:
@@ -83,6 +117,8 @@ class Reconciler:
     alertmanager_url: str | None = None     # used when an SD sets no spec.alerting.alertmanagerUrl
     alertmanager_headers_dir: Path | None = None   # headers for alertmanager_url when the SD names no Secret
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    hub: HubConfigs | None = None    # None: offline, the spec, ConfigMaps and the catalog only
+    _resolved: dict[str, tuple[float, ResolvedModels]] = field(default_factory=dict)
     _locks: defaultdict[tuple[str, str], asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(CONCURRENT_RECONCILES))
 
@@ -114,7 +150,7 @@ class Reconciler:
                 evidence.rfc3339(datetime.datetime.now(datetime.UTC)))
             await self._write_status_and_events(body, previous, old_status, refused, [])
             return
-        planned = plan_resource(resource)
+        planned = await self._plan(resource, previous)
         moment = datetime.datetime.now(datetime.UTC)
         now = evidence.rfc3339(moment)
         existing = await kube.observe_deployments(self.client, namespace, name)
@@ -160,6 +196,71 @@ class Reconciler:
         await self._write_status_and_events(body, previous, old_status, status, events)
         self._observe(namespace, name, status, step)
         await self._notify(body, resource, status, step, moment, sampled=sample is not None)
+
+    async def _plan(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus) -> Planned:
+        """Resolve the models (a ConfigMap's config.json, the Hub in a thread — at the commits the last plan
+        pinned while the spec asks for the same revisions — or the catalog) and plan. A resolution error is
+        an outcome; a transient one (the Hub unreachable) leaves the last good plan standing, and the
+        resync tries again."""
+        pinned = pinned_to_record(resource.spec, previous.deploy_record)
+        try:
+            target, draft = await self._supplied(resource)
+            key = _resolution_key(pinned, target, draft)
+            cached = self._resolved.get(key)
+            if cached is not None and cached[0] > time.monotonic():
+                models = cached[1]
+            else:
+                models = await asyncio.to_thread(resolve_models, pinned, hub=self.hub, offline=self.hub is None,
+                                                 target=target, draft=draft)
+                self._remember(key, models)
+        except ModelSourceError as error:
+            logger.warning("%s/%s: cannot resolve its models: %s", resource.metadata.namespace,
+                           resource.metadata.name, error)
+            return Planned(None, Finding(code=error.reason, severity=Severity.ERROR, message=str(error)),
+                           transient=error.transient)
+        return plan_resource(resource, models, pinned)
+
+    def _remember(self, key: str, models: ResolvedModels) -> None:
+        """Keep a resolution for RESOLVED_SECONDS (one that fell back to the catalog for FALLBACK_SECONDS):
+        analysis samples, every few seconds per SD, must not ask the Hub each time."""
+        now = time.monotonic()
+        fell_back = any(m is not None and m.origin.warnings for m in (models.target, models.draft))
+        self._resolved = {k: v for k, v in self._resolved.items() if v[0] > now}
+        self._resolved[key] = (now + (FALLBACK_SECONDS if fell_back else RESOLVED_SECONDS), models)
+
+    async def _supplied(self, resource: SpeculativeDeployment) -> tuple[Supplied, Supplied | None]:
+        """What the SD's namespace supplies for each model: a ConfigMap's config.json, a token Secret."""
+        namespace = resource.metadata.namespace or ""
+
+        async def supplied(spec_field: str, config_map: str | None, path: str | None,
+                           token_secret: str | None) -> Supplied:
+            data = None
+            if config_map:
+                data = await kube.config_map_data(self.client, namespace, config_map)
+                if data is None:
+                    raise ConfigUnreadable(
+                        f"ConfigMap {namespace}/{config_map} (`{spec_field}.configMapRef`) does not exist: create "
+                        f"it with the model's config.json under the key config.json "
+                        f"(kubectl create configmap -n {namespace} {config_map} --from-file=config.json)")
+            token = None
+            if token_secret:
+                token = await kube.secret_value(self.client, namespace, token_secret, "token")
+                if token is None:
+                    raise TokenUnreadable(
+                        f"Secret {namespace}/{token_secret} (`{spec_field}.tokenSecretRef`) does not exist or has "
+                        f"no key token: kubectl create secret generic -n {namespace} {token_secret} "
+                        "--from-literal=token=<a Hugging Face token>")
+            # A configPath is in the engine's model volume: read only where the operator mounts it too.
+            readable = Path(path) if path and Path(path).exists() else None
+            return Supplied(config_map=ConfigMapConfig(config_map, data) if config_map and data is not None else None,
+                            config_path=readable, token=token)
+
+        model, draft = resource.spec.model, resource.spec.speculation.draft
+        target = await supplied("spec.model", model.config_map_ref, model.config_path, model.token_secret_ref)
+        if draft is None:
+            return target, None
+        return target, await supplied("spec.speculation.draft", draft.config_map_ref, draft.config_path,
+                                      draft.token_secret_ref)
 
     async def _write_status_and_events(self, body: dict[str, Any], previous: SpeculativeDeploymentStatus,
                                        old_status: dict[str, Any], status: SpeculativeDeploymentStatus,

@@ -8,17 +8,20 @@ from dataclasses import dataclass
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import (
     AnalysisStatus,
-    Compatibility,
     Condition,
     ConditionStatus,
+    DeployRecord,
+    EngineRecord,
     Finding,
-    MemoryPlan,
+    ModelRecord,
     Phase,
     Severity,
     SpeculationStatus,
     SpeculativeDeploymentStatus,
     set_condition,
 )
+from specdeploy.engines.base import image_for
+from specdeploy.modelsource.resolve import Origin
 from specdeploy.planning.plan import Plan
 from specdeploy.reconcile.children import Variant, variants
 from specdeploy.reconcile.conditions import ConditionType, Reason, condition
@@ -31,10 +34,46 @@ class Planned:
 
     plan: Plan | None
     error: Finding | None = None
+    transient: bool = False   # the error may pass by itself (the Hub unreachable): the last good plan stands
 
     @property
     def accepted(self) -> bool:
         return self.plan is not None and self.plan.accepted
+
+
+def deploy_record(spec: SpeculativeDeploymentSpec, plan: Plan) -> DeployRecord:
+    """The record of what `plan` runs: where each model's numbers came from, the commit the args pin (the
+    revision is the one the spec asks for, not the pin), the engine and its image."""
+    def model(origin: Origin | None, name: str, revision: str | None) -> ModelRecord:
+        if origin is None:
+            return ModelRecord(source="Spec", name=name, revision=revision)
+        return ModelRecord(source=origin.source.value, name=origin.name, revision=revision, commit=origin.commit_sha,
+                           location=origin.location or None, warnings=list(origin.warnings))
+
+    draft = spec.speculation.draft
+    return DeployRecord(
+        target=model(plan.target_origin, spec.model.name, spec.model.revision),
+        draft=model(plan.draft_origin, draft.name, draft.revision) if draft is not None else None,
+        engine=EngineRecord(kind=spec.engine.kind.value, image=image_for(spec)),
+    )
+
+
+def pinned_to_record(spec: SpeculativeDeploymentSpec, record: DeployRecord | None) -> SpeculativeDeploymentSpec:
+    """`spec` with each model's revision replaced by the commit `record` pinned, while the spec still asks for
+    the same model and revision: a branch that moves on the Hub does not change the pods under a running
+    plan; a new `revision` in the spec resolves again (and rolls the pods to it)."""
+    if record is None:
+        return spec
+    model = spec.model
+    if record.target.commit and record.target.name == model.name and record.target.revision == model.revision:
+        spec = spec.model_copy(update={"model": model.model_copy(update={"revision": record.target.commit})})
+    draft = spec.speculation.draft
+    if (draft is not None and record.draft is not None and record.draft.commit and record.draft.name == draft.name
+            and record.draft.revision == draft.revision):
+        speculation = spec.speculation.model_copy(
+            update={"draft": draft.model_copy(update={"revision": record.draft.commit})})
+        spec = spec.model_copy(update={"speculation": speculation})
+    return spec
 
 
 @dataclass(frozen=True)
@@ -226,9 +265,9 @@ def _rolled_back(speculation: SpeculationStatus) -> tuple[ConditionStatus, str, 
 
 
 def _phase(planned: Planned, ready: ConditionStatus, ready_reason: str, previous_ready: Condition | None,
-           speculation: SpeculationStatus, healthy: ConditionStatus) -> Phase:
+           speculation: SpeculationStatus, healthy: ConditionStatus, previous_phase: Phase | None) -> Phase:
     if not planned.accepted:
-        return Phase.REJECTED
+        return previous_phase if planned.transient and previous_phase is not None else Phase.REJECTED
     if not speculation.decided and speculation.last_rollback is not None and planned.plan is not None \
             and planned.plan.spec.speculation.enabled:
         return Phase.ROLLING_BACK if speculation.active else Phase.ROLLED_BACK
@@ -272,8 +311,11 @@ def next_status(
 ) -> SpeculativeDeploymentStatus:
     """The status to write after reconciling `generation` of `spec`, with the speculation step's result;
     `stuck`: the pods a rollout waits on in vain, None when the pods were not listed this pass."""
-    memory_plan: MemoryPlan | None = planned.plan.memory if planned.plan is not None else None
-    compatibility: Compatibility | None = planned.plan.compatibility if planned.plan is not None else None
+    # A transient planning error (the Hub unreachable) leaves the last good plan in status, as in the pods.
+    kept = planned.plan is None and planned.transient
+    memory_plan = planned.plan.memory if planned.plan is not None else (previous.memory_plan if kept else None)
+    compatibility = (planned.plan.compatibility if planned.plan is not None
+                     else (previous.compatibility if kept else None))
     previous_ready = next((c for c in previous.conditions if c.type == ConditionType.READY), None)
     ready = _ready_condition(planned, variants(spec), deployments, generation, stuck, previous_ready)
     speculation_healthy = _speculation_healthy(spec, speculation, analysis)
@@ -287,11 +329,14 @@ def next_status(
         (ConditionType.ROLLED_BACK, rolled_back),
     ):
         conditions = set_condition(conditions, condition(type_, status, reason, message, now, generation))
-    phase = _phase(planned, ready[0], ready[1], previous_ready, speculation, speculation_healthy[0])
+    phase = _phase(planned, ready[0], ready[1], previous_ready, speculation, speculation_healthy[0],
+                   previous.phase)
     conditions = _in_type_order(conditions)
+    record = deploy_record(spec, planned.plan) if planned.plan is not None else previous.deploy_record
     return previous.model_copy(update={
         "observed_generation": generation,
         "phase": phase,
+        "deploy_record": record,
         "memory_plan": memory_plan,
         "compatibility": compatibility,
         "speculation": speculation,
