@@ -167,6 +167,7 @@ def test_killed_right_after_deciding_rolls_back_exactly_once(
     assert obj["metadata"]["generation"] == 1, "the operator never writes spec: a rollback lives in status"
 
 
+@pytest.mark.long            # `make test-long`
 @pytest.mark.timeout(1200)   # the soak itself is 10 minutes
 def test_healthy_noisy_traffic_for_ten_minutes_keeps_speculating(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
