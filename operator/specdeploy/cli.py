@@ -130,6 +130,13 @@ def render(file: str, pod_monitor: bool) -> None:
     click.echo(dump_documents(children.all()), nl=False)
 
 
+def _default(field: str) -> str:
+    """The setting's one default, for --help (the flags default to None: not given keeps it)."""
+    from specdeploy.reconcile.settings import OperatorSettings
+
+    return f"(default: {OperatorSettings.model_fields[field].default})"
+
+
 @main.command()
 @click.option("-n", "--namespace", "namespaces", multiple=True,
               help="Watch only this namespace (repeatable); all namespaces when none is given.")
@@ -138,51 +145,53 @@ def render(file: str, pod_monitor: bool) -> None:
 @click.option("--log-format", type=click.Choice(["json", "plain"]), default="json", show_default=True)
 @click.option("--lease-namespace", default=None,
               help="Namespace of the Lease that keeps one operator active (default: $POD_NAMESPACE or default).")
-@click.option("--resync-seconds", default=30.0, show_default=True, help="Period of the full re-reconcile.")
-@click.option("--prometheus-url", envvar="SPECDEPLOY_PROMETHEUS_URL", default=None,
-              help="Prometheus for SDs that set no spec.analysis.prometheus.url.")
-@click.option("--alertmanager-url", envvar="SPECDEPLOY_ALERTMANAGER_URL", default=None,
-              help="Alertmanager for SDs that set no spec.alerting.alertmanagerUrl.")
-@click.option("--prometheus-headers-dir", envvar="SPECDEPLOY_PROMETHEUS_HEADERS_DIR", default=None,
-              type=click.Path(file_okay=False),
+@click.option("--resync-seconds", type=float, default=None, help=f"Period of the full re-reconcile {_default('resync_seconds')}.")
+@click.option("--prometheus-url", default=None, help="Prometheus for SDs that set no spec.analysis.prometheus.url.")
+@click.option("--alertmanager-url", default=None, help="Alertmanager for SDs that set no spec.alerting.alertmanagerUrl.")
+@click.option("--prometheus-headers-dir", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="Directory with one file per HTTP header (a mounted Secret), sent to --prometheus-url for "
               "SDs that name neither a URL nor a headers Secret.")
-@click.option("--alertmanager-headers-dir", envvar="SPECDEPLOY_ALERTMANAGER_HEADERS_DIR", default=None,
-              type=click.Path(file_okay=False),
+@click.option("--alertmanager-headers-dir", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="The same for --alertmanager-url.")
-@click.option("--analysis-tick-seconds", default=5.0, show_default=True,
-              help="How often the analysis loop looks for SDs whose interval has passed.")
-@click.option("--metrics-port", default=8081, show_default=True, help="Port of the operator's /metrics; 0: off.")
+@click.option("--analysis-tick-seconds", type=float, default=None,
+              help=f"How often the analysis loop looks for SDs whose interval has passed {_default('analysis_tick_seconds')}.")
+@click.option("--metrics-port", type=int, default=None, help=f"Port of the operator's /metrics; 0: off {_default('metrics_port')}.")
 @click.option("-v", "--verbose", is_flag=True)
 def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_namespace: str | None,
-        resync_seconds: float, prometheus_url: str | None, alertmanager_url: str | None,
-        prometheus_headers_dir: str | None, alertmanager_headers_dir: str | None,
-        analysis_tick_seconds: float, metrics_port: int, verbose: bool) -> None:
-    """Run the operator against the cluster of $KUBECONFIG (or in-cluster credentials)."""
+        resync_seconds: float | None, prometheus_url: str | None, alertmanager_url: str | None,
+        prometheus_headers_dir: Path | None, alertmanager_headers_dir: Path | None,
+        analysis_tick_seconds: float | None, metrics_port: int | None, verbose: bool) -> None:
+    """Run the operator against the cluster of $KUBECONFIG (or in-cluster credentials).
+
+    Every setting may also come from SPECDEPLOY_<NAME> (e.g. SPECDEPLOY_PROMETHEUS_URL); a flag wins. The
+    Hub client reads HF_ENDPOINT, HF_TOKEN and HF_HUB_OFFLINE."""
     import logging
     import os
 
     import kopf
+    from pydantic import ValidationError
 
-    from specdeploy.reconcile import handlers
+    from specdeploy.reconcile.settings import OperatorSettings
 
-    os.environ[handlers.ENV_NAMESPACES] = ",".join(namespaces)
-    os.environ[handlers.ENV_RESYNC_SECONDS] = str(resync_seconds)
-    os.environ[handlers.ENV_LEASE_NAMESPACE] = lease_namespace or os.environ.get("POD_NAMESPACE", "default")
-    os.environ[handlers.ENV_PROMETHEUS_URL] = prometheus_url or ""
-    os.environ[handlers.ENV_ALERTMANAGER_URL] = alertmanager_url or ""
-    os.environ[handlers.ENV_PROMETHEUS_HEADERS_DIR] = prometheus_headers_dir or ""
-    os.environ[handlers.ENV_ALERTMANAGER_HEADERS_DIR] = alertmanager_headers_dir or ""
-    os.environ[handlers.ENV_ANALYSIS_TICK_SECONDS] = str(analysis_tick_seconds)
-    os.environ[handlers.ENV_METRICS_PORT] = str(metrics_port)
+    try:
+        settings = OperatorSettings.from_environment(
+            os.environ, namespaces=namespaces or None, lease_namespace=lease_namespace,
+            resync_seconds=resync_seconds, prometheus_url=prometheus_url, alertmanager_url=alertmanager_url,
+            prometheus_headers_dir=prometheus_headers_dir, alertmanager_headers_dir=alertmanager_headers_dir,
+            analysis_tick_seconds=analysis_tick_seconds, metrics_port=metrics_port)
+    except ValidationError as error:
+        _fail(f"operator settings: {error}")
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN)
     for noisy in ("httpx", "httpx2"):  # lightkube logs every API call at INFO; that would drown the decisions
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    import specdeploy.reconcile.handlers  # noqa: F401 - registers the handlers with kopf
+
     kopf.run(
         standalone=True,
-        clusterwide=not namespaces,
-        namespaces=list(namespaces),
+        clusterwide=not settings.namespaces,
+        namespaces=list(settings.namespaces),
         liveness_endpoint=liveness or None,
+        memo=kopf.Memo(settings=settings),
     )
 
 

@@ -85,6 +85,7 @@ def operator_env(dev_cluster: DevCluster, namespace: str) -> dict[str, str]:
         "SPECDEPLOY_NAMESPACES": namespace,
         "SPECDEPLOY_LEASE_NAMESPACE": namespace,
         "SPECDEPLOY_RESYNC_SECONDS": "3",
+        "SPECDEPLOY_METRICS_PORT": "0",
     }
 
 

@@ -179,7 +179,7 @@ def test_operator_headers_secrets_are_mounted_where_the_flags_point() -> None:
     volumes = {v["name"]: v for v in _one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
     for which, secret in (("prometheus", "prom-auth"), ("alertmanager", "am-auth")):
         mount = mounts[f"{which}-headers"]
-        assert params[f"{which}_headers_dir"] == mount["mountPath"] and mount["readOnly"] is True
+        assert str(params[f"{which}_headers_dir"]) == mount["mountPath"] and mount["readOnly"] is True
         assert volumes[f"{which}-headers"]["secret"]["secretName"] == secret
 
 

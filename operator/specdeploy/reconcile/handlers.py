@@ -17,7 +17,6 @@ import logging
 import os
 import signal
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import kopf
@@ -25,8 +24,6 @@ from lightkube import ALL_NS, AsyncClient
 
 from specdeploy.analysis.rollback import RETRY_ANNOTATION
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
-from specdeploy.devcluster.build import cache_dir
-from specdeploy.modelsource.local import is_true
 from specdeploy.modelsource.resolve import HubConfigs
 from specdeploy.reconcile import kube
 from specdeploy.reconcile.analysis_loop import analyse_forever
@@ -35,17 +32,9 @@ from specdeploy.reconcile.leader import LeaderElection
 from specdeploy.reconcile.metrics_server import serve_metrics
 from specdeploy.reconcile.reconciler import Reconciler
 from specdeploy.reconcile.resync import resync_forever
+from specdeploy.reconcile.settings import OperatorSettings
 
 ANNOTATION_PREFIX = "specdeploy.io"
-ENV_LEASE_NAMESPACE = "SPECDEPLOY_LEASE_NAMESPACE"
-ENV_RESYNC_SECONDS = "SPECDEPLOY_RESYNC_SECONDS"
-ENV_NAMESPACES = "SPECDEPLOY_NAMESPACES"   # comma-separated; empty: all namespaces
-ENV_PROMETHEUS_URL = "SPECDEPLOY_PROMETHEUS_URL"
-ENV_ALERTMANAGER_URL = "SPECDEPLOY_ALERTMANAGER_URL"
-ENV_PROMETHEUS_HEADERS_DIR = "SPECDEPLOY_PROMETHEUS_HEADERS_DIR"     # a mounted Secret: one file per header
-ENV_ALERTMANAGER_HEADERS_DIR = "SPECDEPLOY_ALERTMANAGER_HEADERS_DIR"
-ENV_ANALYSIS_TICK_SECONDS = "SPECDEPLOY_ANALYSIS_TICK_SECONDS"
-ENV_METRICS_PORT = "SPECDEPLOY_METRICS_PORT"      # empty or 0: no /metrics server
 
 logger = logging.getLogger(__name__)
 
@@ -68,15 +57,6 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.queueing.error_delays = [1, 2, 5, 10, 30, 60]
 
 
-def _namespaces() -> list[str]:
-    return [ns for ns in os.environ.get(ENV_NAMESPACES, "").split(",") if ns]
-
-
-def _directory(variable: str) -> Path | None:
-    value = os.environ.get(variable)
-    return Path(value) if value else None
-
-
 def _lost_lease() -> None:
     logger.error("lost the operator lease; stopping so that only one operator acts")
     os.kill(os.getpid(), signal.SIGTERM)
@@ -85,41 +65,40 @@ def _lost_lease() -> None:
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure(settings)
+    options: OperatorSettings = memo.get("settings") or OperatorSettings.from_environment(os.environ)
+    namespaces = list(options.namespaces) or [ALL_NS]
     client = AsyncClient(field_manager=kube.FIELD_MANAGER)
     # Everything that can fail comes before the lease: kopf retries a failed startup handler from the top,
     # and a retry must not find tasks of the first attempt running, or a lease it holds itself.
     reconciler = Reconciler(client, pod_monitors=await kube.pod_monitors_supported(client),
-                            alertmanager_url=os.environ.get(ENV_ALERTMANAGER_URL) or None,
-                            alertmanager_headers_dir=_directory(ENV_ALERTMANAGER_HEADERS_DIR), hub=_hub())
-    port = int(os.environ.get(ENV_METRICS_PORT) or 0)
+                            alertmanager_url=options.alertmanager_url,
+                            alertmanager_headers_dir=options.alertmanager_headers_dir, hub=_hub(options))
+    port = options.metrics_port
     try:
         memo.metrics_server = await serve_metrics(reconciler.metrics, port) if port else None
     except OSError as error:   # a port in use stays in use: stop, and say which
         raise kopf.PermanentError(f"cannot serve /metrics on port {port}: {error}") from error
-    election = LeaderElection(client, namespace=os.environ.get(ENV_LEASE_NAMESPACE, "default"))
+    election = LeaderElection(client, namespace=options.lease_namespace)
     await election.acquire()
     memo.election = election
     memo.lease_task = asyncio.create_task(election.keep(on_lost=_lost_lease))
     memo.reconciler = reconciler
-    memo.resync_task = asyncio.create_task(
-        resync_forever(reconciler, _namespaces() or [ALL_NS], float(os.environ.get(ENV_RESYNC_SECONDS, "30")))
-    )
+    memo.resync_task = asyncio.create_task(resync_forever(reconciler, namespaces, options.resync_seconds))
     memo.analysis_task = asyncio.create_task(analyse_forever(
-        reconciler, _namespaces() or [ALL_NS], os.environ.get(ENV_PROMETHEUS_URL) or None,
-        float(os.environ.get(ENV_ANALYSIS_TICK_SECONDS, "5")), _directory(ENV_PROMETHEUS_HEADERS_DIR),
+        reconciler, namespaces, options.prometheus_url, options.analysis_tick_seconds,
+        options.prometheus_headers_dir,
     ))
 
 
-def _hub() -> HubConfigs | None:
-    """The Hub client for models outside the catalog: HF_ENDPOINT (a mirror), HF_TOKEN (the operator's token),
-    configs cached under the operator's cache directory; None with HF_HUB_OFFLINE=1 (ConfigMaps, the spec
-    and the catalog only)."""
-    if is_true(os.environ.get("HF_HUB_OFFLINE")):
+def _hub(options: OperatorSettings) -> HubConfigs | None:
+    """The Hub client for models outside the catalog (configs cached under the operator's cache directory);
+    None when offline (ConfigMaps, the spec and the catalog only)."""
+    if options.hub_offline:
         return None
     from specdeploy.modelsource.hub import HubClient  # loads huggingface_hub: only when the Hub is asked
 
-    return HubClient(cache_dir() / "hub-configs", endpoint=os.environ.get("HF_ENDPOINT") or None,
-                     token=os.environ.get("HF_TOKEN") or None)
+    token = options.hub_token.get_secret_value() if options.hub_token is not None else None
+    return HubClient(options.cache_dir / "hub-configs", endpoint=options.hub_endpoint, token=token)
 
 
 @kopf.on.cleanup()

@@ -1,0 +1,63 @@
+"""Every setting of a running operator, each with its one default.
+
+`specdeploy run` builds them from its flags (a flag not given keeps the environment's value or the default)
+and hands them to the handlers through kopf's memo. Started as `kopf run -m specdeploy.reconcile.handlers`
+(the in-process e2e fixture, kopf.testing.KopfRunner), the handlers read the same settings from the
+environment: `SPECDEPLOY_<NAME>` for each field, and the Hub's own `HF_ENDPOINT`, `HF_TOKEN`,
+`HF_HUB_OFFLINE`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from specdeploy.devcluster.build import cache_dir
+from specdeploy.modelsource.local import is_true
+
+ENV_PREFIX = "SPECDEPLOY_"
+HUB_VARIABLES = {"hub_endpoint": "HF_ENDPOINT", "hub_token": "HF_TOKEN", "hub_offline": "HF_HUB_OFFLINE"}
+"""huggingface_hub's own variables: what a platform engineer already sets for every other Hub client."""
+
+
+class OperatorSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespaces: tuple[str, ...] = Field((), description="Namespaces to watch; none: all")
+    lease_namespace: str = Field("default", description="Namespace of the Lease that keeps one operator active")
+    resync_seconds: float = Field(30.0, gt=0, description="Period of the full re-reconcile")
+    analysis_tick_seconds: float = Field(5.0, gt=0, description="How often the analysis loop looks for due SDs")
+    prometheus_url: str | None = Field(None, description="Prometheus for SDs that set none")
+    alertmanager_url: str | None = Field(None, description="Alertmanager for SDs that set none")
+    prometheus_headers_dir: Path | None = Field(None, description="One file per HTTP header for prometheus_url")
+    alertmanager_headers_dir: Path | None = Field(None, description="The same for alertmanager_url")
+    metrics_port: int = Field(8081, ge=0, le=65535, description="Port of the operator's /metrics; 0: off")
+    hub_endpoint: str | None = Field(None, description="A Hugging Face Hub mirror (HF_ENDPOINT)")
+    hub_token: SecretStr | None = Field(None, description="The operator's Hub token (HF_TOKEN); never shown")
+    hub_offline: bool = Field(False, description="Never ask the Hub (HF_HUB_OFFLINE=1)")
+    cache_dir: Path = Field(default_factory=cache_dir, description="Where fetched config.json files are kept")
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str], **given: Any) -> OperatorSettings:
+        """Settings from `environ` (empty values count as unset), overridden by `given` values that are not
+        None (the flags a user passed)."""
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = environ.get(HUB_VARIABLES.get(name, ENV_PREFIX + name.upper()))
+            if raw:
+                values[name] = _parsed(name, raw)
+        if "lease_namespace" not in values and environ.get("POD_NAMESPACE"):
+            values["lease_namespace"] = environ["POD_NAMESPACE"]   # the operator's own namespace, in a pod
+        values.update({name: value for name, value in given.items() if value is not None})
+        return cls.model_validate(values)
+
+
+def _parsed(name: str, raw: str) -> Any:
+    if name == "namespaces":
+        return tuple(ns for ns in raw.split(",") if ns)
+    if name == "hub_offline":
+        return is_true(raw)
+    return raw
