@@ -164,21 +164,10 @@ class Architecture(WireModel):
     num_experts_per_token: int | None = Field(None, ge=1, le=4096, description="MoE: experts per token")
 
 
-class Model(WireModel):
-    """The target model: the one whose outputs users get."""
+class ConfigSources(WireModel):
+    """Where the operator finds a model's config.json besides the Hub and the catalog, and the token for a
+    gated one: the same fields for the target and the draft."""
 
-    name: str = Field(
-        min_length=1, max_length=256, description="Hugging Face id or path, e.g. meta-llama/Llama-3.1-8B-Instruct"
-    )
-    quantization: Quantization = Field(
-        Quantization.NONE, description="Weight quantisation: none (checkpoint dtype), fp8, int8, awq, gptq, int4"
-    )
-    dtype: Dtype = Field(Dtype.BFLOAT16, description="Activation and unquantised weight dtype")
-    revision: str | None = Field(None, max_length=128, description="Model revision (branch, tag, commit)")
-    architecture: Architecture | None = Field(
-        None, description="The model's numbers; they win over every config.json. Needed only when no "
-        "configMapRef, configPath, Hugging Face Hub or built-in catalog entry describes the model"
-    )
     config_map_ref: str | None = Field(
         None, min_length=1, max_length=253,
         description="ConfigMap in this namespace whose key config.json holds the model's config.json",
@@ -194,7 +183,24 @@ class Model(WireModel):
     )
 
 
-class Draft(WireModel):
+class Model(ConfigSources):
+    """The target model: the one whose outputs users get."""
+
+    name: str = Field(
+        min_length=1, max_length=256, description="Hugging Face id or path, e.g. meta-llama/Llama-3.1-8B-Instruct"
+    )
+    quantization: Quantization = Field(
+        Quantization.NONE, description="Weight quantisation: none (checkpoint dtype), fp8, int8, awq, gptq, int4"
+    )
+    dtype: Dtype = Field(Dtype.BFLOAT16, description="Activation and unquantised weight dtype")
+    revision: str | None = Field(None, max_length=128, description="Model revision (branch, tag, commit)")
+    architecture: Architecture | None = Field(
+        None, description="The model's numbers; they win over every config.json. Needed only when no "
+        "configMapRef, configPath, Hugging Face Hub or built-in catalog entry describes the model"
+    )
+
+
+class Draft(ConfigSources):
     """The draft model or EAGLE head that proposes tokens for the target to verify."""
 
     name: str = Field(min_length=1, max_length=256, description="Hugging Face id or path of the draft")
@@ -206,19 +212,6 @@ class Draft(WireModel):
     architecture: Architecture | None = Field(
         None, description="The draft's numbers; they win over every config.json. Needed only when no "
         "configMapRef, configPath, Hugging Face Hub or built-in catalog entry describes the draft"
-    )
-    config_map_ref: str | None = Field(
-        None, min_length=1, max_length=253,
-        description="ConfigMap in this namespace whose key config.json holds the draft's config.json",
-    )
-    config_path: str | None = Field(
-        None, min_length=1, max_length=1024,
-        description="config.json, or the directory holding it, in the engine's model volume",
-    )
-    token_secret_ref: str | None = Field(
-        None, min_length=1, max_length=253,
-        description="Secret in this namespace whose key token holds a Hugging Face token for a gated or private "
-        "draft (never shown)",
     )
 
 
