@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from specdeploy_engine.loadgen.client import send_workload
+from specdeploy_engine.loadgen.client import PROMPT_WORDS, send_workload
 from specdeploy_engine.loadgen.report import LoadReport, RequestRecord, Summary
 from specdeploy_engine.loadgen.workload import (
     Lengths,
@@ -73,13 +73,14 @@ async def run_load_async(
     drain_seconds: float = 60.0,
     stream: bool = True,
     stop: threading.Event | None = None,
+    prompt_words: Sequence[str] = PROMPT_WORDS,
 ) -> LoadReport:
     """`run_load` for callers already in an event loop."""
     workload = Workload(_schedule(qps), _lengths(prompt_tokens), _lengths(output_tokens), _temperatures(temperature))
     planned = workload.plan(duration, max_requests=max_requests, seed=seed)
     return await send_workload(targets, planned, duration=duration, model=model, chat=chat, balance=balance,
                                seed=seed, drain_seconds=drain_seconds, stream=stream,
-                               stop=stop)
+                               stop=stop, prompt_words=prompt_words)
 
 
 def run_load(targets: Sequence[str], qps: float | str | QpsSchedule, duration: float, **options: object) -> LoadReport:
@@ -88,7 +89,8 @@ def run_load(targets: Sequence[str], qps: float | str | QpsSchedule, duration: f
     output_tokens (Lengths or their text: "256", "100-300", "lognormal:220,0.6"), temperature ("0.7" or
     "0:0.5,1.0:0.5"), chat, model (default: discovered from /v1/models), balance ("round-robin" or
     "random"), seed, drain_seconds (how long to wait for answers after `duration`), stream (False: whole
-    answers, end-to-end latency only), stop (a threading.Event that ends the sending early when set)."""
+    answers, end-to-end latency only), stop (a threading.Event that ends the sending early when set),
+    prompt_words (the words prompts are drawn from; default a few English words)."""
     return asyncio.run(run_load_async(targets, qps, duration, **options))  # type: ignore[arg-type]
 
 

@@ -29,9 +29,11 @@ from specdeploy_engine.loadgen.workload import PlannedRequest
 PROMPT_WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliett")
 
 
-def prompt_text(tokens: int, rng: random.Random) -> str:
-    """A prompt the simulator counts as `tokens` tokens (one per word); real engines count a little more."""
-    return " ".join(rng.choice(PROMPT_WORDS) for _ in range(max(1, tokens)))
+def prompt_text(tokens: int, rng: random.Random, words: Sequence[str] = PROMPT_WORDS) -> str:
+    """A prompt of `tokens` words drawn from `words`: the simulator counts one token per word, real engines a
+    little more. `words` from a real model's vocabulary make prompts it continues as a test needs (the dev
+    cluster's stand-in models: standins.half_words)."""
+    return " ".join(rng.choice(words) for _ in range(max(1, tokens)))
 
 
 async def discover_model(client: httpx.AsyncClient, target: str) -> str:
@@ -44,14 +46,15 @@ async def discover_model(client: httpx.AsyncClient, target: str) -> str:
     return str(data[0]["id"])
 
 
-def _body(planned: PlannedRequest, model: str, chat: bool, stream: bool, rng: random.Random) -> dict[str, Any]:
+def _body(planned: PlannedRequest, model: str, chat: bool, stream: bool, rng: random.Random,
+          prompt_words: Sequence[str]) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model, "max_tokens": planned.output_tokens, "temperature": planned.temperature,
         "stream": stream, "ignore_eos": True,
     }
     if stream:
         body["stream_options"] = {"include_usage": True}
-    text = prompt_text(planned.prompt_tokens, rng)
+    text = prompt_text(planned.prompt_tokens, rng, prompt_words)
     if chat:
         body["messages"] = [{"role": "user", "content": text}]
     else:
@@ -70,7 +73,8 @@ def _chunk_text(chunk: dict[str, Any]) -> str:
 
 
 async def send_one(client: httpx.AsyncClient, target: str, model: str, planned: PlannedRequest, *, chat: bool,
-                   start: float, rng: random.Random, stream: bool = True) -> RequestRecord:
+                   start: float, rng: random.Random, stream: bool = True,
+                   prompt_words: Sequence[str] = PROMPT_WORDS) -> RequestRecord:
     """One request, streamed or not; never raises (failures are recorded)."""
     record = RequestRecord(target=target, sent_at=time.monotonic() - start, prompt_tokens=planned.prompt_tokens,
                            max_tokens=planned.output_tokens, temperature=planned.temperature)
@@ -78,7 +82,7 @@ async def send_one(client: httpx.AsyncClient, target: str, model: str, planned: 
     sent = time.monotonic()
     last: float | None = None
     words = 0
-    body = _body(planned, model, chat, stream, rng)
+    body = _body(planned, model, chat, stream, rng, prompt_words)
     try:
         if not stream:
             response = await client.post(target + path, json=body)
@@ -135,10 +139,11 @@ async def send_workload(
     max_connections: int = 1000,
     stream: bool = True,
     stop: threading.Event | None = None,
+    prompt_words: Sequence[str] = PROMPT_WORDS,
 ) -> LoadReport:
     """Send `planned` (offsets in seconds) to `targets` and wait at most `drain_seconds` after `duration`
     for the answers still coming. Setting `stop` (from any thread) ends sending at the next request; the
-    answers under way get `drain_seconds` as after `duration`."""
+    answers under way get `drain_seconds` as after `duration`. Prompts are words drawn from `prompt_words`."""
     if not targets:
         raise ValueError("at least one target URL is needed")
     if balance not in ("round-robin", "random"):
@@ -161,7 +166,7 @@ async def send_workload(
             base = next(cycle) if balance == "round-robin" else rng.choice(bases)
             tasks.append(asyncio.create_task(send_one(
                 client, base, models[base], item, chat=chat, start=start, rng=random.Random(rng.random()),
-                stream=stream)))
+                stream=stream, prompt_words=prompt_words)))
         remaining = max(0.0, duration - (time.monotonic() - start)) + drain_seconds
         if stop is not None and stop.is_set():
             remaining = drain_seconds   # the answers under way may still come; cancelling them leaks sockets

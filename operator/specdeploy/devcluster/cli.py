@@ -2,7 +2,7 @@
 
 Usage::
 
-    specdeploy dev-cluster up --monitoring
+    specdeploy dev-cluster up --monitoring [--engine vllm]
     eval "$(specdeploy dev-cluster env)"
     specdeploy dev-cluster scrape-target add sim-0 127.0.0.1:8000 -l namespace=demo
     specdeploy dev-cluster sim-admin --sd demo/llama --variant speculative --set acceptance=0.3
@@ -27,6 +27,7 @@ from specdeploy.devcluster import build, podrunner, versions
 from specdeploy.devcluster.cluster import DevCluster
 from specdeploy.devcluster.errors import DevClusterError
 from specdeploy.devcluster.simadmin import VARIANTS, endpoints, parse_knob, sim_admin
+from specdeploy.devcluster.state import ENGINES
 
 _state_dir = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                           envvar="SPECDEPLOY_DEV_CLUSTER_DIR", show_envvar=True,
@@ -72,10 +73,16 @@ def build_cmd() -> None:
 @click.option("--nodes", default=4, show_default=True, help="Number of fake GPU nodes (8 x nvidia.com/gpu each).")
 @click.option("--monitoring/--no-monitoring", default=False, show_default=True,
               help="Also start Prometheus and Alertmanager on loopback.")
+@click.option("--engine", type=click.Choice(ENGINES), default="sim", show_default=True,
+              help="What engine pods run: the simulator, or (vllm, with --monitoring) real vLLM's CPU build with "
+                   "stand-in models for pods that run `vllm serve`, installed on first use (~3 GiB download).")
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for readiness.")
-def up_cmd(state_dir: Path | None, nodes: int, monitoring: bool, timeout: float) -> None:
+def up_cmd(state_dir: Path | None, nodes: int, monitoring: bool, engine: str, timeout: float) -> None:
     """Start the cluster (building binaries if missing) and wait until it is ready."""
-    cluster = DevCluster(state_dir, nodes=nodes, monitoring=monitoring, progress=_echo_err)
+    if engine != "sim" and not monitoring:
+        raise click.BadParameter(f"--engine {engine} needs --monitoring (the pod runner starts with it)",
+                                 param_hint="--engine")
+    cluster = DevCluster(state_dir, nodes=nodes, monitoring=monitoring, progress=_echo_err, engine=engine)
     try:
         cluster.up(timeout=timeout)
     except DevClusterError as exc:

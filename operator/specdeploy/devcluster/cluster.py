@@ -29,12 +29,12 @@ from typing import Any
 
 import httpx
 
-from specdeploy.devcluster import build, certs, monitoring, processes, simregistry, versions
+from specdeploy.devcluster import build, certs, monitoring, processes, simregistry, versions, vllm_env
 from specdeploy.devcluster import nodes as gpu_nodes
 from specdeploy.devcluster.errors import ClusterNotRunning, DevClusterError, KubectlError, ProcessFailed
 from specdeploy.devcluster.kubeconfig import write_cert_kubeconfig, write_token_kubeconfig
 from specdeploy.devcluster.simregistry import SimulatorEndpoint
-from specdeploy.devcluster.state import ClusterState, ComponentRecord, default_state_dir
+from specdeploy.devcluster.state import ENGINES, ClusterState, ComponentRecord, default_state_dir
 from specdeploy.devcluster.wait import wait_for
 
 Progress = Callable[[str], None]
@@ -89,9 +89,14 @@ class DevCluster:
 
     def __init__(self, state_dir: Path | str | None = None, nodes: int = 4, monitoring: bool = False,
                  progress: Progress | None = None, scrape_interval: str = "2s",
-                 gpu_shape: gpu_nodes.GpuNodeShape | None = None) -> None:
+                 gpu_shape: gpu_nodes.GpuNodeShape | None = None, engine: str = "sim") -> None:
         if nodes < 0:
             raise ValueError(f"nodes must be 0 or more, got {nodes!r}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if engine != "sim" and not monitoring:
+            raise ValueError(f"engine {engine!r} needs monitoring: the pod runner that runs engines starts with it")
+        self.engine = engine
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.node_count = nodes
         self.monitoring = monitoring
@@ -194,7 +199,9 @@ class DevCluster:
         started = time.monotonic()
         binaries = self.binaries
         stage_dir = build.kwok_stage_dir()
-        state = ClusterState(kubernetes_version=versions.KUBERNETES)
+        if self.engine == "vllm":
+            vllm_env.ensure_real_vllm(self._say)   # installs on first use, with progress; the runner reuses it
+        state = ClusterState(kubernetes_version=versions.KUBERNETES, engine=self.engine)
         deadline = time.monotonic() + timeout
         try:
             self._start_all(state, binaries, stage_dir, deadline)
@@ -209,7 +216,8 @@ class DevCluster:
 
     def _matches(self, state: ClusterState) -> bool:
         has_monitoring = all(name in state.components for name in MONITORING_COMPONENTS)
-        return len(state.nodes) == self.node_count and (has_monitoring or not self.monitoring)
+        return (len(state.nodes) == self.node_count and (has_monitoring or not self.monitoring)
+                and state.engine == self.engine)
 
     def down(self, keep_logs: bool = False) -> None:
         """Stop every recorded process (by pid, whole process group) and remove the state directory."""
@@ -458,7 +466,8 @@ class DevCluster:
             self._await(record, functools.partial(_answers, url), deadline, url)
         if self.monitoring:
             runner = self._launch(state, "pod-runner", [sys.executable, "-m", "specdeploy.devcluster.podrunner",
-                                                        f"--state-dir={self.state_dir}"], "watching engine pods")
+                                                        f"--state-dir={self.state_dir}", f"--engine={self.engine}"],
+                                  "watching engine pods")
             self._await(runner, lambda: simregistry.load(self.simulator_registry).synced, deadline,
                         "pod runner watching pods")
 

