@@ -96,7 +96,9 @@ class Demo:
             probe.bind(("127.0.0.1", 0))
             metrics_port = probe.getsockname()[1]
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        # The demo's models are in the built-in catalog and the dev cluster reaches no Hub: stay offline
+        # unless the user says otherwise (HF_HUB_OFFLINE=0 with a reachable Hub pins their commits).
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
         command = [sys.executable, "-m", "specdeploy.cli", "run", "--lease-namespace", OPERATOR_NAMESPACE,
                    "--prometheus-url", self.cluster.prometheus_url, "--alertmanager-url",
                    self.cluster.alertmanager_url, "--analysis-tick-seconds", "1", "--metrics-port",
