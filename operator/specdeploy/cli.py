@@ -225,16 +225,26 @@ def crd() -> None:
 @click.option("--duration", default="60s", show_default=True, help="How long to send, e.g. 60s or 2m.")
 @click.option("--output-tokens", default="32-96", show_default=True, help='Output length: "64", "32-96" …')
 @click.option("--temperature", default="0.7", show_default=True, help='Temperature, or a mix "0:0.5,1.0:0.5".')
+@click.option("--prompts", type=click.Choice(["english", "predictable", "unpredictable", "standin"]),
+              default="english", show_default=True,
+              help="Prompt words: English for the simulators; the stand-in models' words for real vLLM "
+              "(`dev-cluster up --engine vllm`): the half its draft predicts, the half it does not, or both.")
 @click.option("--state-dir", type=click.Path(file_okay=False), default=None, help="The dev cluster's state.")
-def load(sd: str, qps: float, duration: str, output_tokens: str, temperature: str, state_dir: str | None) -> None:
-    """Drive load through a dev-cluster SD's engine simulators, as its Service would; print percentiles."""
+def load(sd: str, qps: float, duration: str, output_tokens: str, temperature: str, prompts: str,
+         state_dir: str | None) -> None:
+    """Drive load through a dev-cluster SD's engine pods, as its Service would; print percentiles."""
     from specdeploy.devcluster import DevCluster
+    from specdeploy.devcluster.standins import PREDICTABLE, UNPREDICTABLE, half_words
     from specdeploy.devcluster.traffic import Traffic
     from specdeploy_engine.loadgen import parse_duration
+    from specdeploy_engine.loadgen.client import PROMPT_WORDS
 
+    words = {"english": PROMPT_WORDS, "predictable": half_words(PREDICTABLE),
+             "unpredictable": half_words(UNPREDICTABLE),
+             "standin": half_words(PREDICTABLE) + half_words(UNPREDICTABLE)}[prompts]
     cluster = DevCluster(Path(state_dir) if state_dir else None)
     report = Traffic(cluster, sd, qps, parse_duration(duration), output_tokens=output_tokens,
-                     temperature=temperature).run()
+                     temperature=temperature, prompt_words=words).run()
     click.echo(report.to_text())
 
 
