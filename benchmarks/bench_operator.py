@@ -30,7 +30,9 @@ def watching_operator(cluster: DevCluster, state_dir: Path, namespace: str,
         operator = subprocess.Popen(
             [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", namespace, "--lease-namespace",
              namespace, "--liveness", "", "--log-format", "plain", *args],
-            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
+            # Catalog models, no Hub: what is measured is the reconcile and analysis loops, not the Hub client.
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "HF_HUB_OFFLINE": "1"},
+            stdout=log, stderr=subprocess.STDOUT,
         )
         try:
             wait_for(lambda: "acquired lease" in log_path.read_text(errors="replace"), 60, "the operator's lease")
