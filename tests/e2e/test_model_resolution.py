@@ -95,8 +95,8 @@ def test_a_model_outside_the_catalog_is_planned_from_the_hub_pinned_and_survives
         assert "keep serving" in condition(obj, "Ready")["message"]  # type: ignore[index]
         assert obj["status"]["deployRecord"]["target"]["commit"] == v2 and v2 in _args(dev_cluster, namespace)
 
-        # Back: the resync (3 s here) plans v3.
+        # Back: once the Hub is no longer taken for down (30 s after it failed), the resync (3 s here) plans v3.
         hub.start()
-        obj = wait_for_object(dev_cluster, ["sd", NAME], _observed(4), 60, "planned at v3 once the Hub is back",
+        obj = wait_for_object(dev_cluster, ["sd", NAME], _observed(4), 90, "planned at v3 once the Hub is back",
                               namespace=namespace)
         assert obj["status"]["deployRecord"]["target"]["commit"] == v3 and v3 in _args(dev_cluster, namespace)

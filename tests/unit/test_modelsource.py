@@ -26,7 +26,7 @@ from specdeploy.modelsource import (
     ModelNotResolvable,
     RevisionNotFound,
 )
-from specdeploy.modelsource.hub import ConfigCache, HubClient, RetryPolicy
+from specdeploy.modelsource.hub import DOWN_SECONDS, ConfigCache, HubClient, RetryPolicy
 from specdeploy.modelsource.resolve import (
     ArchitectureSource,
     ConfigMapConfig,
@@ -421,3 +421,18 @@ def test_the_resolution_order_needs_no_hub_client_to_import() -> None:
             "('huggingface_hub', 'httpx2', 'kopf', 'lightkube') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_hub_down_through_every_retry_fails_at_once_for_a_while_then_is_asked_again(
+    hub: FakeHub, client: HubClient, clock: Clock, sleeps: list[float]
+) -> None:
+    hub.stop()
+    with pytest.raises(HubUnreachable):
+        client.fetch_config(THINKING)
+    assert sleeps == [0.25, 0.5]
+    with pytest.raises(HubUnreachable, match="asked again 30 s after that"):
+        client.fetch_config(HERMES)                 # another model: no request, no sleeps
+    assert sleeps == [0.25, 0.5]
+    hub.start()
+    clock.now += DOWN_SECONDS + 1
+    assert client.fetch_config(THINKING).config["hidden_size"] == 2560

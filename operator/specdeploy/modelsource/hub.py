@@ -139,6 +139,10 @@ class ConfigCache:
             stale.unlink(missing_ok=True)
 
 
+DOWN_SECONDS = 30.0
+"""How long a Hub that did not answer through every retry is taken for down."""
+
+
 class HubClient:
     """Fetches config.json at a commit, through the on-disk cache; one per operator (thread-safe)."""
 
@@ -166,6 +170,7 @@ class HubClient:
         self._api = HfApi(endpoint=self.endpoint)
         self._revisions: dict[tuple[str, str], tuple[str, float]] = {}
         self._lock = threading.Lock()
+        self._down: tuple[float, str] | None = None   # until when the Hub counts as down, and why
 
     def fetch_config(self, repo_id: str, revision: str = "main", token: str | None = None) -> HubConfig:
         """config.json of `repo_id` at the commit `revision` names now; `token` overrides the client's."""
@@ -213,17 +218,30 @@ class HubClient:
             return Path(str(path)).read_bytes()
 
     def _with_retries(self, call: Callable[[], Any], repo_id: str, revision: str) -> Any:
+        """`call` with retries and backoff on transient errors. A Hub that stayed unreachable through every
+        retry counts as down for DOWN_SECONDS: requests meanwhile fail at once instead of each waiting out
+        its own retries (an operator of a thousand SDs must not fill its threads with sleeps)."""
+        with self._lock:
+            down = self._down
+        if down is not None and self._clock() < down[0]:
+            raise HubUnreachable(f"{down[1]} (asked again {DOWN_SECONDS:.0f} s after that, not before)")
         delays = self.retry.delays()
         attempt = 1
         while True:
             try:
-                return call()
+                result = call()
+                with self._lock:
+                    self._down = None
+                return result
             except ModelSourceError:
                 raise
             except Exception as exc:  # the client's, translated here and nowhere else
                 error = self._translate(exc, repo_id, revision, attempt)
                 delay = next(delays, None) if error.transient else None
                 if delay is None:
+                    if error.transient:
+                        with self._lock:
+                            self._down = (self._clock() + DOWN_SECONDS, str(error))
                     raise error from exc
             self._sleep(delay)
             attempt += 1
