@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from e2e_resources import SCENARIO_NAME, SCENARIO_SD, serve_scenario
+from prometheus_client.parser import text_string_to_metric_families
 
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.simadmin import sim_admin
@@ -81,9 +82,11 @@ def test_acceptance_collapse_under_load_rolls_back_with_evidence(
     assert len(alerts) == 1
     assert alerts[0]["labels"]["name"] == NAME and alerts[0]["labels"]["reason"] == "AcceptanceBelowMinimum"
     assert "minAcceptanceRate" in alerts[0]["annotations"]["description"]
-    metrics = httpx.get(operator.metrics_url).text
-    assert f'specdeploy_rollbacks_total{{namespace="{namespace}",name="{NAME}",reason="AcceptanceBelowMinimum"}} 1' \
-        in metrics
+    metrics = {family.name: family for family in text_string_to_metric_families(httpx.get(operator.metrics_url).text)}
+    [rollbacks] = [sample for sample in metrics["specdeploy_rollbacks"].samples if sample.name.endswith("_total")
+                   and sample.labels["namespace"] == namespace]
+    assert rollbacks.labels == {"namespace": namespace, "name": NAME, "reason": "AcceptanceBelowMinimum"}
+    assert rollbacks.value == 1
 
 
 def test_an_idle_endpoint_is_inconclusive_and_keeps_speculating(
@@ -151,8 +154,10 @@ def test_killed_right_after_deciding_rolls_back_exactly_once(
     wait_for(lambda: crashing.process.poll() is not None, 60, "the operator to die after its decision",
              describe=crashing.output)
     obj = _sd(dev_cluster, namespace)
-    assert _rolled_back(obj), "the decision was written before the crash"
+    speculation = obj["status"]["speculation"]
+    assert speculation["decided"] is False and speculation["lastRollback"], "the decision was written before the crash"
     assert "--speculative-config" in _speculative_args(dev_cluster, namespace), "and nothing acted on it yet"
+    assert speculation["active"] is True, "so status says the pods still speculate"
     analysing_operator("restarted")
     wait_for(lambda: "--speculative-config" not in _speculative_args(dev_cluster, namespace), 60,
              "the restarted operator to roll the Deployment")
