@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -173,7 +174,12 @@ def test_query_all_reads_grouped_signals_from_real_prometheus(dev_cluster: DevCl
     result = wait_for(judged, timeout=60, interval=1.0, what="enough slices for the paired comparison")
     assert result.reason == FailureReason.INTER_TOKEN_LATENCY_REGRESSED
     assert "per-token latency +100% (95% interval +100%…+100%) vs the control" in result.evidence
-    assert "mean 40 ms vs 20 ms, P99 ≈ 49.8 ms vs ≈ 24.9 ms" in result.evidence
+    # The control's P99 is 24.85 ms, exactly at a rounding edge: Prometheus' float arithmetic over rates
+    # lands it on either side, so the figure is read back rather than matched as text.
+    shown = re.search(r"mean 40 ms vs 20 ms, P99 ≈ ([\d.]+) ms vs ≈ ([\d.]+) ms", result.evidence)
+    assert shown, result.evidence
+    assert float(shown[1]) == pytest.approx(49.75, abs=0.051)
+    assert float(shown[2]) == pytest.approx(24.85, abs=0.051)
 
 
 def test_every_engines_queries_are_valid_promql(dev_cluster: DevCluster) -> None:
