@@ -1,9 +1,11 @@
 """Real vLLM (CPU build) serving the stand-in models: start time, CPU per request, acceptance per prompt half.
 
-Starts `vllm serve <target stand-in>` on 127.0.0.1 with a speculative method, sends a fixed number of greedy
-completions whose prompts come from the predictable half of the words, then as many from the unpredictable
-half (see specdeploy.devcluster.standins), reads the spec-decode counters from /metrics after each half, and stops the server (its whole process
-group) however the run ends. CPU is user + system time of the server and every process it started.
+Starts `vllm serve <target stand-in>` on 127.0.0.1 with a speculative method (specdeploy.devcluster.vllm_serve:
+the dev cluster's translations and environment), sends a fixed number of greedy completions whose prompts come
+from the predictable half of the words, then as many from the unpredictable half (see
+specdeploy.devcluster.standins), reads the spec-decode counters from /metrics after each half, and stops the
+server (its whole process group) however the run ends. CPU is user + system time of the server and every process
+it started.
 
     python benchmarks/vllm_standin.py                       # draft_model, k = 3
     python benchmarks/vllm_standin.py --method ngram
@@ -14,13 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -28,6 +25,8 @@ from process_usage import cpu_seconds, load_average, machine
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdeploy.devcluster import standins, vllm_env
+from specdeploy.devcluster.errors import ProcessFailed
+from specdeploy.devcluster.vllm_serve import standin_vllm
 
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens")
@@ -36,13 +35,6 @@ HISTOGRAMS = ("vllm:request_time_per_output_token_seconds", "vllm:inter_token_la
               "vllm:time_to_first_token_seconds")
 START_DEADLINE_S = 900.0
 SERVED_NAME = "standin"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def speculative_config(method: str, k: int, draft: Path) -> dict[str, object] | None:
@@ -64,42 +56,6 @@ def session_cpu_seconds(session: int) -> float:
             except (ProcessLookupError, PermissionError, FileNotFoundError):
                 continue
     return total
-
-
-@contextmanager
-def running_server(command: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`command` in a session of its own, stopped with its whole process group on the way out."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        for sig, grace in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-
-
-def wait_ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> float:
-    """Seconds until /health answers 200; raises with the log's tail when the server exits first."""
-    started = time.monotonic()
-    while time.monotonic() - started < START_DEADLINE_S:
-        if proc.poll() is not None:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-            raise SystemExit(f"vllm serve exited {proc.returncode} before it was ready:\n{tail}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return time.monotonic() - started
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"vllm serve not ready after {START_DEADLINE_S:.0f}s; log: {log}")
 
 
 def spec_counts(text: str) -> dict[str, float]:
@@ -162,41 +118,43 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 def main(method: str, k: int, requests: int, max_tokens: int, kv_cache_gib: int, threads: int) -> None:
     print(machine())
     print(f"load average before: {load_average()}")
-    env_root = vllm_env.ensure_vllm_env(progress=print)
-    target = standins.ensure_standin("target", "target", progress=print)
-    draft = standins.ensure_standin("draft", "draft", agreement=1.0, progress=print)
-    port = free_port()
-    command = [str(env_root.vllm), "serve", str(target), "--host", "127.0.0.1", "--port", str(port),
-               "--served-model-name", SERVED_NAME, "--load-format", "safetensors", "--max-model-len", "512",
-               "--max-num-seqs", "4", "--dtype", "float32"]
-    config = speculative_config(method, k, draft)
+    real = replace(vllm_env.ensure_real_vllm(progress=print), kv_cache_gib=kv_cache_gib, threads=threads)
+    command = ["vllm", "serve", str(real.standins.target), "--served-model-name", SERVED_NAME,
+               "--load-format", "safetensors", "--max-model-len", "512", "--max-num-seqs", "4", "--dtype", "float32"]
+    config = speculative_config(method, k, real.standins.draft)
     if config is not None:
         command += ["--speculative-config", json.dumps(config)]
-    env = os.environ | vllm_env.cpu_environment(kv_cache_gib=kv_cache_gib, threads=threads)
-    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-standin-{port}.log"
-    print(f"$ {' '.join(command)}\n  log: {log}")
-    base = f"http://127.0.0.1:{port}"
-    with running_server(command, env, log) as proc:
-        start_s = wait_ready(proc, base, log)
-        print(f"start time: {start_s:.1f} s (until /health answers)")
-        with httpx.Client(base_url=base, timeout=120) as client:
-            before = spec_counts(client.get("/metrics").text)
-            for half in (standins.PREDICTABLE, standins.UNPREDICTABLE):
-                cpu_before, wall_before = session_cpu_seconds(proc.pid), time.monotonic()
-                texts = run_half(client, prompts(method, half, requests), max_tokens)
-                cpu_used = session_cpu_seconds(proc.pid) - cpu_before
-                wall = time.monotonic() - wall_before
-                scraped = client.get("/metrics").text
-                after = spec_counts(scraped)
-                print(f"{half} half: {requests} requests × {max_tokens} tokens, "
-                      f"CPU {cpu_used / requests:.2f} s/request, wall {wall / requests:.2f} s/request")
-                print(f"  first reply: {texts[0][:80]!r}")
-                for name, value in delta(after, before).items():
-                    print(f"  {name:<64} {value:g}")
-                before = after
-            print("families:")
-            print("\n".join(describe_families(scraped)))
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-standin-{method}-{os.getpid()}.log"
+    print(f"starting {' '.join(command)}\n  log: {log}")
+    try:
+        with standin_vllm(command, log, real, timeout=START_DEADLINE_S) as server:
+            print(f"$ {' '.join(server.argv)}")
+            print(f"start time: {server.ready_s:.1f} s (until /health answers)")
+            measure(server.base_url, server.pid, method, requests, max_tokens)
+    except ProcessFailed as exc:
+        raise SystemExit(str(exc)) from exc
     print(f"load average after: {load_average()}")
+
+
+def measure(base: str, session: int, method: str, requests: int, max_tokens: int) -> None:
+    """Each half's requests, CPU and spec-decode counters, then the families the analysis reads."""
+    with httpx.Client(base_url=base, timeout=120) as client:
+        before = spec_counts(client.get("/metrics").text)
+        for half in (standins.PREDICTABLE, standins.UNPREDICTABLE):
+            cpu_before, wall_before = session_cpu_seconds(session), time.monotonic()
+            texts = run_half(client, prompts(method, half, requests), max_tokens)
+            cpu_used = session_cpu_seconds(session) - cpu_before
+            wall = time.monotonic() - wall_before
+            scraped = client.get("/metrics").text
+            after = spec_counts(scraped)
+            print(f"{half} half: {requests} requests × {max_tokens} tokens, "
+                  f"CPU {cpu_used / requests:.2f} s/request, wall {wall / requests:.2f} s/request")
+            print(f"  first reply: {texts[0][:80]!r}")
+            for name, value in delta(after, before).items():
+                print(f"  {name:<64} {value:g}")
+            before = after
+        print("families:")
+        print("\n".join(describe_families(scraped)))
 
 
 if __name__ == "__main__":
@@ -208,4 +166,4 @@ if __name__ == "__main__":
     parser.add_argument("--kv-cache-gib", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    sys.exit(main(args.method, args.k, args.requests, args.max_tokens, args.kv_cache_gib, args.threads))
+    main(args.method, args.k, args.requests, args.max_tokens, args.kv_cache_gib, args.threads)

@@ -21,11 +21,11 @@ from specdeploy.api.crd import crd_yaml
 from specdeploy.api.reference import reference_markdown
 from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, load_resource
 from specdeploy.api.spec import SpeculativeDeploymentSpec
-from specdeploy.devcluster.build import cache_dir
 from specdeploy.devcluster.cli import dev_cluster, sim_admin_cmd
 from specdeploy.modelsource import ModelSourceError
 from specdeploy.modelsource.local import is_true, resolve_here
 from specdeploy.modelsource.resolve import Origin, ResolvedModels
+from specdeploy.paths import cache_dir
 from specdeploy.planning.acceptance_floor import acceptance_floor
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import Plan, make_plan, plan_document

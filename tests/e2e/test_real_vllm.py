@@ -15,8 +15,6 @@ wall time and CPU per request are printed (run with -s to see them).
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -97,23 +95,17 @@ def analysing_operator(vllm_cluster: DevCluster, vllm_namespace: str, tmp_path: 
     log = tmp_path / "operator.log"
     env = {**os.environ, "KUBECONFIG": str(vllm_cluster.kubeconfig), "SPECDEPLOY_NAMESPACES": vllm_namespace,
            "SPECDEPLOY_LEASE_NAMESPACE": vllm_namespace, "HF_HUB_OFFLINE": "1"}
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", vllm_namespace, "--lease-namespace",
-             vllm_namespace, "--resync-seconds", "3", "--liveness", "", "--log-format", "plain", "--metrics-port", "0",
-             "--prometheus-url", vllm_cluster.prometheus_url, "--alertmanager-url", vllm_cluster.alertmanager_url,
-             "--analysis-tick-seconds", "1"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    pid = processes.start(
+        "operator",
+        [sys.executable, "-m", "specdeploy.cli", "run", "--namespace", vllm_namespace, "--lease-namespace",
+         vllm_namespace, "--resync-seconds", "3", "--liveness", "", "--log-format", "plain", "--metrics-port", "0",
+         "--prometheus-url", vllm_cluster.prometheus_url, "--alertmanager-url", vllm_cluster.alertmanager_url,
+         "--analysis-tick-seconds", "1"],
+        log, env=env)
     try:
         yield log
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        processes.stop(pid, grace=20.0)
 
 
 def _promql(cluster: DevCluster, query: str) -> list[dict[str, object]]:

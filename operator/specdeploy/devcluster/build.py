@@ -28,6 +28,7 @@ from pathlib import Path
 
 from specdeploy.devcluster import versions
 from specdeploy.devcluster.errors import BuildError
+from specdeploy.paths import cache_dir
 
 Progress = Callable[[str], None]
 
@@ -88,14 +89,6 @@ def _catalog() -> tuple[Binary, ...]:
 
 BINARIES: tuple[Binary, ...] = _catalog()
 NAMES: tuple[str, ...] = tuple(b.name for b in BINARIES)
-
-
-def cache_dir() -> Path:
-    """``$SPECDEPLOY_CACHE_DIR``, else ``$XDG_CACHE_HOME/specdeploy``, else ``~/.cache/specdeploy``."""
-    if env := os.environ.get("SPECDEPLOY_CACHE_DIR"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "specdeploy"
 
 
 def bin_dir() -> Path:

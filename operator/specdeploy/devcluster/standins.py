@@ -40,7 +40,7 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from specdeploy.devcluster.build import cache_dir
+from specdeploy.paths import cache_dir
 
 Progress = Callable[[str], None]
 Kind = Literal["target", "draft"]

@@ -39,9 +39,9 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from specdeploy.devcluster.build import cache_dir
 from specdeploy.devcluster.errors import BuildError
 from specdeploy.devcluster.vllm_pods import RealVllm, Standins
+from specdeploy.paths import cache_dir
 
 Progress = Callable[[str], None]
 

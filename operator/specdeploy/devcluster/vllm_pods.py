@@ -70,6 +70,11 @@ class CpuServe:
     argv: Args
     notes: tuple[str, ...]
 
+    @property
+    def log_header(self) -> str:
+        """The translations, one line each, as a launcher prints them at the top of the server's log."""
+        return "".join(f"specdeploy dev-cluster: {note}\n" for note in self.notes)
+
 
 def is_vllm_serve(argv: Sequence[str]) -> bool:
     """`vllm serve …` (the command the renderer writes), by the executable's base name."""

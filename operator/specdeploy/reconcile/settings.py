@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from specdeploy.devcluster.build import cache_dir
 from specdeploy.modelsource.local import is_true
+from specdeploy.paths import cache_dir
 
 ENV_PREFIX = "SPECDEPLOY_"
 HUB_VARIABLES = {"hub_endpoint": "HF_ENDPOINT", "hub_token": "HF_TOKEN", "hub_offline": "HF_HUB_OFFLINE"}
