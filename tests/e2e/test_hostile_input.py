@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import httpx2
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
@@ -70,7 +70,7 @@ def _cpu_seconds(pid: int) -> float:
 class Trial:
     """Applies manifests in one namespace and checks how each was handled."""
 
-    client: httpx.Client
+    client: httpx2.Client
     namespace: str
     operator: OperatorProcess
     ran: set[str] = field(default_factory=set)       # names some generation of which was planned to run

@@ -18,7 +18,6 @@ import functools
 import os
 import shutil
 import signal
-import ssl
 import subprocess
 import sys
 import time
@@ -28,8 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
+from lightkube import KubeConfig
+from lightkube.config import client_adapter
 
-from specdeploy.devcluster import build, certs, monitoring, processes, simregistry, versions, vllm_env
+from specdeploy.devcluster import audit, build, certs, monitoring, processes, simregistry, versions, vllm_env
 from specdeploy.devcluster import nodes as gpu_nodes
 from specdeploy.devcluster.errors import ClusterNotRunning, DevClusterError, KubectlError, ProcessFailed
 from specdeploy.devcluster.kubeconfig import write_cert_kubeconfig, write_token_kubeconfig
@@ -55,7 +57,7 @@ RESTARTABLE_COMPONENTS = ("kube-apiserver", "prometheus", "alertmanager")
 
 #: Everything `up` creates inside the state directory (and `down` removes).
 _STATE_ENTRIES = ("state.json", "state.tmp", "kubeconfig", "kubeconfig.tmp", "kubeconfigs", "pki", "etcd",
-                  "kcm-certs", "kwok-home", "monitoring", "podrunner", "logs")
+                  "kcm-certs", "kwok-home", "monitoring", "podrunner", "logs", "audit-policy.yaml")
 
 
 @dataclass(frozen=True)
@@ -282,9 +284,13 @@ class DevCluster:
             raise KubectlError(list(args), proc.returncode, proc.stdout, proc.stderr)
         return proc
 
-    def api_client(self) -> httpx.Client:
-        """An httpx client authenticated as admin against the apiserver (caller closes it)."""
-        return _admin_client(self.pki, self._state().apiserver_url)
+    def api_client(self) -> httpx2.Client:
+        """An HTTP client for raw REST calls as admin (caller closes it), set up by lightkube from the admin
+        kubeconfig: for what its typed clients cannot ask (reads from the watch cache with resourceVersion=0,
+        server-side applies with fieldValidation=Strict, bodies sent byte for byte). Typed calls:
+        `lightkube.Client(KubeConfig.from_file(cluster.kubeconfig))`."""
+        self._state()   # ClusterNotRunning when there is no cluster to talk to
+        return _admin_client(self.kubeconfig)
 
     def service_account_kubeconfig(self, namespace: str, name: str, path: Path | None = None,
                                    duration: str = "1h") -> Path:
@@ -351,7 +357,7 @@ class DevCluster:
             etcd_url = state.components["etcd"].address
             started = self._launch(state, name, self._apiserver_argv(self.binaries["kube-apiserver"], etcd_url, port,
                                                                      self.pki), record.address)
-            with _admin_client(self.pki, record.address) as api:
+            with _admin_client(self.kubeconfig) as api:
                 self._await(started, lambda: api.get("/readyz").status_code == 200, deadline, "kube-apiserver /readyz")
             return
         paths = self.monitoring_paths
@@ -431,7 +437,7 @@ class DevCluster:
         apiserver = self._launch(state, "kube-apiserver",
                                  self._apiserver_argv(binaries["kube-apiserver"], etcd_url,
                                                       ports["kube-apiserver"], pki), server)
-        with _admin_client(pki, server) as api:
+        with _admin_client(self.kubeconfig) as api:
             self._await(apiserver, lambda: api.get("/readyz").status_code == 200, deadline, "kube-apiserver /readyz")
             kcm = self._launch(state, "kube-controller-manager",
                                self._kcm_argv(binaries["kube-controller-manager"],
@@ -512,7 +518,18 @@ class DevCluster:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--allow-privileged=true",
             "--profiling=false",
+            *audit.apiserver_flags(self._audit_policy(), self.audit_log),
         ]
+
+    @property
+    def audit_log(self) -> Path:
+        """The apiserver's audit log of the writes the operator makes (devcluster/audit.py), JSON lines."""
+        return self.logs_dir / "audit.log"
+
+    def _audit_policy(self) -> Path:
+        path = self.state_dir / "audit-policy.yaml"
+        path.write_text(audit.POLICY)
+        return path
 
     def _kcm_argv(self, kcm: Path, kubeconfig: Path, port: int, pki: certs.Pki) -> list[str]:
         return [
@@ -531,10 +548,12 @@ class DevCluster:
         ]
 
 
-def _admin_client(pki: certs.Pki, server: str) -> httpx.Client:
-    context = ssl.create_default_context(cafile=str(pki.ca_cert))
-    context.load_cert_chain(str(pki.client_cert("admin")), str(pki.client_key("admin")))
-    return httpx.Client(base_url=server, verify=context, timeout=10)
+def _admin_client(kubeconfig: Path) -> httpx2.Client:
+    """The HTTP client lightkube builds for `kubeconfig`'s current context (server, CA, client certificate),
+    10 s timeouts."""
+    config = KubeConfig.from_file(kubeconfig).get()
+    assert config is not None   # get() raises without a current context
+    return client_adapter.Client(config, client_adapter.ConnectionParams())
 
 
 def _answers(url: str, verify: bool = True, body: str | None = None) -> bool:
@@ -543,7 +562,7 @@ def _answers(url: str, verify: bool = True, body: str | None = None) -> bool:
     return response.status_code == 200 and (body is None or response.text.strip() == body)
 
 
-def _nodes_ready(api: httpx.Client, names: list[str]) -> bool:
+def _nodes_ready(api: httpx2.Client, names: list[str]) -> bool:
     """Every named node has Ready=True and no node.kubernetes.io/* taint (so pods can schedule now)."""
     items = {n["metadata"]["name"]: n for n in api.get("/api/v1/nodes").json().get("items", [])}
     for name in names:

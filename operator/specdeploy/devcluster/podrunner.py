@@ -17,7 +17,9 @@ machine translated (vllm_pods: stand-in models, no GPU memory flags, loopback po
 the registry work the same.
 
 Why a watch and asyncio: two cores run the whole cluster. One list-then-watch stream tells the runner
-about pods, process exits arrive through `Process.wait()`, and nothing polls while all is quiet.
+about pods, process exits arrive through `Process.wait()`, and nothing polls while all is quiet. The
+apiserver is spoken to through lightkube (its AsyncClient, from the dev cluster's kubeconfig), as the
+operator does.
 """
 
 from __future__ import annotations
@@ -27,13 +29,11 @@ import asyncio
 import contextlib
 import fcntl
 import functools
-import json
 import logging
 import os
 import shutil
 import signal
 import socket
-import ssl
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +43,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
+import httpx2
+from lightkube import ALL_NS, AsyncClient, KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import ConfigMap, Pod, PodStatus
+from lightkube.types import PatchType
 
 from specdeploy.devcluster import kubeletstatus, monitoring, processes, simregistry, vllm_env
 from specdeploy.devcluster.enginepod import (
@@ -69,7 +73,7 @@ from specdeploy.devcluster.vllm_pods import RealVllm, cpu_serve, is_vllm_serve
 log = logging.getLogger("specdeploy.podrunner")
 
 SIMULATOR_MODULE = "specdeploy_engine.sim"
-WATCH_SECONDS = 300          # the apiserver ends a watch after this; the runner resumes from its last version
+WATCH_SECONDS = 300          # the apiserver ends a watch after this; lightkube resumes it from the last version
 STOP_GRACE_SECONDS = 5.0     # SIGTERM → SIGKILL for a simulator (a pod's 60 s grace is for real engines)
 #: How long one start may hold a starting slot: a simulator answers within a second; real vLLM on two shared
 #: cores takes one to three minutes (loading, then compiling its model), more while another one starts.
@@ -133,22 +137,22 @@ class RunnerPaths:
         return self.state_dir / "logs" / "pods" / f"{engine.namespace}_{engine.name}_{engine.uid}" / f"{engine.container}.log"
 
 
-def api_client(kubeconfig: Path, timeout: float = 10.0) -> httpx.AsyncClient:
-    """An async client for the apiserver in `kubeconfig` (client certificate or bearer token)."""
-    document = yaml.safe_load(kubeconfig.read_text())
-    contexts = {c["name"]: c["context"] for c in document.get("contexts", [])}
-    context = contexts.get(document.get("current-context", ""), {})
-    clusters = {c["name"]: c["cluster"] for c in document.get("clusters", [])}
-    users = {u["name"]: u["user"] for u in document.get("users", [])}
-    cluster = clusters.get(context.get("cluster", ""), next(iter(clusters.values())))
-    user = users.get(context.get("user", ""), next(iter(users.values())))
-    tls = ssl.create_default_context(cafile=cluster.get("certificate-authority"))
-    headers = {}
-    if "client-certificate" in user:
-        tls.load_cert_chain(user["client-certificate"], user["client-key"])
-    if "token" in user:
-        headers["Authorization"] = f"Bearer {user['token']}"
-    return httpx.AsyncClient(base_url=cluster["server"], verify=tls, headers=headers, timeout=timeout)
+def api_client(kubeconfig: Path, timeout: float = 10.0) -> AsyncClient:
+    """A lightkube client for the apiserver of `kubeconfig`'s current context (client certificate or token)."""
+    return AsyncClient(KubeConfig.from_file(kubeconfig), timeout=httpx2.Timeout(timeout))
+
+
+#: What one failed round of list-then-watch raises: the apiserver unreachable or answering an error
+#: (httpx2 is lightkube's HTTP client; its ApiError is an HTTPStatusError), or an object that does not
+#: decode (msgspec's DecodeError is a ValueError).
+_WATCH_FAILURES: tuple[type[Exception], ...] = (httpx2.HTTPError, ValueError, KeyError)
+
+
+def _status_code(error: httpx2.HTTPStatusError) -> int:
+    """The HTTP status of a failed request (an ApiError from a watch's ERROR event carries it in its Status)."""
+    if error.response is not None:
+        return error.response.status_code
+    return int(error.status.code or 0) if isinstance(error, ApiError) else 0
 
 
 def _now() -> datetime:
@@ -181,7 +185,7 @@ class PodRunner:
         self.registry = Registry(runner_pid=os.getpid())
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._starting = asyncio.Semaphore(max_starting)  # a simulator's start costs about a CPU-second
-        self._api: httpx.AsyncClient | None = None
+        self._api: AsyncClient | None = None
 
     # -- the registry -------------------------------------------------------------------------
 
@@ -237,7 +241,7 @@ class PodRunner:
         self.registry.save(self.paths.registry)
         log.info("pod runner stopped")
 
-    async def _watch_forever(self, api: httpx.AsyncClient) -> None:
+    async def _watch_forever(self, api: AsyncClient) -> None:
         """List, then watch from the list's version; on any error or an expired version, list again."""
         failures = 0
         while True:
@@ -245,18 +249,17 @@ class PodRunner:
                 version = await self._relist(api)
                 failures = 0
                 await self._watch(api, version)
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
+            except _WATCH_FAILURES as exc:
                 failures += 1
                 delay = min(0.5 * 2 ** failures, 15.0)
                 log.warning("watching pods failed (%s: %s); listing again in %.1fs", type(exc).__name__, exc, delay)
                 await asyncio.sleep(delay)
 
-    async def _relist(self, api: httpx.AsyncClient) -> str:
-        response = await api.get("/api/v1/pods", params={"labelSelector": LABEL_NAME})
-        response.raise_for_status()
-        listing = response.json()
+    async def _relist(self, api: AsyncClient) -> str:
+        listing = api.list(Pod, namespace=ALL_NS, labels={LABEL_NAME: None})
         seen = set()
-        for pod in listing.get("items", []):
+        async for item in listing:
+            pod = item.to_dict()
             seen.add(pod["metadata"]["uid"])
             self._observe(pod)
         for uid in [uid for uid in self._tasks if uid not in seen]:
@@ -265,31 +268,34 @@ class PodRunner:
             self.registry.synced = True
             self.registry.save(self.paths.registry)
             log.info("watching pods labelled %s: %d found", LABEL_NAME, len(seen))
-        return str(listing["metadata"]["resourceVersion"])
+        return listing.resourceVersion
 
-    async def _watch(self, api: httpx.AsyncClient, version: str) -> None:
-        """Follow pod events from `version`; return when the apiserver says the version is too old."""
-        params = {"labelSelector": LABEL_NAME, "watch": "true", "allowWatchBookmarks": "true",
-                  "timeoutSeconds": str(WATCH_SECONDS), "resourceVersion": version}
-        timeout = httpx.Timeout(10.0, read=WATCH_SECONDS + 30.0)
-        while True:
-            async with api.stream("GET", "/api/v1/pods", params=params, timeout=timeout) as response:
-                if response.status_code == 410:
-                    return
-                response.raise_for_status()
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
-                    event = json.loads(line)
-                    obj = event.get("object") or {}
-                    if event.get("type") == "ERROR":
-                        log.info("watch ended by the apiserver: %s", obj.get("message", obj))
-                        return
-                    params["resourceVersion"] = obj.get("metadata", {}).get("resourceVersion") or params["resourceVersion"]
-                    if event.get("type") == "DELETED":
-                        self._forget(obj["metadata"]["uid"])
-                    elif event.get("type") in ("ADDED", "MODIFIED"):
-                        self._observe(obj)
+    async def _watch(self, api: AsyncClient, version: str) -> None:
+        """Follow pod events from `version`; return when the apiserver ends the watch with an error, e.g. that
+        the version is too old (410 Gone), so the caller lists again.
+
+        lightkube opens the next watch from the last version seen whenever the apiserver closes one (after
+        WATCH_SECONDS); every other failure is raised. Its own retry on 410 (a watch without a version) would
+        miss the pods deleted meanwhile, which only a list tells.
+        """
+        events = api.watch(Pod, namespace=ALL_NS, labels={LABEL_NAME: None}, server_timeout=WATCH_SECONDS,
+                           resource_version=version)
+        try:
+            async for kind, item in events:
+                pod = item.to_dict()
+                if kind == "DELETED":
+                    self._forget(pod["metadata"]["uid"])
+                elif kind in ("ADDED", "MODIFIED"):
+                    self._observe(pod)
+        except httpx2.HTTPStatusError as error:
+            if isinstance(error, ApiError) and error.response is None:   # an ERROR event in the stream
+                log.info("watch ended by the apiserver: %s", error.status.message)
+            elif _status_code(error) == 410:
+                log.info("watch ended by the apiserver: 410 Gone")
+            else:
+                raise
+        finally:
+            await events.aclose()   # type: ignore[attr-defined]  # an async generator: its response is closed
 
     def _observe(self, pod: dict[str, Any]) -> None:
         uid = pod["metadata"]["uid"]
@@ -398,12 +404,11 @@ class PodRunner:
         delay = 0.5
         while True:
             try:
-                response = await self._api.get(f"/api/v1/namespaces/{engine.namespace}/configmaps/{volume.config_map}")
-                if response.status_code == 404 and volume.optional:
+                found = await self._api.get(ConfigMap, volume.config_map, namespace=engine.namespace)
+                files = config_files(volume, dict(found.data or {}))
+            except (httpx2.HTTPError, KeyError, ValueError) as exc:
+                if volume.optional and isinstance(exc, httpx2.HTTPStatusError) and _status_code(exc) == 404:
                     return
-                response.raise_for_status()
-                files = config_files(volume, dict(response.json().get("data") or {}))
-            except (httpx.HTTPError, KeyError, ValueError) as exc:
                 if not wait:
                     return
                 log.info("%s/%s: configmap %s not ready (%s); retrying in %.1fs", engine.namespace, engine.name,
@@ -491,29 +496,31 @@ class PodRunner:
     async def _report(self, engine: EnginePod, status_for: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
         """Write `status_for(pod)` to the pod's status subresource, guarded by its resourceVersion."""
         assert self._api is not None
-        path = f"/api/v1/namespaces/{engine.namespace}/pods/{engine.name}"
         try:
             for _attempt in range(5):
-                response = await self._api.get(path)
-                if response.status_code == 404:
-                    return
-                response.raise_for_status()
-                pod = response.json()
+                try:
+                    pod = (await self._api.get(Pod, engine.name, namespace=engine.namespace)).to_dict()
+                except httpx2.HTTPStatusError as error:
+                    if _status_code(error) == 404:
+                        return
+                    raise
                 if pod["metadata"].get("uid") != engine.uid or pod["metadata"].get("deletionTimestamp"):
                     return
                 status = status_for(pod)
                 if status is None:
                     return
                 body = {"metadata": {"resourceVersion": pod["metadata"]["resourceVersion"]}, "status": status}
-                response = await self._api.patch(f"{path}/status", content=json.dumps(body),
-                                                 headers={"Content-Type": "application/merge-patch+json"})
-                if response.status_code == 409:
-                    continue
-                if response.status_code != 404:
-                    response.raise_for_status()
+                try:
+                    await self._api.patch(PodStatus, engine.name, body, namespace=engine.namespace,
+                                          patch_type=PatchType.MERGE)
+                except httpx2.HTTPStatusError as error:
+                    if _status_code(error) == 409:
+                        continue
+                    if _status_code(error) != 404:
+                        raise
                 return
             log.warning("%s/%s: status kept conflicting; not reported", engine.namespace, engine.name)
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             log.warning("%s/%s: reporting status failed: %s", engine.namespace, engine.name, exc)
 
 
@@ -577,6 +584,8 @@ def serve(state_dir: Path, back_off: BackOff | None = None, simulator_module: st
     if not paths.kubeconfig.exists():
         raise DevClusterError(f"no dev cluster kubeconfig at {paths.kubeconfig}; start the cluster first")
     real_vllm = vllm_env.ensure_real_vllm(progress=log.info) if engine == "vllm" else None
+    # lightkube's HTTP client logs every request at INFO, as httpx does: the runner's log keeps its own lines.
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
 
     async def main() -> None:
         stop = asyncio.Event()
