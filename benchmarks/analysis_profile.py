@@ -36,6 +36,7 @@ from specdeploy.api import names as names_module
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
 from specdeploy.devcluster import DevCluster
 from specdeploy.reconcile import analysis_loop, kube
+from specdeploy.reconcile import decide as decide_module
 from specdeploy.reconcile import reconciler as reconciler_module
 from specdeploy.reconcile.children import LABEL_NAME
 from specdeploy.reconcile.reconciler import Reconciler
@@ -50,11 +51,11 @@ SD_SPEC = {
     "analysis": {"interval": f"{INTERVAL:g}s", "window": "20s", "baseline": {"mode": "None"}},
 }
 PURE_STEPS = (
-    (reconciler_module, "plan_resource"), (reconciler_module, "desired_children"),
-    (reconciler_module, "next_status"), (reconciler_module, "step_speculation"),
+    (reconciler_module, "plan_resource"), (decide_module, "desired_children"),
+    (decide_module, "next_status"), (decide_module, "step_speculation"), (reconciler_module, "decide"),
 )
 API_STEPS = (
-    (kube, "get_resource"), (kube, "observe_deployments"), (kube, "speculative_pods"), (kube, "apply_children"),
+    (kube, "get_resource"), (kube, "observe_children"), (kube, "engine_pods"), (kube, "apply_children"),
     (kube, "prune_children"), (kube, "write_status"),
     (analysis_loop, "_list_due"), (analysis_loop, "query_all"),
 )
@@ -171,7 +172,7 @@ async def _cycle(reconciler: Reconciler, prometheus_url: str, count: int) -> Non
 
 def read_costs(cluster: DevCluster, count: int, samples: int) -> None:
     """What one read of an SD's children costs, by how it is asked: a label-selector list (what
-    `kube.speculative_pods` does, and `kube.observe_deployments` did), the same from the apiserver's watch cache
+    `kube.engine_pods` does, and the Deployments' read once did), the same from the apiserver's watch cache
     (`resourceVersion=0`), or a get by the child's known name; each alone, and each right after a write
     (a status patch of another SD), as in a cycle, where a consistent list waits for the watch cache to
     catch up with the write."""

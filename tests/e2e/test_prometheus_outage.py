@@ -1,5 +1,5 @@
 """A Prometheus outage: the dev cluster can stop and start its Prometheus, and the operator, meanwhile,
-says "Inconclusive: PrometheusUnavailable", keeps speculating and recovers by itself."""
+says Inconclusive (PrometheusUnavailable), keeps speculating and recovers by itself."""
 
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ def _rollback_events(cluster: DevCluster, namespace: str) -> list[dict[str, Any]
 
 def _outage_seen(obj: dict[str, Any]) -> bool:
     healthy = condition(obj, "SpeculationHealthy") or {}
-    return (_analysis(obj).get("verdict") == "Inconclusive: PrometheusUnavailable"
+    return (_analysis(obj).get("verdict") == "Inconclusive"
+            and _analysis(obj).get("verdictReason") == "PrometheusUnavailable"
             and _analysis(obj).get("consecutiveInconclusive", 0) >= 3
             and healthy.get("status") == "Unknown" and healthy.get("reason") == "PrometheusUnavailable")
 

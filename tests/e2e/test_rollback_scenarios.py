@@ -14,6 +14,7 @@ from e2e_resources import SCENARIO_NAME, SCENARIO_SD, serve_scenario
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.audit import audit_entries
 from specdeploy.devcluster.simadmin import sim_admin
 from specdeploy.devcluster.traffic import Traffic
 from specdeploy.devcluster.waiters import get_json, wait_for_object
@@ -53,6 +54,20 @@ def _speculative_args(cluster: DevCluster, namespace: str) -> list[str]:
     return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
 
 
+def _operator_writes(cluster: DevCluster, namespace: str, since: float) -> list[dict[str, Any]]:
+    """The operator's writes in `namespace` after `since` (epoch s), from the apiserver's audit log: status
+    patches and Events with their bodies, writes of Deployments, ConfigMaps and Services (devcluster/audit.py)."""
+    return [entry for entry in audit_entries(cluster.audit_log, since)
+            if (entry.get("objectRef") or {}).get("namespace") == namespace
+            and not entry.get("userAgent", "").startswith("kubectl")
+            and entry.get("user", {}).get("username") == "kubernetes-admin"]
+
+
+def _status_patches(writes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [w for w in writes if w["objectRef"].get("subresource") == "status"
+            and w["objectRef"]["resource"] == "speculativedeployments"]
+
+
 def test_acceptance_collapse_under_load_rolls_back_with_evidence(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
@@ -63,6 +78,15 @@ def test_acceptance_collapse_under_load_rolls_back_with_evidence(
         wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
                         "a healthy sample at acceptance 0.8", namespace=namespace)
         assert _sd(dev_cluster, namespace)["status"]["speculation"]["active"] is True
+        # Steady speculation for five samples, while the 3 s resync and the Deployments' events reconcile
+        # too: only the samples write (once each), and nothing writes a child.
+        start, samples = time.time(), set()
+        wait_for(lambda: len(samples.add(_analysis(_sd(dev_cluster, namespace)).get("lastSampleAt"))
+                             or samples) > 5, 60, "five more analysis samples")
+        writes = _operator_writes(dev_cluster, namespace, start)
+        sampled = [p["requestObject"]["status"]["analysis"]["lastSampleAt"] for p in _status_patches(writes)]
+        assert sampled and len(sampled) == len(set(sampled)), sampled       # no pass wrote twice, none without news
+        assert [w for w in writes if w["objectRef"]["resource"] in ("deployments", "configmaps", "services")] == []
         sim_admin(dev_cluster, serving, "speculative", {"acceptance": 0.3})
         # the window (20 s) must reflect it, then failureLimit (2) samples, 3 s apart; a generous bound
         obj = wait_for_object(dev_cluster, ["sd", NAME], _rolled_back, 90, "the rollback", namespace=namespace)
@@ -78,6 +102,17 @@ def test_acceptance_collapse_under_load_rolls_back_with_evidence(
              "the Deployment without a speculative config")
     events = wait_for(lambda: _rollback_events(dev_cluster, namespace), 30, "the SpeculationRolledBack Event")
     assert len(events) == 1 and events[0]["type"] == "Warning" and "AcceptanceBelowMinimum" in events[0]["message"]
+    # Posted once — not found there by a second post — and marked notified by one later status patch.
+    wait_for(lambda: _sd(dev_cluster, namespace)["status"]["speculation"]["lastRollback"].get("notified"), 30,
+             "the rollback marked notified")
+    writes = _operator_writes(dev_cluster, namespace, 0)
+    posts = [w for w in writes if w["objectRef"]["resource"] == "events" and w["verb"] == "create"
+             and w["requestObject"]["reason"] == "SpeculationRolledBack"]
+    assert [p["requestObject"]["metadata"]["name"] for p in posts] == [f"{NAME}.speculation-rolled-back-1"]
+    decided = [p for p in _status_patches(writes)
+               if (p["requestObject"]["status"]["speculation"] or {}).get("rollbacks") == 1]
+    marks = [p["requestObject"]["status"]["speculation"]["lastRollback"].get("notified", False) for p in decided]
+    assert marks[0] is False and marks.count(True) >= 1 and marks.index(True) == 1, marks
     alerts = wait_for(lambda: _alerts(dev_cluster, namespace), 30, "the Alertmanager alert")
     assert len(alerts) == 1
     assert alerts[0]["labels"]["name"] == NAME and alerts[0]["labels"]["reason"] == "AcceptanceBelowMinimum"

@@ -17,7 +17,7 @@ from specdeploy.reconcile.children import (
     desired_children,
     engine_command,
 )
-from specdeploy.reconcile.kube import already_applied
+from specdeploy.reconcile.decide import already_applied
 from specdeploy.reconcile.status import DeploymentState
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))

@@ -105,7 +105,7 @@ def test_state_shows_the_last_sample_without_nans_and_the_speedup_against_the_co
         speedup=Speedup(value=0.85, low=0.79, high=0.92, baseline="control", requests=900.0, baseline_requests=300.0),
         diagnosis=Diagnosis(speculative="Decode-bound", control=None,
                             message="speculative: queue 50 ms, prefill 150 ms, decode 1.8 s per request"),
-        requests=900.0, verdict="Failing: AcceptanceBelowMinimum", message=F.evidence,
+        requests=900.0, verdict="Failing", verdict_reason="AcceptanceBelowMinimum", message=F.evidence,
         consecutive_failures=1, consecutive_inconclusive=0,
     )
 
@@ -140,7 +140,7 @@ def test_the_previous_baseline_is_shown_from_the_snapshot_and_kept() -> None:
     unknown = next_analysis_state(state, SAMPLE, Assessment(I), NOW)      # no comparison: nothing to show
     assert unknown.speedup is None and unknown.baseline_mean_inter_token_latency_seconds is None
     assert unknown.per_token_latency == "5.9 ms"
-    assert unknown.verdict == "Inconclusive: PrometheusUnavailable" and unknown.message == I.message
+    assert (unknown.verdict, unknown.verdict_reason) == ("Inconclusive", "PrometheusUnavailable") and unknown.message == I.message
     assert unknown.previous_baseline == snapshot
 
 

@@ -95,7 +95,7 @@ def test_no_data_and_idle_never_roll_back() -> None:
     idle = _sample(0.1, requests=3)
     steps = _run(_resource({"failureLimit": 1, "checks": {"minAcceptanceRate": 0.5}}), [empty] * 30 + [idle] * 30)
     assert all(s.rollback is None and s.speculation.decided for s in steps)
-    assert _last(steps).verdict == "Inconclusive: TooFewRequests"
+    assert (_last(steps).verdict, _last(steps).verdict_reason) == ("Inconclusive", "TooFewRequests")
 
 
 def test_not_drafting_is_inconclusive_and_never_counts_towards_on_inconclusive_rollback() -> None:
@@ -104,7 +104,7 @@ def test_not_drafting_is_inconclusive_and_never_counts_towards_on_inconclusive_r
     steps = _run(resource, [_sample(math.nan)] * 5)
     assert all(s.rollback is None and s.speculation.decided for s in steps)
     state = _last(steps)
-    assert state.verdict == "Inconclusive: NotDrafting"
+    assert (state.verdict, state.verdict_reason) == ("Inconclusive", "NotDrafting")
     assert (state.consecutive_failures, state.consecutive_inconclusive) == (0, 0)
     idle = _run(resource, [_sample(0.8, requests=3)] * 2)          # other inconclusive samples do count
     assert idle[-1].rollback is not None and idle[-1].rollback.reason.value == "InconclusiveTooLong"
@@ -144,7 +144,7 @@ def test_a_latency_difference_the_window_cannot_resolve_is_inconclusive_not_fail
     steps = _run(_resource({"failureLimit": 1}), [_sample(0.8, itl=0.0219, control_itl=0.02)] * 3)
     assert all(s.rollback is None for s in steps)
     state = _last(steps)
-    assert state.verdict == "Inconclusive: NotEnoughEvidence"
+    assert (state.verdict, state.verdict_reason) == ("Inconclusive", "NotEnoughEvidence")
     assert (state.consecutive_failures, state.consecutive_inconclusive) == (0, 3)
     assert state.message is not None and "95% interval" in state.message
     assert "the interval holds maxP99InterTokenLatencyRatio 1.10" in state.message
@@ -156,7 +156,7 @@ def test_a_sample_without_slice_series_decides_no_latency() -> None:
     bare = dataclasses.replace(bare, speculative=dataclasses.replace(bare.speculative, series={}))
     steps = _run(_resource({"failureLimit": 1}), [bare] * 3)
     assert all(s.rollback is None for s in steps)
-    assert _last(steps).verdict == "Inconclusive: NotEnoughEvidence"
+    assert (_last(steps).verdict, _last(steps).verdict_reason) == ("Inconclusive", "NotEnoughEvidence")
 
 
 # -- the acceptance floor ---------------------------------------------------------------------------
@@ -320,7 +320,7 @@ def test_previous_baseline_compares_at_matched_load_only() -> None:
     busier = _sample(0.8, itl=0.05, running=16.0, pods=2.0)         # 8 vs 4 running per pod: not comparable
     steps = _run(annotated, [busier] * 3, back.speculation, back.analysis)
     assert all(s.rollback is None for s in steps)
-    assert _last(steps).verdict == "Inconclusive: LoadDiffersFromPrevious"
+    assert (_last(steps).verdict, _last(steps).verdict_reason) == ("Inconclusive", "LoadDiffersFromPrevious")
 
 
 def test_a_previous_snapshot_from_before_the_comparison_is_never_a_failure() -> None:
@@ -332,5 +332,5 @@ def test_a_previous_snapshot_from_before_the_comparison_is_never_a_failure() -> 
     steps = _run(resource, [_sample(0.8, itl=0.05, running=8.0, pods=2.0)] * 3, analysis=old)
     assert all(s.rollback is None for s in steps)
     state = _last(steps)
-    assert state.verdict == "Inconclusive: LoadDiffersFromPrevious"
+    assert (state.verdict, state.verdict_reason) == ("Inconclusive", "LoadDiffersFromPrevious")
     assert state.message is not None and "unknown" in state.message

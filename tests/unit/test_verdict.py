@@ -33,11 +33,11 @@ from specdeploy.analysis.verdict import (
     change,
     diagnose,
     kind,
-    label,
     message,
     p99_shown,
     previous_baseline,
     verdict,
+    verdict_reason,
 )
 from specdeploy.api.spec import BaselineMode, Checks
 
@@ -236,7 +236,7 @@ def test_the_absolute_slo() -> None:
 
 def test_labels_and_messages() -> None:
     result = verdict(sample(variant(0.0080 * 1.3, seed=2)), policy())
-    assert kind(result) == "Failing" and label(result) == "Failing: InterTokenLatencyRegressed"
+    assert kind(result) == "Failing" and verdict_reason(result) == "InterTokenLatencyRegressed"
     assert message(result) == result.evidence
     assert change(1.18) == "+18%" and change(0.62) == "−38%" and change(1.004) == "+0.4%" and change(1.0) == "±0%"
 

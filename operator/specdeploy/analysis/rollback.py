@@ -36,9 +36,10 @@ from specdeploy.analysis.verdict import (
     Healthy,
     Inconclusive,
     Verdict,
-    label,
+    kind,
     message,
     p99_shown,
+    verdict_reason,
 )
 from specdeploy.api.spec import Analysis, OnInconclusive, Reenable, Speculation
 from specdeploy.api.status import AnalysisStatus, Diagnosis, SpeculationStatus, Speedup
@@ -142,7 +143,8 @@ def next_analysis_state(previous: AnalysisStatus | None, sample: DeploymentSampl
         speedup=_speedup(assessment),
         diagnosis=_diagnosis(assessment, sample),
         requests=_round(_finite(values.requests), 1),
-        verdict=label(result),
+        verdict=kind(result),
+        verdict_reason=verdict_reason(result),
         message=message(result),
         consecutive_failures=failures,
         consecutive_inconclusive=inconclusive,

@@ -36,7 +36,7 @@ from specdeploy.analysis.comparison import Estimate as _Estimate
 from specdeploy.analysis.reasons import FailureReason, InconclusiveReason
 from specdeploy.analysis.samples import DeploymentSample, QueryErrorKind, Signal, SignalValues
 from specdeploy.api.spec import BaselineMode, Checks
-from specdeploy.api.status import MeanLatency, PreviousBaselineStatus
+from specdeploy.api.status import MeanLatency, PreviousBaselineStatus, VerdictKind
 
 LOAD_TOLERANCE = 0.30
 """Previous: compare only when the running requests per pod are within ±30% of the snapshot's. Step time grows
@@ -82,20 +82,19 @@ class Inconclusive:
 Verdict = Healthy | Failing | Inconclusive
 
 
-def kind(result: Verdict) -> str:
-    """ "Healthy", "Failing" or "Inconclusive": the bounded label of specdeploy_analysis_verdicts_total."""
-    return type(result).__name__
+def kind(result: Verdict) -> VerdictKind:
+    """Healthy, Failing or Inconclusive: status.analysis.verdict, and the bounded label of
+    specdeploy_analysis_verdicts_total."""
+    return VerdictKind(type(result).__name__)
 
 
-def label(result: Verdict) -> str:
-    """The short form status.analysis.verdict holds: "Healthy", "Failing: <Reason>", "Inconclusive: <Reason>"."""
+def verdict_reason(result: Verdict) -> str | None:
+    """Why, for Failing and Inconclusive (status.analysis.verdictReason); None for Healthy."""
     match result:
         case Healthy():
-            return "Healthy"
-        case Failing(reason=reason):
-            return f"Failing: {reason.value}"
-        case Inconclusive(reason=reason):
-            return f"Inconclusive: {reason.value}"
+            return None
+        case Failing(reason=why) | Inconclusive(reason=why):
+            return why.value
 
 
 def message(result: Verdict) -> str:

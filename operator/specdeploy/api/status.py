@@ -32,6 +32,14 @@ class Verdict(StrEnum):
     REJECTED = "Rejected"
 
 
+class VerdictKind(StrEnum):
+    """The analysis verdict on the last sample (analysis/verdict.py)."""
+
+    HEALTHY = "Healthy"
+    FAILING = "Failing"
+    INCONCLUSIVE = "Inconclusive"
+
+
 class Phase(StrEnum):
     """A one-word summary for `kubectl get`; no logic reads it back."""
 
@@ -200,11 +208,22 @@ class AnalysisStatus(StatusModel):
     speedup: Speedup | None = None
     diagnosis: Diagnosis | None = None
     requests: float | None = None
-    verdict: str | None = Field(None, description="Healthy, Failing or Inconclusive, with the reason")
+    verdict: VerdictKind | None = Field(None, description="Healthy, Failing or Inconclusive")
+    verdict_reason: str | None = Field(
+        None, description="Why, for Failing and Inconclusive: e.g. InterTokenLatencyRegressed, NotEnoughEvidence")
     message: str | None = Field(None, description="The verdict in a sentence, with the numbers")
     consecutive_failures: int = 0
     consecutive_inconclusive: int = 0
     previous_baseline: PreviousBaselineStatus | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reason_from_verdict(cls, data: Any) -> Any:
+        """A status written before `verdictReason` existed held both as "Failing: <Reason>"."""
+        if isinstance(data, dict) and isinstance(data.get("verdict"), str) and ": " in data["verdict"]:
+            kind, reason = data["verdict"].split(": ", 1)
+            return {**data, "verdict": kind, "verdictReason": data.get("verdictReason") or reason}
+        return data
 
 
 class ConditionStatus(StrEnum):

@@ -2,7 +2,7 @@
 
 Triggers: the SD was created, its spec changed, or it was found at start-up (resume); a new value of the
 `specdeploy.io/retry-speculation` annotation; a child Deployment changed (so Ready follows the rollout);
-a speculative pod restarted; and a periodic resync of every SD (drift, missed events). kopf's record of
+a speculative pod restarted or went away; and a periodic resync of every SD (drift, missed events). kopf's record of
 the last handled spec (an annotation) leaves out the SD's labels and annotations: they are the user's,
 as large as the user makes them, and a copy of them could push the object past the apiserver's 256 KiB
 limit on annotations, after which kopf could record nothing. There are no
@@ -158,10 +158,11 @@ async def child_deployment_changed(
 async def speculative_pod_changed(
     namespace: str | None, labels: Mapping[str, str], status: Mapping[str, Any], memo: Any, type: str, **_: Any
 ) -> None:
-    """A speculative pod's container restarted: reconcile at once (an OOM death rolls back at once)."""
+    """A speculative pod's container restarted (an OOM death rolls back at once), or the pod is gone (the
+    last one that speculated makes `speculation.active` false): reconcile at once."""
     owner = labels.get(LABEL_NAME)
     restarted = any(c.get("restartCount", 0) > 0 for c in status.get("containerStatuses") or [])
-    if owner is None or namespace is None or not type or not restarted:
+    if owner is None or namespace is None or not type or not (restarted or type == "DELETED"):
         return
     try:
         await memo.reconciler.reconcile(namespace, owner)

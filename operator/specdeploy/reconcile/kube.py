@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import datetime
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import httpx2
@@ -21,7 +22,7 @@ from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet
-from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret
+from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret, Service
 from lightkube.types import PatchType
 
 from specdeploy.analysis.headers import HEADERS_SECRET_LABEL, Headers, InvalidHeaders, http_headers
@@ -86,23 +87,38 @@ def _deployment_state(obj: Deployment) -> DeploymentState | None:
     )
 
 
-async def observe_deployments(client: AsyncClient, namespace: str, name: str) -> list[DeploymentState]:
-    """The child Deployments of SD `name` that exist now, got by their names: a get is answered at once,
-    where a label list right after a write waits ~90 ms for the apiserver's watch cache
-    (benchmarks/analysis_profile.py)."""
-    states = []
-    for child in (names.engine_deployment_name(name), names.control_deployment_name(name)):
+async def observe_children(client: AsyncClient, namespace: str, name: str, *, everything: bool,
+                           pod_monitors: bool) -> tuple[list[DeploymentState], dict[tuple[str, str], dict[str, Any]]]:
+    """The child Deployments of SD `name` that exist now, and with `everything` every child that exists —
+    Deployments, ConfigMap, Service, PodMonitor — as JSON by kind and name, to compare with what would be
+    applied (reconcile/drift.py). Got by their names: a get is answered at once, where a label list right
+    after a write waits ~90 ms for the apiserver's watch cache (benchmarks/analysis_profile.py)."""
+    async def get(kind: Any, child: str) -> Any:
         try:
-            obj = await client.get(Deployment, child, namespace=namespace)
+            return await client.get(kind, child, namespace=namespace)
         except ApiError as error:
             if error.status.code == 404:
-                continue
+                return None
             raise
-        labels = (obj.metadata.labels if obj.metadata else None) or {}
-        state = _deployment_state(obj) if labels.get(LABEL_NAME) == name else None
+
+    states, live = [], {}
+    for child in (names.engine_deployment_name(name), names.control_deployment_name(name)):
+        obj = await get(Deployment, child)
+        labels = ((obj.metadata.labels if obj.metadata else None) or {}) if obj is not None else {}
+        state = _deployment_state(obj) if obj is not None and labels.get(LABEL_NAME) == name else None
         if state is not None:
             states.append(state)
-    return states
+            live[("Deployment", child)] = obj.to_dict()
+    if everything:
+        kinds: list[tuple[Any, str, str]] = [(ConfigMap, "ConfigMap", names.config_map_name(name)),
+                                             (Service, "Service", names.service_name(name))]
+        if pod_monitors:
+            kinds.append((PodMonitor, "PodMonitor", names.service_name(name)))
+        for kind, kind_name, child in kinds:
+            obj = await get(kind, child)
+            if obj is not None:
+                live[(kind_name, child)] = obj.to_dict()
+    return states, live
 
 
 def _annotated(manifest: dict[str, Any], generation: int, fingerprint: str) -> dict[str, Any]:
@@ -112,16 +128,6 @@ def _annotated(manifest: dict[str, Any], generation: int, fingerprint: str) -> d
     metadata["annotations"] = {**metadata.get("annotations", {}), ANNOTATION_SD_GENERATION: str(generation),
                                ANNOTATION_CHILDREN_FINGERPRINT: fingerprint}
     return {**manifest, "metadata": metadata}
-
-
-def already_applied(children: Children, generation: int, existing: list[DeploymentState]) -> bool:
-    """Whether the last apply wrote exactly `children` of `generation`: every wanted Deployment exists with
-    their fingerprint and no other does. (The ConfigMap and Service are in the fingerprint, but only the
-    periodic resync, which always applies, restores them when deleted by hand.)"""
-    wanted = {manifest["metadata"]["name"] for manifest in children.deployments.values()}
-    fingerprint = children.fingerprint(generation)
-    return {state.name for state in existing} == wanted and all(
-        state.children_fingerprint == fingerprint for state in existing)
 
 
 async def apply_children(
@@ -245,7 +251,7 @@ async def secret_value(client: AsyncClient, namespace: str, name: str, key: str)
     return base64.b64decode(value).decode().strip() if value is not None else None
 
 
-async def post_event(client: AsyncClient, body: dict[str, Any], event: SdEvent, name: str | None = None) -> bool:
+async def post_event(client: AsyncClient, body: Mapping[str, Any], event: SdEvent, name: str | None = None) -> bool:
     """A core/v1 Event on the SD, as `kubectl describe sd` lists them; True when it exists afterwards.
 
     A fixed `name` makes the Event exactly-once: posting it again (after a crash) finds it there.

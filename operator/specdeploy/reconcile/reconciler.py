@@ -1,17 +1,20 @@
-"""`reconcile`: read one SpeculativeDeployment, plan it, decide on speculation, apply its children,
-write its status, tell people.
+"""`reconcile`: one pass over one SpeculativeDeployment — observe, decide, act.
+
+    observed = await self._observe(body, sample)   # the SD, its plan, Deployments, pods, the sample
+    actions = decide(observed, now)                # pure: reconcile/decide.py
+    await self._act(observed, actions, now)        # apply, post, write status once
 
 Level-based and idempotent: every trigger (the SD changed, a child changed, an analysis sample, the
-periodic resync) runs the same function on the object as it is now, under one lock per object, so an
+periodic resync) runs the same pass on the object as it is now, under one lock per object, so an
 operator killed at any point and restarted converges to the same children and status. A generation
-that is rejected changes nothing that runs. A rollback is written to status before anything acts on
-it, and its Event (fixed name) and alert are sent once, then marked as sent.
+that is rejected changes nothing that runs. A pass that changes nothing writes nothing; one writes the
+status at most once, and a rollback is written before anything acts on it. Its Event (fixed name) and
+alert are posted once, then marked as posted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime
 import hashlib
 import json
@@ -27,11 +30,9 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from pydantic import ValidationError
 
-from specdeploy.analysis import evidence
-from specdeploy.analysis.alerts import AlertmanagerError, post_alerts, rollback_alert
+from specdeploy.analysis.alerts import AlertmanagerError, post_alerts
 from specdeploy.analysis.headers import InvalidHeaders, directory_headers
 from specdeploy.analysis.metrics import OperatorMetrics
-from specdeploy.analysis.oom import out_of_memory
 from specdeploy.analysis.samples import DeploymentSample
 from specdeploy.analysis.verdict import kind
 from specdeploy.api.resource import SpeculativeDeployment, describe_validation_error
@@ -49,15 +50,14 @@ from specdeploy.modelsource.resolve import (
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile import kube
-from specdeploy.reconcile.children import LABEL_VARIANT, Variant, desired_children, engine_command, variants
-from specdeploy.reconcile.conditions import Event, Reason, transition_events
+from specdeploy.reconcile.children import LABEL_VARIANT, Variant, engine_command, variants
+from specdeploy.reconcile.conditions import Event, Reason
+from specdeploy.reconcile.decide import Actions, Notice, Observed, decide, noticed, refused
 from specdeploy.reconcile.observed import PodsObserved, observe_pods
-from specdeploy.reconcile.speculation import SpeculationStep, step_speculation
-from specdeploy.reconcile.status import Planned, next_status, pinned_to_record, refused_status
+from specdeploy.reconcile.status import Planned, pinned_to_record
 
 logger = logging.getLogger(__name__)
 
-ROLLBACK_EVENT_REASON = "SpeculationRolledBack"
 FAULT_ENV = "SPECDEPLOY_FAULT"
 """Fault injection for the crash tests: `exit-after-rollback-decision` kills the process (as SIGKILL would,
 no clean-up) right after a rollback decision is written, before anything acts on it."""
@@ -119,6 +119,7 @@ class Reconciler:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     hub: HubConfigs | None = None    # None: offline, the spec, ConfigMaps and the catalog only
     _resolved: dict[str, tuple[float, ResolvedModels]] = field(default_factory=dict)
+    _noticed: dict[tuple[str, str], int] = field(default_factory=dict)  # rollback notices posted, by number
     _locks: defaultdict[tuple[str, str], asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(CONCURRENT_RECONCILES))
 
@@ -129,73 +130,84 @@ class Reconciler:
             body = await kube.get_resource(self.client, namespace, name)
             if body is None:
                 self._locks.pop((namespace, name), None)
+                self._noticed.pop((namespace, name), None)
                 self.metrics.forget(namespace, name)
                 return
             await self._reconcile(body, sample)
 
     async def _reconcile(self, body: dict[str, Any], sample: DeploymentSample | None) -> None:
+        observed = await self._observe(body, sample)
+        now = datetime.datetime.now(datetime.UTC)
+        await self._act(observed, decide(observed, now), now)
+
+    async def _observe(self, body: dict[str, Any], sample: DeploymentSample | None) -> Observed:
+        """One read of everything a pass decides on: the SD, its plan, its Deployments and (on every
+        trigger but an analysis sample) its pods."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        generation = int(body["metadata"].get("generation") or 0)
-        old_status: dict[str, Any] = body.get("status") or {}
-        previous = SpeculativeDeploymentStatus.model_validate(old_status)
+        previous = SpeculativeDeploymentStatus.model_validate(body.get("status") or {})
         try:
             resource = SpeculativeDeployment.model_validate({**body, "status": None})
         except ValidationError as error:
-            # The CRD admitted it (an older CRD, or a rule only Python checks): say so, change nothing.
             problem = describe_validation_error(error)
             logger.warning("%s/%s does not validate: %s", namespace, name, problem)
-            refused = refused_status(previous, generation, Reason.INVALID_SPEC, (
-                f"generation {generation} does not validate, so nothing was changed: {problem}; fix the spec "
-                "(the CRD installed may be older than the operator: apply this version's CRD)"),
-                evidence.rfc3339(datetime.datetime.now(datetime.UTC)))
-            await self._write_status_and_events(body, previous, old_status, refused, [])
-            return
+            return Observed(body, previous, None, invalid=problem)
         planned = await self._plan(resource, previous)
-        moment = datetime.datetime.now(datetime.UTC)
-        now = evidence.rfc3339(moment)
-        existing = await kube.observe_deployments(self.client, namespace, name)
-        observed = await self._pods(resource, planned, sample)
-        stuck = observed.stuck if observed is not None else None
-        step = await self._step(resource, previous, planned, sample, moment, observed)
-        status = next_status(previous, resource.spec, generation, planned, existing, now,
-                             step.speculation, step.analysis, stuck)
-        events: list[Event] = list(step.events)
-        if step.rollback is not None:
+        # An analysis sample reads only the Deployments: their fingerprint tells whether its step changes a child.
+        deployments, live = await kube.observe_children(self.client, namespace, name, everything=sample is None,
+                                                        pod_monitors=self.pod_monitors)
+        pods = await self._pods(resource, planned, sample)
+        rollbacks = previous.speculation.rollbacks if previous.speculation is not None else None
+        return Observed(body, previous, resource, planned=planned, deployments=tuple(deployments),
+                        live=live if sample is None else None, pods=pods, sample=sample,
+                        notice_posted=self._noticed.get((namespace, name)) == rollbacks,
+                        pod_monitors=self.pod_monitors)
+
+    async def _act(self, observed: Observed, actions: Actions, now: datetime.datetime) -> None:
+        """Do what `decide` said, in its order, writing status once (twice only when the pass that decided
+        a rollback also has a child refused: the refusal is known after the first write)."""
+        namespace, name = observed.namespace, observed.name
+        written: dict[str, Any] = observed.body.get("status") or {}
+        if actions.write_first:
             # Persist the decision before acting on it: after a crash from here on, the status already
             # says "rolled back", so the decision is never taken twice.
-            await kube.write_status(self.client, namespace, name, old_status, status.to_wire())
-            old_status = status.to_wire()
-            self.metrics.rollback(namespace, name, step.rollback.reason.value)
-            logger.warning("%s/%s rolled back: %s", namespace, name, step.rollback.evidence)
+            written = await self._write_status(observed, written, actions.status)
+            if actions.rollback is not None:
+                self.metrics.rollback(namespace, name, actions.rollback.reason.value)
+                logger.warning("%s/%s rolled back: %s", namespace, name, actions.rollback.evidence)
             if os.environ.get(FAULT_ENV) == "exit-after-rollback-decision":
                 os._exit(137)
-        children = None
-        if planned.plan is not None and planned.accepted:
-            children = desired_children(resource.model_copy(update={"status": status}), planned.plan,
-                                        pod_monitor=self.pod_monitors)
-        # An analysis sample whose step changed no child needs no apply: most of a cycle's cost with many
-        # SDs. Every other trigger (the resync included) applies, which restores hand edits.
-        if children is not None and (sample is None or not kube.already_applied(children, generation, existing)):
-            refusal = None
+        applied: list[Event] = []
+        if actions.children is not None:
+            existing = list(observed.deployments)
             try:
-                events += await kube.apply_children(self.client, children, generation, existing)
-                events += await kube.prune_children(self.client, namespace, name, children, existing,
-                                                    self.pod_monitors)
+                applied += await kube.apply_children(self.client, actions.children, observed.generation, existing)
+                applied += await kube.prune_children(self.client, namespace, name, actions.children, existing,
+                                                     self.pod_monitors)
             except ApiError as error:
                 if error.status.code not in REFUSED_CODES:
                     raise
-                refusal = error.status.message
-            existing = await kube.observe_deployments(self.client, namespace, name)
-            status = next_status(previous, resource.spec, generation, planned, existing, now,
-                                 step.speculation, step.analysis, stuck)
-            if refusal is not None:
-                logger.warning("%s/%s: the apiserver refused a child: %s", namespace, name, refusal)
-                status = refused_status(status, generation, Reason.APPLY_REFUSED, (
-                    f"the apiserver refused a child of generation {generation}: {refusal}; change the spec "
-                    "so that its children are valid (names, sizes), or grant the operator what it lacks"), now)
-        await self._write_status_and_events(body, previous, old_status, status, events)
-        self._observe(namespace, name, status, step)
-        await self._notify(body, resource, status, step, moment, sampled=sample is not None)
+                logger.warning("%s/%s: the apiserver refused a child: %s", namespace, name, error.status.message or error)
+                actions = refused(observed, actions, error.status.message or str(error), now)
+        if actions.notice is not None and await self._post_notice(observed, actions.notice):
+            if actions.write_first:
+                self._noticed[(namespace, name)] = actions.notice.rollbacks   # the next pass marks it
+            else:
+                actions = noticed(actions)
+        await self._write_status(observed, written, actions.status)
+        for event in [*applied, *actions.events]:
+            logger.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
+            await kube.post_event(self.client, observed.body, event)
+        if actions.alert is not None:
+            await self._send_alert(observed, actions.alert)
+        self._record_metrics(namespace, name, actions)
+
+    async def _write_status(self, observed: Observed, written: dict[str, Any],
+                            status: SpeculativeDeploymentStatus) -> dict[str, Any]:
+        """Write `status` unless it is what the apiserver holds (`written`); the status it holds after."""
+        new = status.to_wire()
+        if new != written:
+            await kube.write_status(self.client, observed.namespace, observed.name, written, new)
+        return new
 
     async def _plan(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus) -> Planned:
         """Resolve the models (a ConfigMap's config.json, the Hub in a thread — at the commits the last plan
@@ -262,41 +274,6 @@ class Reconciler:
         return target, await supplied("spec.speculation.draft", draft.config_map_ref, draft.config_path,
                                       draft.token_secret_ref)
 
-    async def _write_status_and_events(self, body: dict[str, Any], previous: SpeculativeDeploymentStatus,
-                                       old_status: dict[str, Any], status: SpeculativeDeploymentStatus,
-                                       events: list[Event]) -> None:
-        """Write `status` when it changed, then post `events` and those its condition transitions raise."""
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        events = [*events, *transition_events(previous.conditions, status.conditions)]
-        new_status = status.to_wire()
-        if new_status != old_status:
-            await kube.write_status(self.client, namespace, name, old_status, new_status)
-        for event in events:
-            logger.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
-            await kube.post_event(self.client, body, event)
-
-    async def _step(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus,
-                    planned: Planned, sample: DeploymentSample | None, now: datetime.datetime,
-                    observed: PodsObserved | None) -> SpeculationStep:
-        """The speculation step, with the OOM deaths of the speculative pods since speculation started and
-        what the pods run now (`speculation.active`: a rollback is done when no pod speculates).
-
-        Pods are listed on every trigger but an analysis sample: a restart is a pod event and a pod that
-        comes or goes changes its Deployment's status, each of which reconciles at once, and the resync
-        looks again; a label list is the costliest read of a cycle with many SDs (~90 ms right after a
-        write, docs/performance.md). An analysis sample keeps the last observation."""
-        deaths = []
-        speculation = previous.speculation
-        if observed is not None and speculation is not None and speculation.decided:
-            since = evidence.parse_rfc3339(speculation.since) if speculation.since else None
-            deaths = out_of_memory(list(observed.speculative), since)
-        step = step_speculation(resource, previous.speculation, previous.analysis, planned.accepted, sample,
-                                deaths, now)
-        if observed is None:
-            return step
-        return dataclasses.replace(step, speculation=step.speculation.model_copy(update={
-            "active": observed.running.active, "speculating_pods": len(observed.running.speculating)}))
-
     async def _pods(self, resource: SpeculativeDeployment, planned: Planned,
                     sample: DeploymentSample | None) -> PodsObserved | None:
         """The engine pods, listed on every trigger but an analysis sample (see `_step`)."""
@@ -307,67 +284,53 @@ class Reconciler:
         replica_sets = await kube.speculative_replica_sets(self.client, namespace, name) if pods else []
         return observe_pods(pods, replica_sets, LABEL_VARIANT, Variant.SPECULATIVE.value)
 
-    def _observe(self, namespace: str, name: str, status: SpeculativeDeploymentStatus, step: SpeculationStep) -> None:
+    def _record_metrics(self, namespace: str, name: str, actions: Actions) -> None:
+        status = actions.status
         if status.speculation is not None:
             self.metrics.speculation_active(namespace, name, status.speculation.active)
-        if step.verdict is not None:
-            self.metrics.verdict(kind(step.verdict))
-            self.metrics.acceptance_rate(namespace, name, step.analysis.acceptance_rate if step.analysis else None)
-            speedup = step.analysis.speedup if step.analysis else None
+        if actions.verdict is not None:
+            analysis = status.analysis
+            self.metrics.verdict(kind(actions.verdict))
+            self.metrics.acceptance_rate(namespace, name, analysis.acceptance_rate if analysis else None)
+            speedup = analysis.speedup if analysis else None
             self.metrics.speedup_interval(namespace, name, (speedup.value, speedup.low, speedup.high) if speedup else None)
 
-    async def _notify(self, body: dict[str, Any], resource: SpeculativeDeployment,
-                      status: SpeculativeDeploymentStatus, step: SpeculationStep, now: datetime.datetime,
-                      sampled: bool) -> None:
-        """The rollback's Event and alert, once; the alert kept firing while rolled back, resolved after."""
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        speculation = status.speculation
-        record = speculation.last_rollback if speculation is not None else None
-        if speculation is None or record is None:
-            return
-        url = resource.spec.alerting.alertmanager_url or self.alertmanager_url
-        secret = resource.spec.alerting.headers_secret_ref
-        own = resource.spec.alerting.alertmanager_url is None and secret is None
-        headers_dir = self.alertmanager_headers_dir if own else None   # the operator's only to its own URL
-        started = evidence.parse_rfc3339(record.at)
+    async def _post_notice(self, observed: Observed, notice: Notice) -> bool:
+        """The rollback's Event and alert; True when both went out (the Event found there counts)."""
+        logger.info("%s/%s %s: %s", observed.namespace, observed.name, notice.event.reason, notice.event.message)
+        posted = await kube.post_event(self.client, observed.body, notice.event, name=notice.event_name)
+        return posted and await self._send_alert(observed, notice.alert)
 
-        async def alert(ends_at: datetime.datetime | None) -> bool:
-            if not url:
-                return True
-            try:
-                if secret:
-                    headers = await kube.secret_headers(self.client, namespace, secret)
-                elif headers_dir is not None:
-                    headers = await asyncio.to_thread(directory_headers, headers_dir)
-                else:
-                    headers = None
-            except (ApiError, InvalidHeaders) as error:   # neither message holds a value
-                reason = error.status.message if isinstance(error, ApiError) else str(error)
-                where = (f"Secret {namespace}/{secret} (`spec.alerting.headersSecretRef`)" if secret
-                         else "--alertmanager-headers-dir")
-                logger.warning("%s/%s: cannot read the Alertmanager headers from %s: %s; the alert is retried "
-                               "next cycle", namespace, name, where, reason)
-                return False
-            try:
-                await post_alerts(url, [rollback_alert(namespace, name, record.reason, record.evidence, "",
-                                                       started, ends_at)], headers=headers)
-            except AlertmanagerError as error:
-                logger.warning("%s/%s: could not send the rollback alert to %s: %s", namespace, name, url, error)
-                return False
+    async def _send_alert(self, observed: Observed, alert: dict[str, Any]) -> bool:
+        """Post `alert` to the SD's Alertmanager (`spec.alerting`, else the operator's); True when sent or
+        when there is no Alertmanager to send to. Failures are logged and retried by a later pass."""
+        namespace, name = observed.namespace, observed.name
+        alerting = observed.resource.spec.alerting if observed.resource is not None else None
+        if alerting is None:
             return True
-
-        if step.reenabled is not None:
-            await alert(ends_at=now)
-            return
-        if speculation.decided:
-            return
-        if not record.notified:
-            event = Event.warning(ROLLBACK_EVENT_REASON, f"{record.reason}: {record.evidence}")
-            posted = await kube.post_event(self.client, body, event,
-                                           name=f"{name}.speculation-rolled-back-{speculation.rollbacks}")
-            if posted and await alert(ends_at=None):
-                marked = status.model_copy(update={"speculation": speculation.model_copy(update={
-                    "last_rollback": record.model_copy(update={"notified": True})})})
-                await kube.write_status(self.client, namespace, name, status.to_wire(), marked.to_wire())
-        elif sampled:
-            await alert(ends_at=None)  # every analysis cycle: Alertmanager resolves an alert not re-sent
+        url = alerting.alertmanager_url or self.alertmanager_url
+        if not url:
+            return True
+        secret = alerting.headers_secret_ref
+        own = alerting.alertmanager_url is None and secret is None
+        headers_dir = self.alertmanager_headers_dir if own else None   # the operator's only to its own URL
+        try:
+            if secret:
+                headers = await kube.secret_headers(self.client, namespace, secret)
+            elif headers_dir is not None:
+                headers = await asyncio.to_thread(directory_headers, headers_dir)
+            else:
+                headers = None
+        except (ApiError, InvalidHeaders) as error:   # neither message holds a value
+            reason = error.status.message if isinstance(error, ApiError) else str(error)
+            where = (f"Secret {namespace}/{secret} (`spec.alerting.headersSecretRef`)" if secret
+                     else "--alertmanager-headers-dir")
+            logger.warning("%s/%s: cannot read the Alertmanager headers from %s: %s; the alert is retried "
+                           "next cycle", namespace, name, where, reason)
+            return False
+        try:
+            await post_alerts(url, [alert], headers=headers)
+        except AlertmanagerError as error:
+            logger.warning("%s/%s: could not send the rollback alert to %s: %s", namespace, name, url, error)
+            return False
+        return True

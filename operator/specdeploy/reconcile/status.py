@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdeploy.analysis import evidence
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import (
     AnalysisStatus,
@@ -18,6 +19,7 @@ from specdeploy.api.status import (
     Severity,
     SpeculationStatus,
     SpeculativeDeploymentStatus,
+    VerdictKind,
     set_condition,
 )
 from specdeploy.engines.base import image_for
@@ -215,11 +217,13 @@ def _rollout_condition(
     )
 
 
-def _verdict_kind(analysis: AnalysisStatus | None) -> str | None:
-    """"Healthy", "Failing" or "Inconclusive" from status.analysis.verdict ("Failing: <Reason>")."""
-    if analysis is None or not analysis.verdict:
-        return None
-    return analysis.verdict.split(":", 1)[0]
+def _measured_since(analysis: AnalysisStatus, speculation: SpeculationStatus) -> bool:
+    """Whether the last sample was taken after speculation (last) started."""
+    if analysis.last_sample_at is None:
+        return False
+    if speculation.since is None:
+        return True
+    return evidence.parse_rfc3339(analysis.last_sample_at) >= evidence.parse_rfc3339(speculation.since)
 
 
 def _speculation_healthy(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus,
@@ -228,16 +232,13 @@ def _speculation_healthy(spec: SpeculativeDeploymentSpec, speculation: Speculati
         if speculation.last_rollback is not None and spec.speculation.enabled:
             return ConditionStatus.UNKNOWN, Reason.ROLLED_BACK, "speculation was rolled back; see RolledBack"
         return ConditionStatus.UNKNOWN, Reason.SPECULATION_DISABLED, "the pods run without speculation"
-    kind = _verdict_kind(analysis)
-    if analysis is None or kind is None or analysis.last_sample_at is None or (
-        speculation.since is not None and analysis.last_sample_at < speculation.since
-    ):
+    if analysis is None or analysis.verdict is None or not _measured_since(analysis, speculation):
         return ConditionStatus.UNKNOWN, Reason.NOT_MEASURED, "no analysis sample since speculation started"
-    reason = analysis.verdict.split(": ", 1)[1] if analysis.verdict and ": " in analysis.verdict else kind
-    text = analysis.message or analysis.verdict or ""
-    if kind == "Healthy":
+    reason = analysis.verdict_reason or analysis.verdict.value
+    text = analysis.message or reason
+    if analysis.verdict == VerdictKind.HEALTHY:
         return ConditionStatus.TRUE, Reason.HEALTHY, text
-    if kind == "Failing":
+    if analysis.verdict == VerdictKind.FAILING:
         count = f" ({analysis.consecutive_failures} of failureLimit {spec.analysis.failure_limit} in a row)"
         return ConditionStatus.FALSE, reason, text + count
     return ConditionStatus.UNKNOWN, reason, text
@@ -274,8 +275,8 @@ def _phase(planned: Planned, ready: ConditionStatus, ready_reason: str, previous
     if ready != ConditionStatus.TRUE:
         was_ready = previous_ready is not None and previous_ready.status == ConditionStatus.TRUE
         return Phase.DEGRADED if was_ready and ready_reason == Reason.UNAVAILABLE else Phase.DEPLOYING
-    if not speculation.decided:
-        return Phase.SERVING
+    if not speculation.decided:   # serving without speculation once no pod speculates any more
+        return Phase.DEPLOYING if speculation.active else Phase.SERVING
     return Phase.SPECULATING if healthy == ConditionStatus.TRUE else Phase.MEASURING
 
 

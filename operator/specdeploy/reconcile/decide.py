@@ -1,0 +1,216 @@
+"""One pass's decision: everything a reconcile does, as a pure function of what it observed.
+
+    actions = decide(observed, now)
+
+`Observed` is what the reconciler read in one go (the SD, its Deployments, its pods, this cycle's analysis
+sample, the plan); `Actions` is all it will do about it — the status to hold, the children to apply and
+prune, the Events, the rollback's notice and the alert. The reconciler then acts, writing status once
+(reconcile/reconciler.py). No I/O and no clock here: tests/unit/test_decide.py drives each transition of
+the speculation state machine with plain values.
+
+The rollback's notice (its Event, under a fixed name, and its alert) is posted once per rollback: the
+status records `notified` when both went out. The pass that decides a rollback writes status before it
+acts on it (so a crash never takes the decision twice), so its own notice is marked by the next pass,
+from the operator's memory of what it posted; after a restart the memory is empty and the notice is posted
+again, which finds the Event there (same name) and refreshes the same alert (same labels).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from specdeploy.analysis import evidence
+from specdeploy.analysis.alerts import rollback_alert
+from specdeploy.analysis.oom import out_of_memory
+from specdeploy.analysis.rollback import Rollback
+from specdeploy.analysis.samples import DeploymentSample
+from specdeploy.analysis.verdict import Verdict
+from specdeploy.api.resource import SpeculativeDeployment
+from specdeploy.api.status import Condition, SpeculativeDeploymentStatus
+from specdeploy.reconcile.children import Children, desired_children
+from specdeploy.reconcile.conditions import Event, Reason, transition_events
+from specdeploy.reconcile.drift import drift
+from specdeploy.reconcile.observed import PodsObserved
+from specdeploy.reconcile.speculation import SpeculationStep, step_speculation
+from specdeploy.reconcile.status import DeploymentState, Planned, next_status, refused_status
+
+ROLLBACK_EVENT_REASON = "SpeculationRolledBack"
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one pass read about one SD."""
+
+    body: Mapping[str, Any]                      # the SD as the apiserver returned it
+    previous: SpeculativeDeploymentStatus        # its status, as read
+    resource: SpeculativeDeployment | None       # None: the spec does not validate (`invalid` says why)
+    invalid: str | None = None
+    planned: Planned | None = None
+    deployments: tuple[DeploymentState, ...] = ()
+    live: Mapping[tuple[str, str], Mapping[str, Any]] | None = None   # every child by kind and name; None: not read
+    pods: PodsObserved | None = None             # None: not listed this pass (an analysis sample)
+    sample: DeploymentSample | None = None       # this cycle's analysis sample, if one was taken
+    notice_posted: bool = False                  # this operator posted the last rollback's notice already
+    pod_monitors: bool = False                   # the cluster has the PodMonitor CRD
+
+    @property
+    def namespace(self) -> str:
+        return str(self.body["metadata"]["namespace"])
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def generation(self) -> int:
+        return int(self.body["metadata"].get("generation") or 0)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A rollback's Event, under a name fixed by the rollback's number (posting it again finds it), and
+    its alert; `rollbacks` says which rollback it announces."""
+
+    event_name: str
+    event: Event
+    alert: dict[str, Any]
+    rollbacks: int
+
+
+@dataclass(frozen=True)
+class Actions:
+    """All one pass does, in the order the reconciler does it: write `status` first when `write_first` (a
+    rollback decided: persisted before anything acts on it); apply `children` and prune what they lack;
+    post `notice`; write `status` (when it differs from what was read or written first); post `events`
+    and the transitions' Events; send `alert` (keeping a rollback's alert firing, or resolving it)."""
+
+    status: SpeculativeDeploymentStatus
+    previous_conditions: tuple[Condition, ...] = ()   # as read: their transitions raise Events
+    write_first: bool = False
+    children: Children | None = None
+    own_events: tuple[Event, ...] = ()                # the step's (speculation re-enabled)
+    notice: Notice | None = None
+    alert: dict[str, Any] | None = None
+    rollback: Rollback | None = None             # decided in this pass: for the log and the metric
+    verdict: Verdict | None = None               # on this pass's sample: for the metrics
+
+    @property
+    def events(self) -> list[Event]:
+        """The step's Events and those the conditions' transitions raise."""
+        return [*self.own_events, *transition_events(list(self.previous_conditions), self.status.conditions)]
+
+
+def already_applied(children: Children, generation: int, existing: tuple[DeploymentState, ...]) -> bool:
+    """Whether the last apply wrote exactly `children` of `generation`: every wanted Deployment exists with
+    their fingerprint and no other does. (The ConfigMap and Service are in the fingerprint, but only a
+    pass other than an analysis sample, which always applies, restores them when deleted by hand.)"""
+    wanted = {manifest["metadata"]["name"] for manifest in children.deployments.values()}
+    fingerprint = children.fingerprint(generation)
+    return {state.name for state in existing} == wanted and all(
+        state.children_fingerprint == fingerprint for state in existing)
+
+
+def _step(observed: Observed, resource: SpeculativeDeployment, planned: Planned, now: datetime) -> SpeculationStep:
+    """The speculation step, with the OOM deaths of the speculative pods since speculation started and
+    what the pods run now (`speculation.active`: a rollback is done when no pod speculates).
+
+    Pods are listed on every trigger but an analysis sample: a restart is a pod event and a pod that
+    comes or goes changes its Deployment's status, each of which reconciles at once, and the resync
+    looks again; a label list is the costliest read of a cycle with many SDs (~90 ms right after a
+    write, docs/performance.md). An analysis sample keeps the last observation."""
+    previous, pods = observed.previous, observed.pods
+    deaths = []
+    speculation = previous.speculation
+    if pods is not None and speculation is not None and speculation.decided:
+        since = evidence.parse_rfc3339(speculation.since) if speculation.since else None
+        deaths = out_of_memory(list(pods.speculative), since)
+    step = step_speculation(resource, previous.speculation, previous.analysis, planned.accepted,
+                            observed.sample, deaths, now)
+    if pods is None:
+        return step
+    return dataclasses.replace(step, speculation=step.speculation.model_copy(update={
+        "active": pods.running.active, "speculating_pods": len(pods.running.speculating)}))
+
+
+def _notified(status: SpeculativeDeploymentStatus) -> SpeculativeDeploymentStatus:
+    speculation = status.speculation
+    assert speculation is not None and speculation.last_rollback is not None
+    record = speculation.last_rollback.model_copy(update={"notified": True})
+    return status.model_copy(update={"speculation": speculation.model_copy(update={"last_rollback": record})})
+
+
+def _notices(observed: Observed, step: SpeculationStep, status: SpeculativeDeploymentStatus,
+             now: datetime) -> tuple[SpeculativeDeploymentStatus, Notice | None, dict[str, Any] | None]:
+    """The rollback's notice (once), its alert kept firing on each analysis sample while rolled back, and
+    resolved when speculation comes back; `status` marked notified when this operator posted it already."""
+    speculation = status.speculation
+    record = speculation.last_rollback if speculation is not None else None
+    if speculation is None or record is None:
+        return status, None, None
+    started = evidence.parse_rfc3339(record.at)
+
+    def alert(ends_at: datetime | None) -> dict[str, Any]:
+        return rollback_alert(observed.namespace, observed.name, record.reason, record.evidence, "", started, ends_at)
+
+    if step.reenabled is not None:
+        return status, None, alert(ends_at=now)
+    if speculation.decided:
+        return status, None, None
+    if not record.notified:
+        if observed.notice_posted:
+            return _notified(status), None, None
+        event = Event.warning(ROLLBACK_EVENT_REASON, f"{record.reason}: {record.evidence}")
+        name = f"{observed.name}.speculation-rolled-back-{speculation.rollbacks}"
+        return status, Notice(name, event, alert(ends_at=None), speculation.rollbacks), None
+    # Alertmanager resolves an alert that is not sent again: each analysis cycle keeps it firing.
+    return status, None, alert(ends_at=None) if observed.sample is not None else None
+
+
+def decide(observed: Observed, now: datetime) -> Actions:
+    """Everything one pass does about `observed` at `now`."""
+    at = evidence.rfc3339(now)
+    previous, generation = observed.previous, observed.generation
+    resource, planned = observed.resource, observed.planned
+    if resource is None or planned is None:
+        # The CRD admitted it (an older CRD, or a rule only Python checks): say so, change nothing.
+        status = refused_status(previous, generation, Reason.INVALID_SPEC, (
+            f"generation {generation} does not validate, so nothing was changed: {observed.invalid}; fix the spec "
+            "(the CRD installed may be older than the operator: apply this version's CRD)"), at)
+        return Actions(status, tuple(previous.conditions))
+    step = _step(observed, resource, planned, now)
+    stuck = observed.pods.stuck if observed.pods is not None else None
+    status = next_status(previous, resource.spec, generation, planned, list(observed.deployments), at,
+                         step.speculation, step.analysis, stuck)
+    children = None
+    if planned.plan is not None and planned.accepted:
+        wanted = desired_children(resource.model_copy(update={"status": status}), planned.plan,
+                                  pod_monitor=observed.pod_monitors)
+        # Apply only what would change something: children that are not those of the last apply, or (on a
+        # pass that read them all — every trigger but an analysis sample) that differ from it, by hand or
+        # deleted. A pass that would change nothing writes nothing.
+        if not already_applied(wanted, generation, observed.deployments) or (
+                observed.live is not None and drift(wanted, observed.live) is not None):
+            children = wanted
+    status, notice, alert = _notices(observed, step, status, now)
+    return Actions(status, tuple(previous.conditions), write_first=step.rollback is not None, children=children,
+                   own_events=tuple(step.events), notice=notice, alert=alert, rollback=step.rollback,
+                   verdict=step.verdict)
+
+
+def refused(observed: Observed, actions: Actions, refusal: str, now: datetime) -> Actions:
+    """`actions` after the apiserver refused a child (a refusal retrying cannot change): Ready=False
+    ApplyRefused in the apiserver's words (its transition raises the Event)."""
+    generation = observed.generation
+    status = refused_status(actions.status, generation, Reason.APPLY_REFUSED, (
+        f"the apiserver refused a child of generation {generation}: {refusal}; change the spec "
+        "so that its children are valid (names, sizes), or grant the operator what it lacks"), evidence.rfc3339(now))
+    return dataclasses.replace(actions, status=status)
+
+
+def noticed(actions: Actions) -> Actions:
+    """`actions` once the notice went out: the status records it, so it is not posted again."""
+    return dataclasses.replace(actions, status=_notified(actions.status), notice=None)
