@@ -3,7 +3,9 @@
 Each document starts from a real file in examples/ and gets a few mutations: a field set to an extreme,
 out-of-range, wrong-typed or over-long value, a required field removed, an unknown field added, an array
 grown past its limit, and a hostile `metadata.name`. The fields come from the generated CRD schema, so a
-field added to the models is attacked without touching this module.
+field added to the models is attacked without touching this module. An object that keeps unknown fields
+(`x-kubernetes-preserve-unknown-fields`: `spec.speculation.extraConfig`) gets free-form JSON: keys the
+engine has, keys it has not, keys the operator manages, other spellings, nesting, nulls and too many keys.
 
 Usage::
 
@@ -65,6 +67,19 @@ UNICODE = "モデル/ünïcødé-🚀‮"  # a right-to-left override included
 DURATIONS = ["-5s", "0s", "0", "5", "5 m", "1h30m", "1.5s", "1000000h", "99999999999999999999h", "NaNs", "1d", ""]
 QUANTITIES = [0, -80, "-80Gi", "1e3", "80Gi", "0.0001Ki", "1Ei", "80 Gi", 80.5, 10**12, "", "Gi"]
 WRONG_TYPES: list[Any] = [None, True, "3", 1.5, [], {}, [1, 2], {"a": 1}]
+#: Values of an object that keeps unknown fields (any JSON inside).
+FREE_FORM: list[Any] = [
+    {"disable_padded_drafter_batch": True},
+    {"num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 256, 2]], "parallel_drafting": False},
+    {"num_speculative_tokens": 7},                          # managed by the operator (vLLM)
+    {"num-speculative-tokens": 7},                          # the same key as vLLM reads it
+    {"max_draft_len": 2, "draft_len_schedule": {"4": 2}},  # TensorRT-LLM's keys
+    {"tensor_parallel_size": 2},                            # a key vLLM refuses
+    {"speculative_model": "x", UNICODE: [None, 1.5, {"deep": {"er": [[]]}}]},
+    {"synthetic_acceptance_rates": [0.9, 0.5], "rejection_sample_method": "synthetic", "enforce_eager": None},
+    {f"key_{i}": i for i in range(65)},
+    {"draft_load_config": {"load_format": "x" * 9000}},    # past the plan's size limit
+]
 
 
 def huge_string(size: int = MIB) -> str:
@@ -112,6 +127,8 @@ def values_for(node: dict[str, Any], huge: bool) -> st.SearchStrategy[Any]:
         choices = [True, False, "true", 1]
     elif kind == "array":
         choices = [[], ["--x"] * (node.get("maxItems", 8) + 1), [UNICODE]]
+    elif node.get("x-kubernetes-preserve-unknown-fields"):
+        choices = [{}, {"unknownField": 1}, *FREE_FORM]
     else:
         choices = [{}, {"unknownField": 1}]
     return st.one_of(st.sampled_from(choices), st.sampled_from(WRONG_TYPES))
@@ -196,6 +213,8 @@ def oversized_arrays() -> st.SearchStrategy[Mutation]:
         set_value(("spec", "engine", "env"), [{"name": f"V{i}", "value": huge_string(32768)} for i in range(64)]),
         set_value(("spec", "engine", "env"), [{"name": f"V{i}", "value": huge_string(32768)} for i in range(8)]),
         set_value(("spec", "engine", "env"), [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]),
+        set_value(("spec", "speculation", "extraConfig"), {f"key_{i}": [i] * 64 for i in range(64)}),
+        set_value(("spec", "speculation", "extraConfig"), {f"key_{i}": i for i in range(65)}),
     ])
 
 
@@ -257,5 +276,14 @@ def named_cases() -> list[tuple[str, dict[str, Any]]]:
         case("unicode model", "unicode-model", set_value(("spec", "model", "name"), UNICODE)),
         case("no speculation", "no-speculation", remove(("spec", "speculation"))),
         case("unknown field", "unknown-field", add_unknown(("spec",), "speculative_config")),
+        case("extra speculative config", "extra-config", set_value(
+            ("spec", "speculation", "extraConfig"),
+            {"disable_padded_drafter_batch": True, "num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 256, 2]]})),
+        case("managed extra config key", "managed-extra-config",
+             set_value(("spec", "speculation", "extraConfig"), {"num_speculative_tokens": 7})),
+        case("unknown extra config key", "unknown-extra-config",
+             set_value(("spec", "speculation", "extraConfig"), {"speculative_model": "x"})),
+        case("65 extra config keys", "many-extra-config",
+             set_value(("spec", "speculation", "extraConfig"), {f"key_{i}": i for i in range(65)})),
         case("4 MiB request", "huge-request", set_value(("spec", "notes"), huge_string(4 * MIB))),
     ]

@@ -87,14 +87,16 @@ def schema_problems(value: Any, node: dict[str, Any], path: str) -> list[str]:
             problems.append(f"{path}: too many items")
         for index, item in enumerate(value):
             problems += schema_problems(item, node["items"], f"{path}[{index}]")
+    if isinstance(value, dict) and len(value) > node.get("maxProperties", len(value)):
+        problems.append(f"{path}: too many properties")
     if isinstance(value, dict) and "properties" in node:
         present = {k: v for k, v in value.items() if v is not None}   # nulls are pruned
         problems += [f"{path}.{k}: required" for k in node.get("required", []) if k not in present]
         for key, item in present.items():
-            if key not in node["properties"]:
-                problems.append(f"{path}.{key}: unknown field")
-            else:
+            if key in node["properties"]:
                 problems += schema_problems(item, node["properties"][key], f"{path}.{key}")
+            elif not node.get("x-kubernetes-preserve-unknown-fields"):   # kept as they are, unvalidated
+                problems.append(f"{path}.{key}: unknown field")
     return problems
 
 
@@ -162,4 +164,6 @@ def test_named_cases() -> None:
         "name with a leading digit": False, "1 MiB model name": False, "1 MiB extra argument": False,
         "256 KiB of environment": False, "unknown engine": False, "unknown model": True, "unicode model": True,
         "no speculation": False, "unknown field": False, "4 MiB request": False,
+        "extra speculative config": True, "managed extra config key": False, "unknown extra config key": True,
+        "65 extra config keys": False,
     }

@@ -4,6 +4,13 @@ Pydantic writes JSON Schema with `$ref`s, `anyOf` for optionals and numeric `exc
 apiserver wants a structural OpenAPI v3 schema: everything inlined, one type per node, boolean
 `exclusiveMinimum`. `structural()` does that translation; `crd()` adds names, printer columns, the
 status subresource and the rules that need `metadata`.
+
+Maps: a model (extra="forbid") has `additionalProperties: false`, which the apiserver's own pruning of
+unknown fields already means, so it is left out. A `dict[str, JsonValue]` (or `dict[str, Any]`) field,
+whose values are any JSON, becomes `type: object` with `x-kubernetes-preserve-unknown-fields: true`: without
+it the apiserver would prune every key. CEL sees only the declared `properties` of such an object (none of
+its other keys or values), so a rule about particular keys needs them declared (`json_schema_extra`). A
+`dict[str, X]` keeps `additionalProperties` with X's structural schema: a map CEL can range over.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import SpeculativeDeploymentStatus
 from specdeploy.api.units import DURATION_PATTERN, format_duration
 
-_DROPPED_KEYS = {"title", "additionalProperties", "$defs"}
+_DROPPED_KEYS = {"title", "$defs"}
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -72,6 +79,7 @@ def _structural(node: Any) -> Any:
             node[key] = True
     if "default" in node and node["default"] is None:
         del node["default"]
+    _map_values(node)
     if node.get("pattern") == DURATION_PATTERN and isinstance(node.get("default"), int | float):
         node["default"] = format_duration(node["default"])
     node = {key: value for key, value in node.items() if key not in _DROPPED_KEYS}
@@ -80,6 +88,21 @@ def _structural(node: Any) -> Any:
     if "items" in node:
         node["items"] = _structural(node["items"])
     return node
+
+
+def _map_values(node: dict[str, Any]) -> None:
+    """`additionalProperties` in the apiserver's terms (see the module docstring), in place."""
+    if "additionalProperties" not in node:
+        return
+    values = node.pop("additionalProperties")
+    if values is False:
+        return
+    if values is True or values == {}:
+        node["x-kubernetes-preserve-unknown-fields"] = True
+        return
+    if "properties" in node:
+        raise ValueError(f"a structural schema cannot have both properties and a typed map: {node!r}")
+    node["additionalProperties"] = _structural(values)
 
 
 def _nested_model(annotation: Any) -> type[BaseModel] | None:

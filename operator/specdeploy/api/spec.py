@@ -7,11 +7,17 @@ Field names are the contract of ../shared/DESIGN.md; the CRD schema is generated
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, JsonValue, field_validator
 
 from specdeploy.api.base import CelRule, WireModel
+from specdeploy.api.speculative_keys import (
+    MANAGED_KEYS,
+    MAX_EXTRA_CONFIG_KEYS,
+    MAX_EXTRA_CONFIG_TEXT,
+    ManagedKey,
+)
 from specdeploy.api.units import Duration, MemoryGiB
 
 
@@ -215,6 +221,31 @@ class Draft(ConfigSources):
     )
 
 
+def _without_nulls(value: JsonValue) -> JsonValue:
+    """`value` with every null member of an object dropped, as `parse_resource` reads a document: a null
+    means "the engine's default", so the operator renders the same config from the apiserver's copy (which
+    keeps nulls inside free-form JSON) as `specdeploy plan` does from the file."""
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
+
+
+def _managed_key_properties() -> dict[str, Any]:
+    """The managed keys as declared properties of `extraConfig`: CEL sees only the declared properties of an
+    object that keeps unknown fields, so the rules that refuse these keys need them declared."""
+    properties: dict[str, Any] = {}
+    for engine, keys in MANAGED_KEYS.items():
+        for key, managed in keys.items():
+            properties[key] = {
+                "type": managed.json_type,
+                "description": f"Refused with `spec.engine.kind` {engine}: the operator renders it from "
+                               f"`{managed.owner}`; set that instead",
+            }
+    return properties
+
+
 class Speculation(WireModel):
     """How tokens are proposed. Rollback turns it off in status, never here."""
 
@@ -229,6 +260,22 @@ class Speculation(WireModel):
     eagle_topk: int = Field(
         1, ge=1, le=64, description="SGLang: branching per draft step; >1 turns the overlap scheduler off"
     )
+    extra_config: dict[str, JsonValue] | None = Field(
+        None, max_length=MAX_EXTRA_CONFIG_KEYS,
+        description="Engine speculative-config keys the fields above do not cover (any JSON values), merged into "
+        "vLLM's --speculative-config JSON or TensorRT-LLM's speculative_config YAML, e.g. "
+        "{disable_padded_drafter_batch: true}. Keys the operator renders from the fields above are refused; a key "
+        "the engine's config does not have, more than "
+        f"{MAX_EXTRA_CONFIG_TEXT} characters of JSON, or any key with sglang (which has no speculative config "
+        "object) is refused by the plan (docs/compatibility.md)",
+        json_schema_extra={"properties": _managed_key_properties()},
+    )
+
+    @field_validator("extra_config")
+    @classmethod
+    def _drop_nulls(cls, value: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        return None if value is None else {key: _without_nulls(item) for key, item in value.items()
+                                           if item is not None}
 
     @property
     def enabled_method(self) -> Method:
@@ -464,6 +511,20 @@ class Rollout(WireModel):
     )
 
 
+def _managed_keys_rule(engine: EngineKind) -> CelRule:
+    """Refuses, for `engine`, the extraConfig keys the operator renders from typed fields."""
+    keys: dict[str, ManagedKey] = MANAGED_KEYS[engine.value]
+    present = " || ".join(f"has(self.speculation.extraConfig.{key})" for key in keys)
+    owners = ", ".join(f"{key} (`{managed.owner}`)" for key, managed in keys.items())
+    where = "vLLM's --speculative-config" if engine == EngineKind.VLLM else "TensorRT-LLM's speculative_config"
+    return CelRule(
+        f"self.engine.kind != '{engine.value}' || !has(self.speculation.extraConfig) || !({present})",
+        f"`spec.speculation.extraConfig` must not set a key that the operator renders into {where} from a spec "
+        f"field when `spec.engine.kind` is {engine.value}: {owners}; remove the key and set the field instead",
+        lambda s: s.engine.kind != engine or not set(s.speculation.extra_config or {}) & set(keys),
+    )
+
+
 class SpeculativeDeploymentSpec(WireModel):
     """What the user wants: a target model served with speculative decoding."""
 
@@ -498,4 +559,6 @@ class SpeculativeDeploymentSpec(WireModel):
             "`spec.speculation.method` suffix is supported by vllm only; use ngram with sglang or trtllm",
             lambda s: s.speculation.method != Method.SUFFIX or s.engine.kind == EngineKind.VLLM,
         ),
+        _managed_keys_rule(EngineKind.VLLM),
+        _managed_keys_rule(EngineKind.TRTLLM),
     )

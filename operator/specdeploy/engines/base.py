@@ -8,7 +8,7 @@ into the engine container, `config_files` into the SpeculativeDeployment's Confi
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -184,6 +184,26 @@ def explicit_quantization(quantization: Quantization) -> str | None:
     W4A16, GPTQ, AWQ …): the checkpoint's quantization_config decides.
     """
     return _EXPLICIT_QUANTIZATION.get(quantization)
+
+
+def merge_extra_config(
+    rendered: Mapping[str, Any], spec: SpeculativeDeploymentSpec, engine_key: Callable[[str], str] = str,
+) -> dict[str, Any]:
+    """The speculative config `rendered` from the typed fields with `spec.speculation.extraConfig` added.
+
+    `engine_key` maps a key to the one the engine reads (vLLM replaces `-` by `_`). A key that means one the
+    operator rendered is refused: the CRD refuses the exact names and the plan the other spellings, so this
+    only stops a spec that skipped both from overriding what the memory plan was made from.
+    """
+    extra = spec.speculation.extra_config or {}
+    rendered_keys = {engine_key(key) for key in rendered}
+    clashes = sorted(key for key in extra if engine_key(key) in rendered_keys)
+    if clashes:
+        raise EngineRenderError(
+            f"`spec.speculation.extraConfig` must not set {', '.join(clashes)}: the operator renders "
+            "them from the spec's fields; remove them and set those fields"
+        )
+    return {**extra, **rendered}
 
 
 def compact_json(value: Mapping[str, Any]) -> str:

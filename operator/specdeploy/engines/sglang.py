@@ -83,6 +83,13 @@ def speculative_args(spec: SpeculativeDeploymentSpec) -> list[str]:
             f"`spec.speculation.method` {method.value} is not available in SGLang; "
             f"use one of {', '.join(m.value for m in SPECULATIVE_ALGORITHMS)}"
         )
+    if speculation.extra_config:
+        # planning.compat refuses the same spec with ExtraConfigNotSupported.
+        raise EngineRenderError(
+            "`spec.speculation.extraConfig` must not be set with `spec.engine.kind` sglang: SGLang has no "
+            "speculative config object to merge it into (its speculative settings are --speculative-* flags, "
+            "which the operator renders from `spec.speculation`); remove it, or use vllm or trtllm"
+        )
     k = speculation.num_speculative_tokens
     args = ["--speculative-algorithm", algorithm]
     if speculation.method == Method.NGRAM:

@@ -25,6 +25,7 @@ from specdeploy.engines.base import (
     EngineInputs,
     EngineRenderError,
     MetricNames,
+    merge_extra_config,
     user_env,
 )
 
@@ -71,7 +72,8 @@ DECODING_TYPES = {
 
 
 def speculative_config(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
-    """The YAML speculative_config for the spec's method."""
+    """The YAML speculative_config for the spec's method, then the keys of spec.speculation.extraConfig
+    (fields of the method's decoding config the spec has no field for)."""
     speculation = spec.speculation
     method = speculation.enabled_method
     if method == Method.EAGLE:
@@ -97,7 +99,7 @@ def speculative_config(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
         config["num_nextn_predict_layers"] = k
     if speculation.method == Method.NGRAM:
         config["max_matching_ngram_size"] = speculation.prompt_lookup_max
-    return config
+    return merge_extra_config(config, spec)
 
 
 def llm_args(inputs: EngineInputs) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from specdeploy.engines.base import (
     MetricNames,
     compact_json,
     explicit_quantization,
+    merge_extra_config,
     user_env,
 )
 
@@ -70,8 +71,14 @@ KV_CACHE_DTYPES = {
 }
 
 
+def engine_key(key: str) -> str:
+    """A --speculative-config key as vLLM reads it (EngineArgs.create_speculative_config: `-` becomes `_`)."""
+    return key.replace("-", "_")
+
+
 def speculative_config(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
-    """The --speculative-config object: method, k, and the draft's own settings where it has a draft."""
+    """The --speculative-config object: method, k, and the draft's own settings where it has a draft, then the
+    keys of spec.speculation.extraConfig (SpeculativeConfig fields the spec has no field for)."""
     speculation = spec.speculation
     config: dict[str, Any] = {
         "method": SPECULATIVE_METHODS[speculation.enabled_method],
@@ -90,7 +97,7 @@ def speculative_config(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
     if speculation.method == Method.NGRAM:
         config["prompt_lookup_min"] = speculation.prompt_lookup_min
         config["prompt_lookup_max"] = speculation.prompt_lookup_max
-    return config
+    return merge_extra_config(config, spec, engine_key)
 
 
 def render(inputs: EngineInputs) -> EngineCommand:

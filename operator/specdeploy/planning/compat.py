@@ -12,15 +12,31 @@ status, Events and docs/compatibility.md use; messages follow the Kubernetes API
 backquotes, must / must not, what to do).
 
 When `spec.speculation.enabled` is false the engine runs the target alone, so only the extraArgs rules
-apply: a spec that is incompatible only in its speculation can still serve without it.
+apply: a spec that is incompatible only in its speculation can still serve without it (`extraConfig` is
+part of the speculation).
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 from collections.abc import Callable, Iterable
 
 from specdeploy.api.spec import EngineKind, Method, Quantization, SpeculativeDeploymentSpec
+from specdeploy.api.speculative_keys import (
+    MAX_EXTRA_CONFIG_TEXT,
+    TRTLLM_MANAGED_KEYS,
+    TRTLLM_SPECULATIVE_CONFIG_KEYS,
+    VLLM_KEYS_SINCE_0_33,
+    VLLM_MANAGED_KEYS,
+    VLLM_SPECULATIVE_CONFIG_KEYS,
+    VLLM_UNSETTABLE_KEYS,
+    ManagedKey,
+)
 from specdeploy.api.status import Compatibility, Finding, Severity
+from specdeploy.engines.base import DEFAULT_IMAGES
+from specdeploy.engines.trtllm import DECODING_TYPES as TRTLLM_DECODING_TYPES
+from specdeploy.engines.vllm import engine_key as vllm_key
 from specdeploy.planning.managed_flags import MANAGED_FLAGS, find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
 
@@ -361,6 +377,121 @@ def quantization(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
         )
 
 
+# --- extraConfig ---------------------------------------------------------------------------------------
+
+# Keys that change what the plan assumes: (severity, code, what the plan does not model).
+_UNMODELLED_KEYS: dict[EngineKind, dict[str, tuple[Severity, str, str]]] = {
+    EngineKind.VLLM: {
+        "kv_cache_dtype": (
+            Severity.WARNING, "ExtraConfigChangesMemory",
+            "the memory plan counts the draft's KV cache at `spec.serving.kvCacheDtype`, so its KV tokens and "
+            "concurrency are off by the difference; set `spec.serving.kvCacheDtype` for both instead if you can",
+        ),
+        "num_speculative_tokens_per_batch_size": (
+            Severity.INFO, "ExtraConfigScheduleNotModelled",
+            "the speedup estimate and the acceptance floor assume `spec.speculation.numSpeculativeTokens` at every "
+            "batch size, and while a range drafts 0 tokens vLLM's speculative counters stop, so acceptance "
+            "samples are Inconclusive",
+        ),
+    },
+    EngineKind.TRTLLM: {
+        key: (
+            Severity.INFO, "ExtraConfigScheduleNotModelled",
+            "the speedup estimate and the acceptance floor assume `spec.speculation.numSpeculativeTokens` at every "
+            "batch size, and while TensorRT-LLM drafts nothing its speculative counters stop, so acceptance "
+            "samples are Inconclusive",
+        )
+        for key in ("draft_len_schedule", "max_concurrency", "acceptance_rate_threshold")
+    },
+}
+
+
+def _key_list(keys: Iterable[str]) -> str:
+    return ", ".join(sorted(keys))
+
+
+def _unknown_key(where: str, key: str, settable: set[str], engine_config: str) -> Finding:
+    close = difflib.get_close_matches(vllm_key(key), sorted(settable), n=1, cutoff=0.75)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return _error(
+        "ExtraConfigKeyUnknown",
+        f"{where} must not set {key}: {engine_config} has no such key and the engine would refuse to start; "
+        f"{hint}the keys it has, besides those the operator renders, are {_key_list(settable)}",
+    )
+
+
+def _managed_key(where: str, key: str, name: str, managed: ManagedKey, engine_config: str) -> Finding:
+    return _error(
+        "ExtraConfigKeyManaged",
+        f"{where} must not set {key}: the engine reads it as {name}, which the operator renders into "
+        f"{engine_config} from `{managed.owner}` (and makes the memory plan from); remove the key and set "
+        f"`{managed.owner}` instead",
+    )
+
+
+def extra_config(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """`spec.speculation.extraConfig` keys must exist in the engine's speculative config, and be the user's to set.
+
+    The CRD already refuses the managed keys by their exact names; this catches the spellings the engine also
+    reads (vLLM: `-` for `_`), the keys the engine has not got, and SGLang, which has no config to merge into.
+    """
+    extra = spec.speculation.extra_config
+    if not extra:
+        return
+    engine = spec.engine.kind
+    if engine == EngineKind.SGLANG:
+        yield _error(
+            "ExtraConfigNotSupported",
+            "`spec.speculation.extraConfig` must not be set with `spec.engine.kind` sglang: SGLang has no "
+            "speculative config object to merge it into (its speculative settings are separate --speculative-* "
+            "flags, which the operator renders from `spec.speculation`); remove it, or use vllm or trtllm",
+        )
+        return
+    size = len(json.dumps(extra, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+    if size > MAX_EXTRA_CONFIG_TEXT:
+        yield _error(
+            "ExtraConfigTooLarge",
+            f"`spec.speculation.extraConfig` must be at most {MAX_EXTRA_CONFIG_TEXT} characters as JSON, got "
+            f"{size}: the operator copies it into every engine pod's configuration; keep large settings in the "
+            "image or a mounted file",
+        )
+    if engine == EngineKind.VLLM:
+        engine_config = "vLLM's SpeculativeConfig (--speculative-config)"
+        known, managed, unsettable = set(VLLM_SPECULATIVE_CONFIG_KEYS), VLLM_MANAGED_KEYS, VLLM_UNSETTABLE_KEYS
+    else:
+        decoding_type = TRTLLM_DECODING_TYPES.get(spec.speculation.enabled_method)
+        if decoding_type is None:   # method_supported reports the method
+            return
+        engine_config = f"TensorRT-LLM's {decoding_type} speculative_config"
+        known, managed, unsettable = set(TRTLLM_SPECULATIVE_CONFIG_KEYS[decoding_type]), TRTLLM_MANAGED_KEYS, {}
+    settable = known - set(managed) - set(unsettable)
+    unmodelled = _UNMODELLED_KEYS.get(engine, {})
+    for key in sorted(extra):
+        where = f"`spec.speculation.extraConfig.{key}`"
+        name = vllm_key(key) if engine == EngineKind.VLLM else key
+        if name in managed:
+            yield _managed_key("`spec.speculation.extraConfig`", key, name, managed[name], engine_config)
+        elif name in unsettable:
+            yield _error(
+                "ExtraConfigKeyNotSettable",
+                f"`spec.speculation.extraConfig` must not set {key}: it is not a user setting of {engine_config}, "
+                f"{unsettable[name]}; remove it",
+            )
+        elif name not in known:
+            yield _unknown_key("`spec.speculation.extraConfig`", key, settable, engine_config)
+        else:
+            if name in unmodelled:
+                severity, code, note = unmodelled[name]
+                yield Finding(code=code, severity=severity, message=f"{where} is passed to the engine as set, but {note}")
+            if (engine == EngineKind.VLLM and name in VLLM_KEYS_SINCE_0_33 and spec.engine.image
+                    and spec.engine.image != DEFAULT_IMAGES[engine]):
+                yield _warning(
+                    "ExtraConfigKeyNeedsNewerEngine",
+                    f"{where} exists in vLLM's SpeculativeConfig since 0.33 only: an older image than "
+                    f"{DEFAULT_IMAGES[engine]} refuses to start with it; check `spec.engine.image`",
+                )
+
+
 # --- extraArgs -----------------------------------------------------------------------------------------
 
 
@@ -401,6 +532,7 @@ SPECULATION_RULES: tuple[Rule, ...] = (
     mtp_layers,
     sglang_topk,
     quantization,
+    extra_config,
 )
 ALWAYS_RULES: tuple[Rule, ...] = (extra_args,)
 

@@ -7,7 +7,9 @@ the spec field that owns it; the engine renderers import the same tables.
 
 Flag names are the engines' own (read 2026-11):
 - vLLM: `vllm/engine/arg_utils.py` (EngineArgs.add_cli_args); `--kv-cache-memory-bytes` is the full name,
-  `--kv-cache-memory` its argparse abbreviation (vLLM CLI docs, `vllm serve`).
+  `--kv-cache-memory` its argparse abbreviation (vLLM CLI docs, `vllm serve`). `--spec-method`, `--spec-model`
+  and `--spec-tokens` (vLLM 0.32 and 0.33) are shorthands for the method, model and num_speculative_tokens
+  keys of --speculative-config (EngineArgs.create_speculative_config refuses them beside the same key).
 - SGLang: `python/sglang/srt/server_args.py` (ServerArgs.add_cli_args).
 - TensorRT-LLM: `tensorrt_llm/commands/serve.py` (`trtllm-serve` click options).
 """
@@ -42,6 +44,9 @@ MANAGED_FLAGS: dict[EngineKind, dict[str, str]] = {
         "--model": _MODEL,
         "--revision": _REVISION,
         "--speculative-config": _SPECULATION,
+        "--spec-method": _SPECULATION,
+        "--spec-model": _SPECULATION,
+        "--spec-tokens": _SPECULATION,
         "--tensor-parallel-size": _TP,
         "-tp": _TP,
         "--gpu-memory-utilization": _UTILIZATION,
