@@ -209,11 +209,12 @@ OPERATOR_CALLS = {
     ("apps", "deployments", "watch"), ("apps", "deployments", "create"),
     ("apps", "deployments", "patch"), ("apps", "deployments", "delete"), ("apps", "replicasets", "list"),
     ("", "configmaps", "create"), ("", "configmaps", "patch"), ("", "configmaps", "get"),
-    ("", "services", "create"), ("", "services", "patch"),
+    ("", "services", "create"), ("", "services", "patch"), ("", "services", "get"),
     ("", "pods", "list"), ("", "pods", "watch"),
     ("", "events", "create"),
     ("", "secrets", "get"),
-    ("monitoring.coreos.com", "podmonitors", "list"), ("monitoring.coreos.com", "podmonitors", "create"),
+    ("monitoring.coreos.com", "podmonitors", "get"), ("monitoring.coreos.com", "podmonitors", "list"),
+    ("monitoring.coreos.com", "podmonitors", "create"),
     ("monitoring.coreos.com", "podmonitors", "patch"), ("monitoring.coreos.com", "podmonitors", "delete"),
 }
 CLUSTER_READS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}

@@ -83,14 +83,11 @@ Server-side apply of a child that does not exist yet is a create, so apply needs
 - apiGroups: [apps]
   resources: [replicasets]
   verbs: [list]
-# The engine ConfigMap (plan.json, engine config files) and the Service: applied.
+# The engine ConfigMap (plan.json, engine config files) and the Service: read (is it as applied?) and
+# applied; a model's config.json from the ConfigMap in spec.model.configMapRef (or the draft's): read.
 - apiGroups: [""]
   resources: [configmaps, services]
-  verbs: [create, patch]
-# A model's config.json from the ConfigMap in spec.model.configMapRef (or the draft's): read.
-- apiGroups: [""]
-  resources: [configmaps]
-  verbs: [get]
+  verbs: [get, create, patch]
 # Speculative pods: watched by kopf (a restart reconciles at once), listed for OOM deaths.
 - apiGroups: [""]
   resources: [pods]
@@ -110,6 +107,6 @@ Server-side apply of a child that does not exist yet is a create, so apply needs
 # Per-SD PodMonitors, rendered when the prometheus-operator CRD exists.
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
-  verbs: [list, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 {{- end }}
 {{- end }}

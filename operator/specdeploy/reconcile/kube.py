@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import datetime
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import httpx2
@@ -93,9 +93,9 @@ async def observe_children(client: AsyncClient, namespace: str, name: str, *, ev
     Deployments, ConfigMap, Service, PodMonitor — as JSON by kind and name, to compare with what would be
     applied (reconcile/drift.py). Got by their names: a get is answered at once, where a label list right
     after a write waits ~90 ms for the apiserver's watch cache (benchmarks/analysis_profile.py)."""
-    async def get(kind: Any, child: str) -> Any:
+    async def optional(read: Awaitable[Any]) -> Any:
         try:
-            return await client.get(kind, child, namespace=namespace)
+            return await read
         except ApiError as error:
             if error.status.code == 404:
                 return None
@@ -103,21 +103,20 @@ async def observe_children(client: AsyncClient, namespace: str, name: str, *, ev
 
     states, live = [], {}
     for child in (names.engine_deployment_name(name), names.control_deployment_name(name)):
-        obj = await get(Deployment, child)
+        obj = await optional(client.get(Deployment, child, namespace=namespace))
         labels = ((obj.metadata.labels if obj.metadata else None) or {}) if obj is not None else {}
         state = _deployment_state(obj) if obj is not None and labels.get(LABEL_NAME) == name else None
         if state is not None:
             states.append(state)
             live[("Deployment", child)] = obj.to_dict()
     if everything:
-        kinds: list[tuple[Any, str, str]] = [(ConfigMap, "ConfigMap", names.config_map_name(name)),
-                                             (Service, "Service", names.service_name(name))]
-        if pod_monitors:
-            kinds.append((PodMonitor, "PodMonitor", names.service_name(name)))
-        for kind, kind_name, child in kinds:
-            obj = await get(kind, child)
+        config_map = await optional(client.get(ConfigMap, names.config_map_name(name), namespace=namespace))
+        service = await optional(client.get(Service, names.service_name(name), namespace=namespace))
+        monitor = (await optional(client.get(PodMonitor, names.service_name(name), namespace=namespace))
+                   if pod_monitors else None)
+        for kind, obj in (("ConfigMap", config_map), ("Service", service), ("PodMonitor", monitor)):
             if obj is not None:
-                live[(kind_name, child)] = obj.to_dict()
+                live[(kind, obj.metadata.name)] = obj.to_dict()
     return states, live
 
 
