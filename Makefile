@@ -30,7 +30,7 @@ cluster-binaries: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check operator engine-image tests benchmarks
-	$(BIN)/mypy operator/specdeploy/api operator/specdeploy/planning operator/specdeploy/engines operator/specdeploy/modelsource
+	$(BIN)/mypy operator/specdeploy
 
 unit: $(STAMP)
 	$(BIN)/pytest -m "not e2e" tests

@@ -34,12 +34,13 @@ from process_usage import Mark, load_average, machine
 
 from specdeploy.api import names as names_module
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
+from specdeploy.clients import kube
+from specdeploy.controller import analysis_loop
+from specdeploy.controller import reconciler as reconciler_module
+from specdeploy.controller.reconciler import Reconciler
 from specdeploy.devcluster import DevCluster
-from specdeploy.reconcile import analysis_loop, kube
 from specdeploy.reconcile import decide as decide_module
-from specdeploy.reconcile import reconciler as reconciler_module
 from specdeploy.reconcile.children import LABEL_NAME
-from specdeploy.reconcile.reconciler import Reconciler
 
 NAMESPACE = "bench"
 INTERVAL = 3.0

@@ -22,11 +22,11 @@ What runs, for each of `--runs` runs:
   15s, the interval of the PodMonitor the operator renders) at an offset of its own, with the PodMonitor's
   target labels, and answers the operator's PromQL with Prometheus' semantics.
 - The analysis: the operator's cadence — a tick every 5 s (the chart's analysisTickSeconds), an SD sampled
-  when `interval` has passed since its lastSampleAt (whole seconds; reconcile/analysis_loop.py `due`) — then
+  when `interval` has passed since its lastSampleAt (whole seconds; controller/analysis_loop.py `due`) — then
   the operator's own `query_all` at that instant and `for_deployment`, and the pure step of a reconcile,
   `reconcile.speculation.step_speculation` (verdict, counting, rollback decision). A run ends at a rollback.
   `--policy previous` runs the verdict as it was before the judgment rewrite instead
-  (benchmarks/previous_verdict.py) and counts as analysis/rollback.py did: Failing +1, Inconclusive leaves
+  (benchmarks/previous_verdict.py) and counts as judgment/rollback.py did: Failing +1, Inconclusive leaves
   the count, Healthy resets it; failureLimit failing samples in a row roll back. `--policy both` judges the
   same runs (the same pods, scrapes and samples) by each, and goes on until both have rolled back: the
   numbers are those of two separate runs with the same seed, at half the cost.
@@ -78,15 +78,15 @@ from typing import Any
 import previous_verdict
 from virtual_prometheus import VirtualPrometheus, spread_offset
 
-from specdeploy.analysis.prometheus import query_all
-from specdeploy.analysis.samples import DeploymentSample, QueryGroup
 from specdeploy.api.resource import SpeculativeDeployment, parse_resource
 from specdeploy.api.spec import EngineKind
 from specdeploy.api.units import format_duration, parse_duration
+from specdeploy.clients.prometheus import query_all
+from specdeploy.judgment.samples import DeploymentSample, QueryGroup
+from specdeploy.judgment.speculation import step_speculation
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import Variant, engine_command
-from specdeploy.reconcile.speculation import step_speculation
 from specdeploy_engine.loadgen import DEFAULT_OUTPUT, DEFAULT_PROMPT
 from specdeploy_engine.loadgen.workload import Lengths, QpsSchedule, QpsSegment, TemperatureMix, Workload
 from specdeploy_engine.sim.argv import parse_engine_argv
@@ -101,7 +101,7 @@ NAMESPACE, NAME = "bench", "llama-8b-eagle3"
 T0 = 1_749_999_600.0          # the virtual clock's Unix time at pod start (a whole hour)
 GPUS = ("H100-80GB", "H200", "B200")
 ANALYSIS_TICK = 5.0           # charts/specdeploy/values.yaml analysisTickSeconds
-DUE_SLACK = 0.5               # reconcile/analysis_loop.py due(): interval − 0.5 s
+DUE_SLACK = 0.5               # controller/analysis_loop.py due(): interval − 0.5 s
 CALIBRATION_SECONDS = 150.0
 CALIBRATION_WARMUP = 20.0
 DEFAULT_TEMPERATURE = "0:0.7,1.0:0.3"
@@ -303,7 +303,7 @@ class CurrentJudge:
 
 
 class PreviousJudge:
-    """--policy previous: the verdict of benchmarks/previous_verdict.py, counted as analysis/rollback.py did
+    """--policy previous: the verdict of benchmarks/previous_verdict.py, counted as judgment/rollback.py did
     (Failing +1, Inconclusive leaves the count, Healthy resets it; failureLimit Failing in a row roll back)."""
 
     def __init__(self, setup: Setup) -> None:
@@ -378,7 +378,7 @@ def run_once(setup: Setup, index: int) -> list[RunResult]:
                 pod.advance(at)
                 prometheus.scrape(target, T0 + at)
                 continue
-            # an analysis tick: is the SD due (reconcile/analysis_loop.py due())?
+            # an analysis tick: is the SD due (controller/analysis_loop.py due())?
             if last_sample is not None and at - last_sample < setup.interval - DUE_SLACK:
                 continue
             last_sample = float(math.floor(at))            # lastSampleAt is written in whole seconds

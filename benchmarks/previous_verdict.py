@@ -1,5 +1,5 @@
-"""The verdict as it was before the judgment rewrite (979bd3b): operator/specdeploy/analysis/verdict.py at 896965e
-(`git show 896965e:operator/specdeploy/analysis/verdict.py`), for `benchmarks/decisions.py --policy previous`.
+"""The verdict as it was before the judgment rewrite (979bd3b): operator/specdeploy/judgment/verdict.py at 896965e
+(`git show 896965e:operator/specdeploy/judgment/verdict.py`), for `benchmarks/decisions.py --policy previous`.
 Changed: `checks.min_acceptance_rate` None (now "Auto") means the old default 0.5 (PREVIOUS_MIN_ACCEPTANCE_RATE);
 the verdict types come from today's module (they did not change); nothing else. It reads only the signals that existed then (the speculative and control pods' acceptance
 rate, P99s and request counts), which the samples still carry.
@@ -31,12 +31,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from specdeploy.analysis import evidence
-from specdeploy.analysis.reasons import FailureReason, InconclusiveReason
-from specdeploy.analysis.samples import DeploymentSample, Signal, SignalValues
+from specdeploy.api.spec import BaselineMode, Checks
+from specdeploy.judgment import evidence
+from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
+from specdeploy.judgment.samples import DeploymentSample, Signal, SignalValues
 
 # The verdict types, their labels and messages are the same then and now: one definition.
-from specdeploy.analysis.verdict import (  # noqa: F401 (message: for decisions.py)
+from specdeploy.judgment.verdict import (  # noqa: F401 (message: for decisions.py)
     _ERROR_REASONS,
     Failing,
     Healthy,
@@ -48,7 +49,6 @@ from specdeploy.analysis.verdict import (  # noqa: F401 (message: for decisions.
     _Unknown,
     message,
 )
-from specdeploy.api.spec import BaselineMode, Checks
 
 PREVIOUS_MIN_ACCEPTANCE_RATE = 0.5
 """The default of `checks.minAcceptanceRate` before it became optional (None: Auto)."""

@@ -6,7 +6,7 @@ Prometheus does, for benchmarks/decisions.py (no cluster, no sockets, no sleepin
     prometheus.scrape(pod, at=1_750_000_005.0)          # the exposition text, parsed and stored
     samples = await prometheus.query('sum by (pod) (rate(x_total{pod!=""}[5m]))', at=1_750_000_030.0)
 
-`query` has the signature of `specdeploy.analysis.prometheus.PrometheusClient.query`, so the operator's own
+`query` has the signature of `specdeploy.clients.prometheus.PrometheusClient.query`, so the operator's own
 `query_all` runs against it. It returns `Sample`s (an instant vector; or, for a range-vector answer such as a
 subquery, `points` with `value` the last point's) and raises the client's errors: PrometheusBadQuery for
 PromQL it cannot parse or execute (HTTP 400/422 from a real Prometheus), PrometheusBadResponse for a scalar
@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdeploy.analysis.prometheus import PrometheusBadQuery, PrometheusBadResponse, Sample
+from specdeploy.clients.prometheus import PrometheusBadQuery, PrometheusBadResponse, Sample
 
 DEFAULT_LOOKBACK = 300.0     # seconds: --query.lookback-delta
 DEFAULT_SUBQUERY_STEP = 60.0  # seconds: the global evaluation_interval, the step of `expr[range:]`

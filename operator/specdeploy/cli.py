@@ -132,7 +132,7 @@ def render(file: str, pod_monitor: bool) -> None:
 
 def _default(field: str) -> str:
     """The setting's one default, for --help (the flags default to None: not given keeps it)."""
-    from specdeploy.reconcile.settings import OperatorSettings
+    from specdeploy.controller.settings import OperatorSettings
 
     return f"(default: {OperatorSettings.model_fields[field].default})"
 
@@ -171,7 +171,7 @@ def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_names
     import kopf
     from pydantic import ValidationError
 
-    from specdeploy.reconcile.settings import OperatorSettings
+    from specdeploy.controller.settings import OperatorSettings
 
     try:
         settings = OperatorSettings.from_environment(
@@ -184,7 +184,7 @@ def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_names
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN)
     for noisy in ("httpx", "httpx2"):  # lightkube logs every API call at INFO; that would drown the decisions
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    import specdeploy.reconcile.handlers  # noqa: F401 - registers the handlers with kopf
+    import specdeploy.controller.handlers  # noqa: F401 - registers the handlers with kopf
 
     kopf.run(
         standalone=True,

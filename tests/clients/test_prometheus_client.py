@@ -1,4 +1,4 @@
-"""analysis/prometheus against prepared Prometheus HTTP API answers (httpx.MockTransport): a vector, an empty
+"""judgment/prometheus against prepared Prometheus HTTP API answers (httpx.MockTransport): a vector, an empty
 result, NaN, errors by status code, timeouts, malformed bodies; and query_all's grouping per SD and variant."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from specdeploy.analysis.prometheus import (
+from specdeploy.api.spec import EngineKind
+from specdeploy.clients.prometheus import (
     PrometheusBadQuery,
     PrometheusBadResponse,
     PrometheusClient,
@@ -23,9 +24,8 @@ from specdeploy.analysis.prometheus import (
     Sample,
     query_all,
 )
-from specdeploy.analysis.queries import queries_for
-from specdeploy.analysis.samples import QueryErrorKind, QueryGroup, SeriesKey, Signal, SignalValues
-from specdeploy.api.spec import EngineKind
+from specdeploy.judgment.queries import queries_for
+from specdeploy.judgment.samples import QueryErrorKind, QueryGroup, SeriesKey, Signal, SignalValues
 
 BASE = "http://prometheus.test:9090"
 TOKEN = "Bearer s3cr3t-token"

@@ -103,7 +103,7 @@ def operator(dev_cluster: DevCluster, crds: None, namespace: str, monkeypatch: p
 
     for key, value in operator_env(dev_cluster, namespace).items():
         monkeypatch.setenv(key, value)
-    args = ["run", "--standalone", "--namespace", namespace, "-m", "specdeploy.reconcile.handlers"]
+    args = ["run", "--standalone", "--namespace", namespace, "-m", "specdeploy.controller.handlers"]
     with KopfRunner(args, timeout=60) as runner:
         yield
     assert runner.exception is None, runner.output[-4000:]

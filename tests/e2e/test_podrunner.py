@@ -19,13 +19,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from specdeploy.analysis.oom import out_of_memory
 from specdeploy.api.resource import load_resource
 from specdeploy.devcluster import DevCluster, processes, wait_for
 from specdeploy.devcluster.cli import endpoints_cmd
 from specdeploy.devcluster.simadmin import endpoints, sim_admin
 from specdeploy.devcluster.simregistry import SimulatorEndpoint
 from specdeploy.devcluster.waiters import condition, get_json, wait_for_object
+from specdeploy.judgment.oom import out_of_memory
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import Variant, desired_children
 

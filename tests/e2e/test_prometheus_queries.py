@@ -21,14 +21,15 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from specdeploy.analysis.alerts import post_alerts, rollback_alert
-from specdeploy.analysis.metrics import OperatorMetrics
-from specdeploy.analysis.prometheus import PrometheusClient, query_all
-from specdeploy.analysis.reasons import FailureReason
-from specdeploy.analysis.samples import QueryGroup, Samples, Signal
-from specdeploy.analysis.verdict import Failing, Policy, verdict
 from specdeploy.api.spec import BaselineMode, Checks, EngineKind
+from specdeploy.clients.alertmanager import post_alerts
+from specdeploy.clients.prometheus import PrometheusClient, query_all
+from specdeploy.controller.metrics import OperatorMetrics
 from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.judgment.alerts import rollback_alert
+from specdeploy.judgment.reasons import FailureReason
+from specdeploy.judgment.samples import QueryGroup, Samples, Signal
+from specdeploy.judgment.verdict import Failing, Policy, verdict
 
 pytestmark = pytest.mark.e2e
 

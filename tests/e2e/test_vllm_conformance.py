@@ -22,13 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specdeploy.analysis.queries import queries_for
 from specdeploy.api.resource import load_resource
 from specdeploy.api.spec import EngineKind
 from specdeploy.devcluster import processes
 from specdeploy.devcluster.standins import PREDICTABLE, prompt_words
 from specdeploy.devcluster.vllm_serve import local_server, standin_vllm
 from specdeploy.engines import metric_names
+from specdeploy.judgment.queries import queries_for
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import Variant, engine_command
 from specdeploy_engine.sim.exposition import ParsedFamily, parse

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from specdeploy.analysis.samples import DeploymentSample, Points, Signal, SignalValues
+from specdeploy.judgment.samples import DeploymentSample, Points, Signal, SignalValues
 
 T0 = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 SLICES = 10

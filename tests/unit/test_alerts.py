@@ -1,4 +1,4 @@
-"""analysis/alerts: the Alertmanager v2 payload of a rollback, and the POST (against httpx.MockTransport)."""
+"""clients/alertmanager: the Alertmanager v2 payload of a rollback, and the POST (against httpx.MockTransport)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-from specdeploy.analysis.alerts import (
+from specdeploy.clients.alertmanager import (
     ALERTS_PATH,
     AlertmanagerRejected,
     AlertmanagerUnavailable,
     post_alerts,
-    rollback_alert,
 )
+from specdeploy.judgment.alerts import rollback_alert
 
 ROLLED_BACK_AT = datetime(2026, 3, 1, 12, 0, 5, tzinfo=UTC)
 EVIDENCE = ("3 consecutive failing samples (failureLimit 3); the last: acceptance rate 0.31 < minAcceptanceRate 0.50 "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from specdeploy.api.resource import SpeculativeDeployment
-from specdeploy.reconcile.analysis_loop import due
+from specdeploy.controller.analysis_loop import due
 
 NOW = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC).timestamp()
 

@@ -78,7 +78,7 @@ def test_rolled_back_is_degraded_with_the_evidence() -> None:
                        "the last: acceptance rate 0.31 < minAcceptanceRate 0.50 (Fixed: minAcceptanceRate 0.50)")
 
 
-# The evidence of a latency rollback as analysis/verdict.py writes it: "…", "−", "≈" are not ASCII.
+# The evidence of a latency rollback as judgment/verdict.py writes it: "…", "−", "≈" are not ASCII.
 LATENCY_EVIDENCE = ("3 consecutive failing samples (failureLimit 3); the last: per-token latency +18% (95% interval "
                     "+9%…+27%) vs the control, above maxP99InterTokenLatencyRatio 1.10; mean 5.9 ms vs 5 ms, "
                     "P99 < 10 ms vs < 10 ms; 412 vs 198 requests in 10 slices over 5m (412 requests; control 198)")

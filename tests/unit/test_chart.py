@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from specdeploy.analysis.metrics import OperatorMetrics
 from specdeploy.api.spec import EngineKind
 from specdeploy.cli import run as run_command
+from specdeploy.controller.metrics import OperatorMetrics
 from specdeploy.devcluster import build
 from specdeploy.engines import metric_names
 

@@ -1,4 +1,4 @@
-"""analysis/comparison: slices from cumulative series, the paired interval and the unpaired one. Plain numbers."""
+"""judgment/comparison: slices from cumulative series, the paired interval and the unpaired one. Plain numbers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdeploy.analysis.comparison import (
+from specdeploy.judgment.comparison import (
     MIN_SLICES,
     Slice,
     estimate,

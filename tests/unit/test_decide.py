@@ -12,11 +12,11 @@ from typing import Any
 import yaml
 from analysis_samples import T0, sample
 
-from specdeploy.analysis.rollback import RETRY_ANNOTATION
-from specdeploy.analysis.samples import DeploymentSample
 from specdeploy.api import names
 from specdeploy.api.resource import SpeculativeDeployment, load_resource
 from specdeploy.api.status import ConditionStatus, Phase, SpeculativeDeploymentStatus, VerdictKind
+from specdeploy.judgment.rollback import RETRY_ANNOTATION
+from specdeploy.judgment.samples import DeploymentSample
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import ANNOTATION_SPECULATING, LABEL_VARIANT, Variant, desired_children
 from specdeploy.reconcile.decide import Actions, Observed, decide, noticed, refused

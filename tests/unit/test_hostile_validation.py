@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from specdeploy.api.crd import crd
 from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, parse_resource
 from specdeploy.api.status import SpeculativeDeploymentStatus
+from specdeploy.controller.reconciler import plan_resource
+from specdeploy.judgment.speculation import step_speculation
 from specdeploy.reconcile.children import desired_children
-from specdeploy.reconcile.reconciler import plan_resource
-from specdeploy.reconcile.speculation import step_speculation
 from specdeploy.reconcile.status import next_status
 
 ROOT_SCHEMA = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

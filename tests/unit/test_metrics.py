@@ -1,4 +1,4 @@
-"""analysis/metrics: the operator's metrics as prometheus_client exposes them (checked by promtool when present)."""
+"""controller/metrics: the operator's metrics as prometheus_client exposes them (checked by promtool when present)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from specdeploy.analysis.metrics import OperatorMetrics
-from specdeploy.analysis.reasons import FailureReason, InconclusiveReason
-from specdeploy.analysis.verdict import Failing, Healthy, Inconclusive, kind
+from specdeploy.controller.metrics import OperatorMetrics
+from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
+from specdeploy.judgment.verdict import Failing, Healthy, Inconclusive, kind
 
 
 def filled() -> OperatorMetrics:

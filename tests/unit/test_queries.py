@@ -1,4 +1,4 @@
-"""analysis/queries: strict templates, one query per signal per engine and window, metric names from the tables."""
+"""judgment/queries: strict templates, one query per signal per engine and window, metric names from the tables."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdeploy.analysis.queries import (
+from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
+from specdeploy.api.units import parse_duration
+from specdeploy.engines import metric_names
+from specdeploy.judgment.queries import (
     CUMULATIVE_SERIES,
     GAUGE_MEAN,
     GROUP_LABELS,
@@ -24,10 +27,7 @@ from specdeploy.analysis.queries import (
     render,
     slice_seconds,
 )
-from specdeploy.analysis.samples import QueryGroup, Signal
-from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
-from specdeploy.api.units import parse_duration
-from specdeploy.engines import metric_names
+from specdeploy.judgment.samples import QueryGroup, Signal
 
 _METRIC_IN_QUERY = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{")
 _SUBQUERY = re.compile(r"\)\[([0-9]+(?:ms|s|m|h)):([0-9]+(?:ms|s|m|h))\]$")

@@ -1,4 +1,4 @@
-"""analysis/rollback and analysis/oom: counting verdicts, deciding, re-enabling; OOM deaths in pod status.
+"""judgment/rollback and judgment/oom: counting verdicts, deciding, re-enabling; OOM deaths in pod status.
 Tables with the clock passed in; no fakes."""
 
 from __future__ import annotations
@@ -11,10 +11,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdeploy.analysis.comparison import Comparison
-from specdeploy.analysis.oom import OutOfMemory, is_out_of_memory, out_of_memory
-from specdeploy.analysis.reasons import FailureReason, InconclusiveReason, ReenableReason, RollbackReason
-from specdeploy.analysis.rollback import (
+from specdeploy.api.spec import Analysis, Speculation
+from specdeploy.api.status import (
+    AnalysisStatus,
+    Diagnosis,
+    MeanLatency,
+    PreviousBaselineStatus,
+    SpeculationStatus,
+    Speedup,
+)
+from specdeploy.api.status import Rollback as RollbackRecord
+from specdeploy.judgment.comparison import Comparison
+from specdeploy.judgment.oom import OutOfMemory, is_out_of_memory, out_of_memory
+from specdeploy.judgment.reasons import FailureReason, InconclusiveReason, ReenableReason, RollbackReason
+from specdeploy.judgment.rollback import (
     MAX_BACKOFF_DOUBLINGS,
     Keep,
     Rollback,
@@ -27,18 +37,8 @@ from specdeploy.analysis.rollback import (
     rolled_back,
     speculation_hash,
 )
-from specdeploy.analysis.samples import DeploymentSample, SignalValues
-from specdeploy.analysis.verdict import Assessment, Failing, Floor, Healthy, Inconclusive, Verdict
-from specdeploy.api.spec import Analysis, Speculation
-from specdeploy.api.status import (
-    AnalysisStatus,
-    Diagnosis,
-    MeanLatency,
-    PreviousBaselineStatus,
-    SpeculationStatus,
-    Speedup,
-)
-from specdeploy.api.status import Rollback as RollbackRecord
+from specdeploy.judgment.samples import DeploymentSample, SignalValues
+from specdeploy.judgment.verdict import Assessment, Failing, Floor, Healthy, Inconclusive, Verdict
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 H = Healthy("fine")

@@ -12,11 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specdeploy.analysis.alerts import AlertmanagerError, AlertmanagerRejected, post_alerts, rollback_alert
-from specdeploy.analysis.headers import Headers, InvalidHeaders, directory_headers, http_headers
-from specdeploy.analysis.prometheus import PrometheusClient, PrometheusRefused
 from specdeploy.api.resource import SpeculativeDeployment
-from specdeploy.reconcile.analysis_loop import Source, source_of
+from specdeploy.clients.alertmanager import AlertmanagerError, AlertmanagerRejected, post_alerts
+from specdeploy.clients.headers import Headers, InvalidHeaders, directory_headers, http_headers
+from specdeploy.clients.prometheus import PrometheusClient, PrometheusRefused
+from specdeploy.controller.analysis_loop import Source, source_of
+from specdeploy.judgment.alerts import rollback_alert
 
 PASSWORD = "hunter2-Zq9"
 AUTHORIZATION = "Basic " + base64.b64encode(f"specdeploy:{PASSWORD}".encode()).decode()

@@ -126,7 +126,7 @@ def test_the_charts_operator_pod_is_restricted_with_a_read_only_root() -> None:
 
 # --- RBAC: exactly the calls the code makes ----------------------------------------------------------
 
-#: Calls kopf makes for the handlers (reconcile/handlers.py's @kopf.on.* watch these) and CRD discovery.
+#: Calls kopf makes for the handlers (controller/handlers.py's @kopf.on.* watch these) and CRD discovery.
 KOPF_CALLS = {("specdeploy.io", "speculativedeployments", v) for v in ("list", "watch", "patch")} | {
     ("apps", "deployments", "list"), ("apps", "deployments", "watch"), ("", "pods", "list"), ("", "pods", "watch"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
@@ -138,20 +138,20 @@ _VERBS = {"get": ("get",), "list": ("list",), "watch": ("watch",), "create": ("c
 
 
 def _lightkube_calls() -> set[tuple[str, str, str]]:
-    """(group, resource, verb) of every `client.<verb>(Resource, …)` in operator/specdeploy/reconcile; applied
-    manifests count by the kinds desired_children renders."""
+    """(group, resource, verb) of every `client.<verb>(Resource, …)` in the packages that talk to the apiserver
+    (clients/, controller/); applied manifests count by the kinds desired_children renders."""
     import ast
     import importlib
 
     from lightkube.resources.coordination_v1 import Lease
     from lightkube.resources.core_v1 import ConfigMap, Service
 
-    from specdeploy.reconcile import kube
+    from specdeploy.clients import kube
 
     calls = set()
-    package = Path(kube.__file__).parent
-    for path in sorted(package.glob("*.py")):
-        module = importlib.import_module(f"specdeploy.reconcile.{path.stem}")
+    root = Path(kube.__file__).parents[1]
+    for path in sorted([*(root / "clients").glob("*.py"), *(root / "controller").glob("*.py")]):
+        module = importlib.import_module(f"specdeploy.{path.parent.name}.{path.stem}")
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr in _VERBS and ast.unparse(node.func.value).endswith("client") and node.args):

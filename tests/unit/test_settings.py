@@ -1,4 +1,4 @@
-"""reconcile/settings: one default per setting; the environment, then the flags."""
+"""controller/settings: one default per setting; the environment, then the flags."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from specdeploy.reconcile.settings import OperatorSettings
+from specdeploy.controller.settings import OperatorSettings
 
 
 def test_defaults_when_nothing_is_set() -> None:

@@ -12,14 +12,14 @@ import yaml
 from analysis_samples import SLICES, T0
 from analysis_samples import sample as _sample
 
-from specdeploy.analysis.comparison import estimate, slices
-from specdeploy.analysis.oom import OutOfMemory
-from specdeploy.analysis.rollback import RETRY_ANNOTATION
-from specdeploy.analysis.samples import DeploymentSample, Signal
 from specdeploy.api.resource import SpeculativeDeployment, load_resource
 from specdeploy.api.status import AnalysisStatus, PreviousBaselineStatus, SpeculationStatus
 from specdeploy.api.status import Rollback as RollbackRecord
-from specdeploy.reconcile.speculation import SpeculationStep, step_speculation
+from specdeploy.judgment.comparison import estimate, slices
+from specdeploy.judgment.oom import OutOfMemory
+from specdeploy.judgment.rollback import RETRY_ANNOTATION
+from specdeploy.judgment.samples import DeploymentSample, Signal
+from specdeploy.judgment.speculation import SpeculationStep, step_speculation
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EAGLE3_8B = {"method": "eagle3", "numSpeculativeTokens": 3, "draft": {"name": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}}
@@ -237,7 +237,7 @@ def test_retry_annotation_brings_speculation_back_once() -> None:
         update={"annotations": {RETRY_ANNOTATION: "1"}})})
     back = step_speculation(annotated, speculation, None, True, None, [], T0 + timedelta(minutes=5))
     assert back.speculation.decided and back.reenabled is not None
-    assert [e.reason for e in back.events] == ["SpeculationReenabled"]
+    assert back.reenabled.reason.value == "RetryRequested"   # the Event is decide's (tests/unit/test_decide.py)
     again = step_speculation(annotated, back.speculation, back.analysis, True, None, [], T0 + timedelta(minutes=6))
     assert again.reenabled is None, "the same annotation value is acted on once"
 

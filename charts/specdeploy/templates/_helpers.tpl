@@ -43,7 +43,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* The Lease that keeps one operator active; its name is fixed in the operator (reconcile/leader.py). */}}
+{{/* The Lease that keeps one operator active; its name is fixed in the operator (controller/leader.py). */}}
 {{- define "specdeploy.leaseName" -}}
 specdeploy-operator
 {{- end }}

@@ -33,7 +33,7 @@ class Verdict(StrEnum):
 
 
 class VerdictKind(StrEnum):
-    """The analysis verdict on the last sample (analysis/verdict.py)."""
+    """The analysis verdict on the last sample (judgment/verdict.py)."""
 
     HEALTHY = "Healthy"
     FAILING = "Failing"

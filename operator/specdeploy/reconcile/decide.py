@@ -5,7 +5,7 @@
 `Observed` is what the reconciler read in one go (the SD, its Deployments, its pods, this cycle's analysis
 sample, the plan); `Actions` is all it will do about it — the status to hold, the children to apply and
 prune, the Events, the rollback's notice and the alert. The reconciler then acts, writing status once
-(reconcile/reconciler.py). No I/O and no clock here: tests/unit/test_decide.py drives each transition of
+(controller/reconciler.py). No I/O and no clock here: tests/unit/test_decide.py drives each transition of
 the speculation state machine with plain values.
 
 The rollback's notice (its Event, under a fixed name, and its alert) is posted once per rollback: the
@@ -23,19 +23,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from specdeploy.analysis import evidence
-from specdeploy.analysis.alerts import rollback_alert
-from specdeploy.analysis.oom import out_of_memory
-from specdeploy.analysis.rollback import Rollback
-from specdeploy.analysis.samples import DeploymentSample
-from specdeploy.analysis.verdict import Verdict
 from specdeploy.api.resource import SpeculativeDeployment
 from specdeploy.api.status import Condition, SpeculativeDeploymentStatus
+from specdeploy.judgment import evidence
+from specdeploy.judgment.alerts import rollback_alert
+from specdeploy.judgment.oom import out_of_memory
+from specdeploy.judgment.rollback import Rollback
+from specdeploy.judgment.samples import DeploymentSample
+from specdeploy.judgment.speculation import SpeculationStep, step_speculation
+from specdeploy.judgment.verdict import Verdict
 from specdeploy.reconcile.children import Children, desired_children
 from specdeploy.reconcile.conditions import Event, Reason, transition_events
 from specdeploy.reconcile.drift import drift
 from specdeploy.reconcile.observed import PodsObserved
-from specdeploy.reconcile.speculation import SpeculationStep, step_speculation
 from specdeploy.reconcile.status import DeploymentState, Planned, next_status, refused_status
 
 ROLLBACK_EVENT_REASON = "SpeculationRolledBack"
@@ -92,7 +92,7 @@ class Actions:
     previous_conditions: tuple[Condition, ...] = ()   # as read: their transitions raise Events
     write_first: bool = False
     children: Children | None = None
-    own_events: tuple[Event, ...] = ()                # the step's (speculation re-enabled)
+    own_events: tuple[Event, ...] = ()                # speculation re-enabled
     notice: Notice | None = None
     alert: dict[str, Any] | None = None
     rollback: Rollback | None = None             # decided in this pass: for the log and the metric
@@ -196,8 +196,9 @@ def decide(observed: Observed, now: datetime) -> Actions:
                 observed.live is not None and drift(wanted, observed.live) is not None):
             children = wanted
     status, notice, alert = _notices(observed, step, status, now)
+    reenabled = (Event.normal("SpeculationReenabled", step.reenabled.message),) if step.reenabled else ()
     return Actions(status, tuple(previous.conditions), write_first=step.rollback is not None, children=children,
-                   own_events=tuple(step.events), notice=notice, alert=alert, rollback=step.rollback,
+                   own_events=reenabled, notice=notice, alert=alert, rollback=step.rollback,
                    verdict=step.verdict)
 
 

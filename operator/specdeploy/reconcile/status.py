@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdeploy.analysis import evidence
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import (
     AnalysisStatus,
@@ -23,6 +22,7 @@ from specdeploy.api.status import (
     set_condition,
 )
 from specdeploy.engines.base import image_for
+from specdeploy.judgment import evidence
 from specdeploy.modelsource.resolve import Origin
 from specdeploy.planning.plan import Plan
 from specdeploy.reconcile.children import Variant, variants

@@ -15,8 +15,8 @@ import logging
 import time
 from collections.abc import Iterable
 
-from specdeploy.reconcile import kube
-from specdeploy.reconcile.reconciler import Reconciler
+from specdeploy.clients import kube
+from specdeploy.controller.reconciler import Reconciler
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@
     async with PrometheusClient("http://prometheus.monitoring:9090", headers=secret_headers) as client:
         samples = await query_all(client, {QueryGroup(EngineKind.VLLM, 300.0)})
 
-The only module in `analysis/` that does I/O. Every failure becomes one of these, so a verdict can say
-why it is Inconclusive (the tree mirrors samples.QueryErrorKind):
+At the edge: it asks and parses, and decides nothing. Every failure becomes one of these, so a verdict
+can say why it is Inconclusive (the tree mirrors samples.QueryErrorKind):
 
     PrometheusError
     ├── PrometheusUnavailable   connection refused or reset, timeout, HTTP 5xx or 429: try next cycle
@@ -31,9 +31,9 @@ from typing import Any
 
 import httpx
 
-from specdeploy.analysis.comparison import merge_counters
-from specdeploy.analysis.queries import Query, queries_for
-from specdeploy.analysis.samples import (
+from specdeploy.judgment.comparison import merge_counters
+from specdeploy.judgment.queries import Query, queries_for
+from specdeploy.judgment.samples import (
     GroupSamples,
     Points,
     QueryError,

@@ -1,7 +1,7 @@
 """Every setting of a running operator, each with its one default.
 
 `specdeploy run` builds them from its flags (a flag not given keeps the environment's value or the default)
-and hands them to the handlers through kopf's memo. Started as `kopf run -m specdeploy.reconcile.handlers`
+and hands them to the handlers through kopf's memo. Started as `kopf run -m specdeploy.controller.handlers`
 (the in-process e2e fixture, kopf.testing.KopfRunner), the handlers read the same settings from the
 environment: `SPECDEPLOY_<NAME>` for each field, and the Hub's own `HF_ENDPOINT`, `HF_TOKEN`,
 `HF_HUB_OFFLINE`.

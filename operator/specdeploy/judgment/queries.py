@@ -19,9 +19,9 @@ import re
 from dataclasses import dataclass
 from string import Template
 
-from specdeploy.analysis.samples import QueryGroup, Signal
 from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
 from specdeploy.engines import MetricNames, metric_names
+from specdeploy.judgment.samples import QueryGroup, Signal
 
 GROUP_LABELS = "namespace, specdeploy_io_name, specdeploy_io_variant"
 SELECTOR = '{specdeploy_io_name!=""}'    # only series scraped from an SD's pods
@@ -62,7 +62,7 @@ MEAN_FROM_HISTOGRAM = (
 # A cumulative counter per pod, at SLICES + 1 evenly spaced instants over the window (a subquery of an instant
 # vector: each point is the last scrape before it, whatever the scrape interval). Per pod, because a restarted
 # pod's counter starts again at 0: the differences are taken pod by pod, resets counted as Prometheus counts
-# them, and only then summed (analysis/comparison.py merge_counters) into the slices of the paired comparison.
+# them, and only then summed (judgment/comparison.py merge_counters) into the slices of the paired comparison.
 CUMULATIVE_SERIES = "sum by ($by, pod) (${counter}${selector})[$range:$step]"
 # Pods reporting the running gauge now: running requests per pod is the load a step time depends on.
 PODS_FROM_GAUGE = "count by ($by) (${gauge}${selector})"

@@ -17,15 +17,15 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 
-from specdeploy.analysis import evidence
-from specdeploy.analysis.headers import InvalidHeaders, directory_headers
-from specdeploy.analysis.prometheus import PrometheusClient, query_all
-from specdeploy.analysis.queries import query_group
-from specdeploy.analysis.samples import Samples
 from specdeploy.api.resource import SpeculativeDeployment
 from specdeploy.api.units import parse_duration
-from specdeploy.reconcile import kube
-from specdeploy.reconcile.reconciler import Reconciler
+from specdeploy.clients import kube
+from specdeploy.clients.headers import InvalidHeaders, directory_headers
+from specdeploy.clients.prometheus import PrometheusClient, query_all
+from specdeploy.controller.reconciler import Reconciler
+from specdeploy.judgment import evidence
+from specdeploy.judgment.queries import query_group
+from specdeploy.judgment.samples import Samples
 
 logger = logging.getLogger(__name__)
 

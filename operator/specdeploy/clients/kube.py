@@ -25,9 +25,9 @@ from lightkube.resources.apps_v1 import Deployment, ReplicaSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret, Service
 from lightkube.types import PatchType
 
-from specdeploy.analysis.headers import HEADERS_SECRET_LABEL, Headers, InvalidHeaders, http_headers
 from specdeploy.api import names
 from specdeploy.api.resource import GROUP, KIND, PLURAL, VERSION
+from specdeploy.clients.headers import HEADERS_SECRET_LABEL, Headers, InvalidHeaders, http_headers
 from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT, Children, Variant
 from specdeploy.reconcile.conditions import Event as SdEvent
 from specdeploy.reconcile.status import DeploymentState

@@ -9,7 +9,7 @@ A pure function of the measurements and the limits (as Argo Rollouts' evaluate.g
 
 What decides (docs/analysis.md "Verdicts"). With a baseline, the measured per-token comparison decides:
 the speculative pods' mean latency ÷ the baseline's, from the histograms' `_sum` / `_count` (exact below
-vLLM's 10 ms first bucket), with a 95% interval from the window's slices (analysis/comparison.py). A
+vLLM's 10 ms first bucket), with a 95% interval from the window's slices (judgment/comparison.py). A
 latency check fails only when the whole interval lies above its limit, passes only when the whole interval
 lies at or below it, and otherwise says how many requests would tell — too little evidence is Inconclusive,
 never a failure and never healthy. A P99 is shown as the buckets allow (an upper bound inside the first
@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from specdeploy.analysis import evidence
-from specdeploy.analysis.comparison import Comparison, estimate, paired_ratio, slices, unpaired_ratio
-from specdeploy.analysis.comparison import Estimate as _Estimate
-from specdeploy.analysis.reasons import FailureReason, InconclusiveReason
-from specdeploy.analysis.samples import DeploymentSample, QueryErrorKind, Signal, SignalValues
 from specdeploy.api.spec import BaselineMode, Checks
 from specdeploy.api.status import MeanLatency, PreviousBaselineStatus, VerdictKind
+from specdeploy.judgment import evidence
+from specdeploy.judgment.comparison import Comparison, estimate, paired_ratio, slices, unpaired_ratio
+from specdeploy.judgment.comparison import Estimate as _Estimate
+from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
+from specdeploy.judgment.samples import DeploymentSample, QueryErrorKind, Signal, SignalValues
 
 LOAD_TOLERANCE = 0.30
 """Previous: compare only when the running requests per pod are within ±30% of the snapshot's. Step time grows

@@ -8,13 +8,16 @@ annotation `specdeploy.io/retry-speculation` or `reenable: Auto` after the coold
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
-from specdeploy.analysis import evidence
-from specdeploy.analysis.oom import OutOfMemory
-from specdeploy.analysis.reasons import InconclusiveReason
-from specdeploy.analysis.rollback import (
+from specdeploy.api.resource import SpeculativeDeployment
+from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
+from specdeploy.api.status import AnalysisStatus, SpeculationStatus
+from specdeploy.judgment import evidence
+from specdeploy.judgment.oom import OutOfMemory
+from specdeploy.judgment.reasons import InconclusiveReason
+from specdeploy.judgment.rollback import (
     RETRY_ANNOTATION,
     Reenabled,
     Rollback,
@@ -25,8 +28,8 @@ from specdeploy.analysis.rollback import (
     rolled_back,
     speculation_hash,
 )
-from specdeploy.analysis.samples import DeploymentSample, chain_acceptance
-from specdeploy.analysis.verdict import (
+from specdeploy.judgment.samples import DeploymentSample, chain_acceptance
+from specdeploy.judgment.verdict import (
     Assessment,
     Floor,
     Inconclusive,
@@ -35,11 +38,7 @@ from specdeploy.analysis.verdict import (
     assess,
     previous_baseline,
 )
-from specdeploy.api.resource import SpeculativeDeployment
-from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
-from specdeploy.api.status import AnalysisStatus, SpeculationStatus
 from specdeploy.planning.acceptance_floor import FIXED, acceptance_floor
-from specdeploy.reconcile.conditions import Event
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,6 @@ class SpeculationStep:
     verdict: Verdict | None = None          # the verdict on this step's sample, if one was taken
     rollback: Rollback | None = None        # a rollback decided in this step
     reenabled: Reenabled | None = None      # speculation came back in this step
-    events: list[Event] = field(default_factory=list)
 
 
 def _floor(spec: SpeculativeDeploymentSpec, sample: DeploymentSample) -> Floor | None:
@@ -93,7 +91,7 @@ def step_speculation(
             SpeculationStatus(decided=spec.speculation.enabled, since=at, retry_annotation_seen=annotation),
             previous_analysis,
         )
-    speculation, analysis, events = previous, previous_analysis, []
+    speculation, analysis = previous, previous_analysis
     back: Reenabled | None = None
     if not spec.speculation.enabled:
         if speculation.decided:
@@ -111,7 +109,6 @@ def step_speculation(
                 speculation = reenabled(speculation, now).model_copy(update={"retry_annotation_seen": annotation})
                 analysis = (analysis or AnalysisStatus()).model_copy(
                     update={"consecutive_failures": 0, "consecutive_inconclusive": 0})
-                events.append(Event.normal("SpeculationReenabled", back.message))
     if not speculation.decided:
         # Measure the pods without speculation (the Previous baseline) once none speculates any more: while
         # a rollback rolls, the sample mixes both kinds of pod.
@@ -121,10 +118,10 @@ def step_speculation(
             if snapshot is not None:
                 update["previous_baseline"] = snapshot
             analysis = (analysis or AnalysisStatus()).model_copy(update=update)
-        return SpeculationStep(speculation, analysis, reenabled=back, events=events)
+        return SpeculationStep(speculation, analysis, reenabled=back)
     deaths = out_of_memory
     if sample is None and not deaths:
-        return SpeculationStep(speculation, analysis, reenabled=back, events=events)
+        return SpeculationStep(speculation, analysis, reenabled=back)
     result: Verdict
     if sample is not None:
         sample = _normalised(spec, sample)
@@ -143,5 +140,5 @@ def step_speculation(
             "retry_annotation_seen": annotation,
         })
         return SpeculationStep(speculation, state, result if sample else None, rollback=decision,
-                               reenabled=back, events=events)
-    return SpeculationStep(speculation, state, result if sample else None, reenabled=back, events=events)
+                               reenabled=back)
+    return SpeculationStep(speculation, state, result if sample else None, reenabled=back)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 
-from specdeploy.analysis.queries import promql_duration
+from specdeploy.judgment.queries import promql_duration
 
 
 def number(value: float, digits: int = 2) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from specdeploy.analysis.evidence import parse_rfc3339
+from specdeploy.judgment.evidence import parse_rfc3339
 
 VARIANT_LABEL = "specdeploy.io/variant"
 SPECULATIVE = "speculative"

@@ -1,4 +1,4 @@
-"""The Alertmanager alert a rollback raises, and the POST that sends it (Alertmanager API v2).
+"""The POST that sends a rollback's alert to Alertmanager (API v2); the alert itself is judgment/alerts.py.
 
     alert = rollback_alert("prod", "llama", "AcceptanceBelowMinimum", evidence,
                            generator_url="…", starts_at=rolled_back_at)
@@ -11,7 +11,7 @@ as long as its labels and `startsAt` (the rollback time from status) are the sam
 `endsAt` resolves by itself after Alertmanager's `resolve_timeout` (default 5m) unless re-sent, so the
 operator re-sends it every analysis interval while speculation stays rolled back, and sends it once with
 `endsAt` when speculation comes back. `headers` (from `spec.alerting.headersSecretRef`, checked by
-analysis.headers) go with the POST and never into a message.
+clients/headers.py) go with the POST and never into a message.
 
     AlertmanagerError
     ├── AlertmanagerUnavailable   connection refused, timeout, HTTP 5xx or 429: retry next cycle
@@ -21,15 +21,10 @@ analysis.headers) go with the POST and never into a message.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 import httpx
 
-from specdeploy.analysis.evidence import rfc3339
-
-ALERT_NAME = "SpeculationRolledBack"
-SEVERITY = "warning"
 ALERTS_PATH = "/api/v2/alerts"
 
 
@@ -43,30 +38,6 @@ class AlertmanagerUnavailable(AlertmanagerError):
 
 class AlertmanagerRejected(AlertmanagerError):
     pass
-
-
-def rollback_alert(namespace: str, name: str, reason: str, evidence: str, generator_url: str,
-                   starts_at: datetime, ends_at: datetime | None = None) -> dict[str, Any]:
-    """One `postableAlert` for POST /api/v2/alerts: labels identify the rollback, annotations explain it."""
-    alert: dict[str, Any] = {
-        "labels": {
-            "alertname": ALERT_NAME,
-            "namespace": namespace,
-            "name": name,
-            "reason": reason,
-            "severity": SEVERITY,
-        },
-        "annotations": {
-            "summary": f"Speculative decoding of {namespace}/{name} was rolled back ({reason})",
-            "description": evidence,
-        },
-        "startsAt": rfc3339(starts_at),
-    }
-    if generator_url:
-        alert["generatorURL"] = generator_url    # the schema wants a URI; an empty one is left out
-    if ends_at is not None:
-        alert["endsAt"] = rfc3339(ends_at)
-    return alert
 
 
 async def post_alerts(url: str, alerts: Sequence[dict[str, Any]], headers: Mapping[str, str] | None = None,

@@ -22,17 +22,17 @@ from typing import Any
 import kopf
 from lightkube import ALL_NS, AsyncClient
 
-from specdeploy.analysis.rollback import RETRY_ANNOTATION
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
+from specdeploy.clients import kube
+from specdeploy.controller.analysis_loop import analyse_forever
+from specdeploy.controller.leader import LeaderElection
+from specdeploy.controller.metrics_server import serve_metrics
+from specdeploy.controller.reconciler import Reconciler
+from specdeploy.controller.resync import resync_forever
+from specdeploy.controller.settings import OperatorSettings
+from specdeploy.judgment.rollback import RETRY_ANNOTATION
 from specdeploy.modelsource.resolve import HubConfigs
-from specdeploy.reconcile import kube
-from specdeploy.reconcile.analysis_loop import analyse_forever
 from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT
-from specdeploy.reconcile.leader import LeaderElection
-from specdeploy.reconcile.metrics_server import serve_metrics
-from specdeploy.reconcile.reconciler import Reconciler
-from specdeploy.reconcile.resync import resync_forever
-from specdeploy.reconcile.settings import OperatorSettings
 
 ANNOTATION_PREFIX = "specdeploy.io"
 

@@ -30,15 +30,16 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from pydantic import ValidationError
 
-from specdeploy.analysis.alerts import AlertmanagerError, post_alerts
-from specdeploy.analysis.headers import InvalidHeaders, directory_headers
-from specdeploy.analysis.metrics import OperatorMetrics
-from specdeploy.analysis.samples import DeploymentSample
-from specdeploy.analysis.verdict import kind
 from specdeploy.api.resource import SpeculativeDeployment, describe_validation_error
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import Finding, Severity, SpeculativeDeploymentStatus
+from specdeploy.clients import kube
+from specdeploy.clients.alertmanager import AlertmanagerError, post_alerts
+from specdeploy.clients.headers import InvalidHeaders, directory_headers
+from specdeploy.controller.metrics import OperatorMetrics
 from specdeploy.engines import EngineRenderError
+from specdeploy.judgment.samples import DeploymentSample
+from specdeploy.judgment.verdict import kind
 from specdeploy.modelsource import ConfigUnreadable, ModelSourceError, TokenUnreadable
 from specdeploy.modelsource.resolve import (
     ConfigMapConfig,
@@ -49,7 +50,6 @@ from specdeploy.modelsource.resolve import (
 )
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import make_plan
-from specdeploy.reconcile import kube
 from specdeploy.reconcile.children import LABEL_VARIANT, Variant, engine_command, variants
 from specdeploy.reconcile.conditions import Event, Reason
 from specdeploy.reconcile.decide import Actions, Notice, Observed, decide, noticed, refused

@@ -7,7 +7,7 @@ Why means and slices. vLLM's per-token histograms start at 10 ms and the next bu
 (FACTS.md "vLLM histogram buckets"): a P99 below 10 ms is an upper bound and above it an interpolation
 across a wide bucket, and a ratio of two P99s has no notion of how many requests stand behind it. A
 histogram's `_sum` ÷ `_count` is exact at any latency. Its uncertainty comes from the window cut into
-SLICES slices (analysis/queries.py CUMULATIVE_SERIES): each slice gives one mean per variant, and because
+SLICES slices (judgment/queries.py CUMULATIVE_SERIES): each slice gives one mean per variant, and because
 both variants serve the same traffic slice by slice (one Service), the log of the per-slice ratio removes
 what the slice's traffic did to both (long prompts, a burst). The interval is Student's t on those log
 ratios around the log ratio of the window's means: a paired t interval, valid for the mean of many
@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdeploy.analysis.samples import Points
+from specdeploy.judgment.samples import Points
 
 MIN_SLICES = 4
 """Fewer slices than this (with requests in both variants) give no interval: t with 2 degrees of freedom

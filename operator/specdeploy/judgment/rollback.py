@@ -26,11 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from specdeploy.analysis import evidence
-from specdeploy.analysis.oom import OutOfMemory
-from specdeploy.analysis.reasons import InconclusiveReason, ReenableReason, RollbackReason
-from specdeploy.analysis.samples import DeploymentSample
-from specdeploy.analysis.verdict import (
+from specdeploy.api.spec import Analysis, OnInconclusive, Reenable, Speculation
+from specdeploy.api.status import AnalysisStatus, Diagnosis, SpeculationStatus, Speedup
+from specdeploy.api.status import Rollback as RollbackRecord
+from specdeploy.judgment import evidence
+from specdeploy.judgment.oom import OutOfMemory
+from specdeploy.judgment.reasons import InconclusiveReason, ReenableReason, RollbackReason
+from specdeploy.judgment.samples import DeploymentSample
+from specdeploy.judgment.verdict import (
     Assessment,
     Failing,
     Healthy,
@@ -41,9 +44,6 @@ from specdeploy.analysis.verdict import (
     p99_shown,
     verdict_reason,
 )
-from specdeploy.api.spec import Analysis, OnInconclusive, Reenable, Speculation
-from specdeploy.api.status import AnalysisStatus, Diagnosis, SpeculationStatus, Speedup
-from specdeploy.api.status import Rollback as RollbackRecord
 
 RETRY_ANNOTATION = "specdeploy.io/retry-speculation"
 MAX_BACKOFF_DOUBLINGS = 10

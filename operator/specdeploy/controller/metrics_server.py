@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from specdeploy.analysis.metrics import CONTENT_TYPE, OperatorMetrics
+from specdeploy.controller.metrics import CONTENT_TYPE, OperatorMetrics
 
 
 async def serve_metrics(metrics: OperatorMetrics, port: int, host: str = "0.0.0.0") -> web.AppRunner:
