@@ -19,14 +19,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from specdeploy.devcluster import DevCluster, processes, wait_for
 from specdeploy.devcluster.simadmin import endpoints
-from specdeploy.devcluster.standins import PREDICTABLE, half_words
+from specdeploy.devcluster.standins import PREDICTABLE, UNPREDICTABLE, half_words
 from specdeploy.devcluster.traffic import Traffic
+from specdeploy.devcluster.waiters import get_json
 
 pytestmark = [
     pytest.mark.e2e,
@@ -168,3 +170,124 @@ def test_real_vllm_pods_report_their_acceptance_to_the_operator(vllm_cluster: De
     assert positions == {"0", "1", "2"}
     assert float(acceptance()) >= 0.9, "every word of the predictable half is one the stand-in draft gets right"
     _say(f"measured: test wall time {time.monotonic() - began:.0f}s (after the cluster was up)")
+
+
+# -- the traffic moves away from what the draft predicts: it keeps speculating, then rolls back --------------
+
+SHIFT_NAME = "shift"
+#: No baseline: acceptance decides (against minAcceptanceRate), and one real vLLM pod is all the cores allow.
+SHIFT_SD = f"""
+apiVersion: specdeploy.io/v1alpha1
+kind: SpeculativeDeployment
+metadata: {{name: {SHIFT_NAME}}}
+spec:
+  replicas: 1
+  model: {{name: meta-llama/Llama-3.1-8B-Instruct}}
+  speculation: {{method: draft_model, draft: {{name: meta-llama/Llama-3.2-1B-Instruct}}, numSpeculativeTokens: 3}}
+  serving: {{maxModelLen: 2048, maxNumSeqs: 4}}
+  analysis:
+    interval: 3s
+    window: 20s
+    minRequests: 2
+    failureLimit: 2
+    baseline: {{mode: None}}
+    checks: {{minAcceptanceRate: 0.5}}
+"""
+
+
+def _status(cluster: DevCluster, namespace: str, name: str) -> dict[str, Any]:
+    return dict(get_json(cluster, "sd", name, namespace=namespace).get("status") or {})
+
+
+def _engine_argv(cluster: DevCluster, namespace: str, name: str) -> list[str]:
+    """The command line of the real vLLM process serving the SD's speculative pod now."""
+    [sim] = cluster.simulators(namespace=namespace, sd=name, variant="speculative")
+    return Path(f"/proc/{sim.pid}/cmdline").read_bytes().decode().split("\0")
+
+
+def test_traffic_the_draft_stops_predicting_rolls_back_real_vllm(vllm_cluster: DevCluster, vllm_namespace: str,
+                                                                  analysing_operator: Path) -> None:
+    sd = f"{vllm_namespace}/{SHIFT_NAME}"
+    vllm_cluster.kubectl("apply", "-n", vllm_namespace, "-f", "-", input=SHIFT_SD)
+    wait_for(lambda: endpoints(vllm_cluster, sd, "speculative"), START_TIMEOUT, "real vLLM answering /health")
+    assert "--speculative-config" in _engine_argv(vllm_cluster, vllm_namespace, SHIFT_NAME)
+
+    def send(half: str) -> Traffic:
+        return Traffic(vllm_cluster, sd, qps=0.5, duration=MEASURE_TIMEOUT, output_tokens="16", prompt_tokens="8",
+                       temperature="0", prompt_words=half_words(half)).start()
+
+    def analysis() -> dict[str, Any]:
+        return dict(_status(vllm_cluster, vllm_namespace, SHIFT_NAME).get("analysis") or {})
+
+    # (c) Predictable prompts: five healthy samples in a row, speculation kept.
+    traffic = send(PREDICTABLE)
+    try:
+        healthy: set[str] = set()
+
+        def five_healthy() -> bool:
+            now = analysis()
+            if now.get("verdict") == "Healthy":
+                healthy.add(str(now.get("lastSampleAt")))
+            return len(healthy) >= 5
+
+        wait_for(five_healthy, MEASURE_TIMEOUT, "five healthy samples of real vLLM under predictable traffic")
+    finally:
+        traffic.stop()
+    status = _status(vllm_cluster, vllm_namespace, SHIFT_NAME)
+    assert status["speculation"]["decided"] is True and "lastRollback" not in status["speculation"]
+    assert float(status["analysis"]["acceptanceRate"]) >= 0.9
+
+    # (b) Unpredictable prompts: acceptance collapses and the SD rolls back, with its Event and alert.
+    traffic = send(UNPREDICTABLE)
+    try:
+        wait_for(lambda: (_status(vllm_cluster, vllm_namespace, SHIFT_NAME).get("speculation") or {}).get(
+            "lastRollback"), MEASURE_TIMEOUT, "the rollback on acceptance")
+    finally:
+        traffic.stop()
+    record = _status(vllm_cluster, vllm_namespace, SHIFT_NAME)["speculation"]["lastRollback"]
+    assert record["reason"] == "AcceptanceBelowMinimum", record
+    _say(f"measured: rolled back on real vLLM: {record['evidence']}")
+    events = get_json(vllm_cluster, "events", "--field-selector", f"involvedObject.name={SHIFT_NAME}",
+                      namespace=vllm_namespace)["items"]
+    assert [e["reason"] for e in events if e["reason"] == "SpeculationRolledBack"] == ["SpeculationRolledBack"]
+    alerts = wait_for(lambda: [a for a in httpx.get(f"{vllm_cluster.alertmanager_url}/api/v2/alerts",
+                                                     params={"filter": f'namespace="{vllm_namespace}"'}).json()
+                               if a["labels"].get("name") == SHIFT_NAME], 30, "the rollback alert")
+    assert alerts[0]["labels"]["reason"] == "AcceptanceBelowMinimum"
+    # The rolled pod runs real vLLM without a speculative config, and status says so once it does.
+    wait_for(lambda: (_status(vllm_cluster, vllm_namespace, SHIFT_NAME).get("speculation") or {}).get(
+        "active") is False and endpoints(vllm_cluster, sd, "speculative"), START_TIMEOUT,
+        "the rolled pod's real vLLM answering, nothing speculating")
+    assert "--speculative-config" not in _engine_argv(vllm_cluster, vllm_namespace, SHIFT_NAME)
+    assert _status(vllm_cluster, vllm_namespace, SHIFT_NAME)["phase"] == "RolledBack"
+
+
+# -- an engine argument vLLM refuses: in vLLM's own words, in the SD's status ----------------------------------
+
+REFUSED_NAME = "refused"
+REFUSED_SD = f"""
+apiVersion: specdeploy.io/v1alpha1
+kind: SpeculativeDeployment
+metadata: {{name: {REFUSED_NAME}}}
+spec:
+  replicas: 1
+  model: {{name: meta-llama/Llama-3.1-8B-Instruct}}
+  speculation: {{method: ngram, numSpeculativeTokens: 3}}
+  serving: {{maxModelLen: 2048, maxNumSeqs: 4}}
+  engine: {{extraArgs: ["--tokenizer-mode", "banana"]}}
+  analysis: {{baseline: {{mode: None}}}}
+"""
+
+
+def test_an_argument_real_vllm_refuses_is_in_the_sd_status_in_vllms_words(
+        vllm_cluster: DevCluster, vllm_namespace: str, analysing_operator: Path) -> None:
+    vllm_cluster.kubectl("apply", "-n", vllm_namespace, "-f", "-", input=REFUSED_SD)
+
+    def stuck() -> str | None:
+        ready = next((c for c in _status(vllm_cluster, vllm_namespace, REFUSED_NAME).get("conditions") or []
+                      if c["type"] == "Ready"), None)
+        return ready["message"] if ready and ready["reason"] == "RolloutStuck" else None
+
+    message = wait_for(stuck, START_TIMEOUT, "Ready=False RolloutStuck with vLLM's refusal")
+    _say(f"measured: Ready says: {message}")
+    assert "CrashLoopBackOff" in message and "invalid choice: 'banana'" in message, message

@@ -79,6 +79,16 @@ def test_image_pulls_and_crash_loops_are_stuck_a_container_starting_is_not() -> 
     assert [(p.name, p.reason) for p in stuck_pods(pods)] == [("a", "ImagePullBackOff"), ("b", "CrashLoopBackOff")]
 
 
+def test_a_crash_loop_says_the_engines_last_words() -> None:
+    pod = _waiting("b", "CrashLoopBackOff", "back-off 20s restarting failed container=engine")
+    refusal = ("usage: vllm serve [model_tag] [options]\n"
+               "vllm serve: error: argument --tokenizer-mode: invalid choice: 'banana' (choose from auto, slow)\n")
+    pod["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 2, "message": refusal}}
+    [stuck] = stuck_pods([pod])
+    assert stuck.message == ("back-off 20s restarting failed container=engine; it exited with code 2: vllm serve: "
+                             "error: argument --tokenizer-mode: invalid choice: 'banana' (choose from auto, slow)")
+
+
 def test_a_pod_being_deleted_is_not_stuck() -> None:
     pod = _pending("gone", "0/4 nodes are available")
     pod["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:00Z"

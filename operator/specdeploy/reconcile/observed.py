@@ -76,6 +76,13 @@ class StuckPod:
         return f"pod {self.name} {self.reason}: {self.message}" if self.message else f"pod {self.name} {self.reason}"
 
 
+def last_words(log: str) -> str:
+    """The last line of a termination message that says something (an argparse error, an exception), at
+    most 300 characters."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
 def stuck_pods(pods: Iterable[Mapping[str, Any]]) -> tuple[StuckPod, ...]:
     """The pods of `pods` that cannot progress: PodScheduled False (the scheduler says why: no free GPU,
     a node selector nothing matches), or an engine container waiting on an image pull or a crash loop."""
@@ -93,7 +100,12 @@ def stuck_pods(pods: Iterable[Mapping[str, Any]]) -> tuple[StuckPod, ...]:
             waiting = (container.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in STUCK_WAITING_REASONS:
                 message = (waiting.get("message") or "").strip().splitlines()
-                stuck.append(StuckPod(metadata["name"], waiting["reason"], message[0][:300] if message else ""))
+                words = message[0][:300] if message else ""
+                ended = ((container.get("lastState") or {}).get("terminated") or {})
+                said = last_words(ended.get("message") or "")
+                if said:   # the engine's own last words: why it exits (a refused argument, an OOM)
+                    words = f"{words}; it exited with code {ended.get('exitCode', '?')}: {said}"
+                stuck.append(StuckPod(metadata["name"], waiting["reason"], words))
                 break
     return tuple(sorted(stuck, key=lambda p: p.name))
 
