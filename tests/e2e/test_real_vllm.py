@@ -38,25 +38,30 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "standin"
-#: Loose latency limits: on two shared CPU cores the draft costs more than it saves, and this test is about
-#: acceptance being measured, not about a speedup.
-SD = f"""
+DRAFT_MODEL = "{method: draft_model, draft: {name: meta-llama/Llama-3.2-1B-Instruct}, numSpeculativeTokens: 3}"
+
+
+def _manifest(name: str, speculation: str, analysis: str, engine: str = "{}") -> str:
+    """An SD of the stand-in target (Llama-3.1-8B's name: the pod runner maps it to the local stand-in)."""
+    return f"""
 apiVersion: specdeploy.io/v1alpha1
 kind: SpeculativeDeployment
-metadata: {{name: {NAME}}}
+metadata: {{name: {name}}}
 spec:
   replicas: 1
   model: {{name: meta-llama/Llama-3.1-8B-Instruct}}
-  speculation: {{method: draft_model, draft: {{name: meta-llama/Llama-3.2-1B-Instruct}}, numSpeculativeTokens: 3}}
+  speculation: {speculation}
   serving: {{maxModelLen: 2048, maxNumSeqs: 4}}
-  analysis:
-    interval: 3s
-    window: 30s
-    minRequests: 2
-    baseline: {{mode: Control, controlReplicas: 1}}
-    checks: {{minAcceptanceRate: 0.5, maxP99InterTokenLatencyRatio: 1000, maxP99E2ELatencyRatio: 1000,
-             maxP99TimeToFirstTokenRatio: 1000}}
+  engine: {engine}
+  analysis: {analysis}
 """
+
+
+#: Loose latency limits: on two shared CPU cores the draft costs more than it saves, and this test is about
+#: acceptance being measured, not about a speedup.
+SD = _manifest(NAME, DRAFT_MODEL, "{interval: 3s, window: 30s, minRequests: 2, "
+               "baseline: {mode: Control, controlReplicas: 1}, checks: {minAcceptanceRate: 0.5, "
+               "maxP99InterTokenLatencyRatio: 1000, maxP99E2ELatencyRatio: 1000, maxP99TimeToFirstTokenRatio: 1000}}")
 START_TIMEOUT = 900.0        # two real vLLM servers starting on two cores, one after the other at worst
 MEASURE_TIMEOUT = 240.0
 
@@ -176,23 +181,8 @@ def test_real_vllm_pods_report_their_acceptance_to_the_operator(vllm_cluster: De
 
 SHIFT_NAME = "shift"
 #: No baseline: acceptance decides (against minAcceptanceRate), and one real vLLM pod is all the cores allow.
-SHIFT_SD = f"""
-apiVersion: specdeploy.io/v1alpha1
-kind: SpeculativeDeployment
-metadata: {{name: {SHIFT_NAME}}}
-spec:
-  replicas: 1
-  model: {{name: meta-llama/Llama-3.1-8B-Instruct}}
-  speculation: {{method: draft_model, draft: {{name: meta-llama/Llama-3.2-1B-Instruct}}, numSpeculativeTokens: 3}}
-  serving: {{maxModelLen: 2048, maxNumSeqs: 4}}
-  analysis:
-    interval: 3s
-    window: 20s
-    minRequests: 2
-    failureLimit: 2
-    baseline: {{mode: None}}
-    checks: {{minAcceptanceRate: 0.5}}
-"""
+SHIFT_SD = _manifest(SHIFT_NAME, DRAFT_MODEL, "{interval: 3s, window: 20s, minRequests: 2, failureLimit: 2, "
+                     "baseline: {mode: None}, checks: {minAcceptanceRate: 0.5}}")
 
 
 def _status(cluster: DevCluster, namespace: str, name: str) -> dict[str, Any]:
@@ -265,18 +255,8 @@ def test_traffic_the_draft_stops_predicting_rolls_back_real_vllm(vllm_cluster: D
 # -- an engine argument vLLM refuses: in vLLM's own words, in the SD's status ----------------------------------
 
 REFUSED_NAME = "refused"
-REFUSED_SD = f"""
-apiVersion: specdeploy.io/v1alpha1
-kind: SpeculativeDeployment
-metadata: {{name: {REFUSED_NAME}}}
-spec:
-  replicas: 1
-  model: {{name: meta-llama/Llama-3.1-8B-Instruct}}
-  speculation: {{method: ngram, numSpeculativeTokens: 3}}
-  serving: {{maxModelLen: 2048, maxNumSeqs: 4}}
-  engine: {{extraArgs: ["--tokenizer-mode", "banana"]}}
-  analysis: {{baseline: {{mode: None}}}}
-"""
+REFUSED_SD = _manifest(REFUSED_NAME, "{method: ngram, numSpeculativeTokens: 3}", "{baseline: {mode: None}}",
+                       engine='{extraArgs: ["--tokenizer-mode", "banana"]}')
 
 
 def test_an_argument_real_vllm_refuses_is_in_the_sd_status_in_vllms_words(
