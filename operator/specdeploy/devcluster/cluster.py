@@ -91,7 +91,7 @@ class DevCluster:
 
     def __init__(self, state_dir: Path | str | None = None, nodes: int = 4, monitoring: bool = False,
                  progress: Progress | None = None, scrape_interval: str = "2s",
-                 gpu_shape: gpu_nodes.GpuNodeShape | None = None, engine: str = "sim") -> None:
+                 gpu_shape: gpu_nodes.GpuNodeShape | None = None, engine: str = "sim", audit: bool = False) -> None:
         if nodes < 0:
             raise ValueError(f"nodes must be 0 or more, got {nodes!r}")
         if engine not in ENGINES:
@@ -99,6 +99,7 @@ class DevCluster:
         if engine != "sim" and not monitoring:
             raise ValueError(f"engine {engine!r} needs monitoring: the pod runner that runs engines starts with it")
         self.engine = engine
+        self.audit_enabled = audit   # the apiserver keeps `audit_log` (tests count writes; benchmarks leave it off)
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.node_count = nodes
         self.monitoring = monitoring
@@ -518,7 +519,7 @@ class DevCluster:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--allow-privileged=true",
             "--profiling=false",
-            *audit.apiserver_flags(self._audit_policy(), self.audit_log),
+            *(audit.apiserver_flags(self._audit_policy(), self.audit_log) if self.audit_enabled else []),
         ]
 
     @property
