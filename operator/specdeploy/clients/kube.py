@@ -108,7 +108,8 @@ async def observe_children(client: AsyncClient, namespace: str, name: str, *, ev
         state = _deployment_state(obj) if obj is not None and labels.get(LABEL_NAME) == name else None
         if state is not None:
             states.append(state)
-            live[("Deployment", child)] = obj.to_dict()
+            if everything:   # JSON only to compare: converting costs more than the get
+                live[("Deployment", child)] = obj.to_dict()
     if everything:
         config_map = await optional(client.get(ConfigMap, names.config_map_name(name), namespace=namespace))
         service = await optional(client.get(Service, names.service_name(name), namespace=namespace))
