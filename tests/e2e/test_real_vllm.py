@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,7 @@ def vllm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluste
 @pytest.fixture
 def vllm_namespace(vllm_cluster: DevCluster) -> Iterator[str]:
     """A namespace with its default ServiceAccount and the CRD installed; deleted afterwards."""
-    name = "real-vllm"
+    name = f"real-vllm-{uuid.uuid4().hex[:6]}"   # one per test: a deleted namespace takes a while to go
     vllm_cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
     vllm_cluster.kubectl("wait", "--for", "condition=established", "--timeout=30s",
                          "crd/speculativedeployments.specdeploy.io")
@@ -270,4 +271,5 @@ def test_an_argument_real_vllm_refuses_is_in_the_sd_status_in_vllms_words(
 
     message = wait_for(stuck, START_TIMEOUT, "Ready=False RolloutStuck with vLLM's refusal")
     _say(f"measured: Ready says: {message}")
-    assert "CrashLoopBackOff" in message and "invalid choice: 'banana'" in message, message
+    # vLLM 0.32's words: "ValueError: No tokenizer registered for tokenizer_mode='banana'."
+    assert "CrashLoopBackOff" in message and "tokenizer_mode='banana'" in message, message
