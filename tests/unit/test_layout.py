@@ -30,3 +30,9 @@ def test_every_module_of_the_operator_is_in_a_package_that_says_what_it_is() -> 
                                                                           "paths", "yamltext"))
     assert loose == []
     assert not (PACKAGE / "analysis").exists()
+
+
+def test_test_modules_have_unique_names() -> None:
+    """pytest imports test files by their basename (no packages under tests/): two of one name cannot both run."""
+    names = [p.name for p in (PACKAGE.parents[1] / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
