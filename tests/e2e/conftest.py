@@ -22,7 +22,7 @@ import pytest
 
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.processes import free_port
-from specdeploy.devcluster.waiters import get_json
+from specdeploy.devcluster.waiters import wait_established
 
 
 def _progress(message: str) -> None:
@@ -76,13 +76,7 @@ def crds(dev_cluster: DevCluster) -> None:
     """The SpeculativeDeployment CRD, applied as committed."""
     dev_cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
 
-    def established() -> bool:
-        # Polled, not `kubectl wait`: that fails at once on a CRD whose status the apiserver has not written yet.
-        crd = get_json(dev_cluster, "crd", "speculativedeployments.specdeploy.io")
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_for(established, 30, "the SpeculativeDeployment CRD established")
+    wait_established(dev_cluster, "speculativedeployments.specdeploy.io")
 
 
 def operator_env(dev_cluster: DevCluster, namespace: str) -> dict[str, str]:

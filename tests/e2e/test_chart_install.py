@@ -26,7 +26,7 @@ from e2e_resources import POD_MONITOR_CRD, SCENARIO_NAME, SCENARIO_SD
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.processes import free_port
 from specdeploy.devcluster.simadmin import sim_admin
-from specdeploy.devcluster.waiters import condition, get_json
+from specdeploy.devcluster.waiters import condition, get_json, wait_established
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +59,7 @@ def release(dev_cluster: DevCluster, crds: None, namespace: str) -> Iterator[str
 @pytest.fixture
 def pod_monitor_crd(dev_cluster: DevCluster) -> Iterator[None]:
     dev_cluster.kubectl("apply", "-f", "-", input=POD_MONITOR_CRD)
-    dev_cluster.kubectl("wait", "--for", "condition=established", "crd/podmonitors.monitoring.coreos.com")
+    wait_established(dev_cluster, "podmonitors.monitoring.coreos.com")
     yield
     # Waits until it is gone: a later test that creates it again must not find it terminating.
     dev_cluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--ignore-not-found", check=False)

@@ -26,7 +26,13 @@ from e2e_resources import POD_MONITOR_CRD, SCENARIO_NAME, SCENARIO_SD, serve_sce
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.simadmin import sim_admin
 from specdeploy.devcluster.traffic import Traffic
-from specdeploy.devcluster.waiters import condition, get_json, wait_for_absent, wait_for_object
+from specdeploy.devcluster.waiters import (
+    condition,
+    get_json,
+    wait_established,
+    wait_for_absent,
+    wait_for_object,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -371,8 +377,7 @@ def test_sd_deleted_during_its_rollback_everything_is_cleaned_up(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
     dev_cluster.kubectl("apply", "--server-side", "-f", "-", input=POD_MONITOR_CRD)
-    dev_cluster.kubectl("wait", "--for", "condition=established", "--timeout=30s",
-                        "crd/podmonitors.monitoring.coreos.com")
+    wait_established(dev_cluster, "podmonitors.monitoring.coreos.com")
     operator = analysing_operator(metrics=True)
     serving = serve_scenario(dev_cluster, namespace)
     assert get_json(dev_cluster, "podmonitor", NAME, namespace=namespace)

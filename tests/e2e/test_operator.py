@@ -15,7 +15,14 @@ import yaml
 from e2e_resources import POD_MONITOR_CRD
 
 from specdeploy.devcluster import DevCluster, wait_for
-from specdeploy.devcluster.waiters import condition, get_json, wait_for_absent, wait_for_object, wait_for_pods
+from specdeploy.devcluster.waiters import (
+    condition,
+    get_json,
+    wait_established,
+    wait_for_absent,
+    wait_for_object,
+    wait_for_pods,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -293,7 +300,7 @@ def test_a_second_operator_waits_and_takes_over(
 def pod_monitor_crd(dev_cluster: DevCluster) -> Any:
     """A stand-in for prometheus-operator's PodMonitor CRD (the operator looks for it at start-up)."""
     dev_cluster.kubectl("apply", "-f", "-", input=POD_MONITOR_CRD)
-    dev_cluster.kubectl("wait", "--for", "condition=established", "crd/podmonitors.monitoring.coreos.com")
+    wait_established(dev_cluster, "podmonitors.monitoring.coreos.com")
     yield
     dev_cluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--wait=false", check=False)
 

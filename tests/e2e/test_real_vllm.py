@@ -29,7 +29,7 @@ from specdeploy.devcluster import DevCluster, processes, wait_for
 from specdeploy.devcluster.simadmin import endpoints
 from specdeploy.devcluster.standins import PREDICTABLE, UNPREDICTABLE, half_words
 from specdeploy.devcluster.traffic import Traffic
-from specdeploy.devcluster.waiters import get_json
+from specdeploy.devcluster.waiters import get_json, wait_established
 
 pytestmark = [
     pytest.mark.e2e,
@@ -88,8 +88,7 @@ def vllm_namespace(vllm_cluster: DevCluster) -> Iterator[str]:
     """A namespace with its default ServiceAccount and the CRD installed; deleted afterwards."""
     name = f"real-vllm-{uuid.uuid4().hex[:6]}"   # one per test: a deleted namespace takes a while to go
     vllm_cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    vllm_cluster.kubectl("wait", "--for", "condition=established", "--timeout=30s",
-                         "crd/speculativedeployments.specdeploy.io")
+    wait_established(vllm_cluster, "speculativedeployments.specdeploy.io")
     vllm_cluster.kubectl("create", "namespace", name)
     wait_for(lambda: vllm_cluster.kubectl("get", "serviceaccount", "default", "-n", name,
                                           check=False).returncode == 0, timeout=30, what=f"ServiceAccount {name}")

@@ -76,3 +76,13 @@ def wait_for_absent(cluster: DevCluster, args: list[str], timeout: float, namesp
         return data.get("kind", "").endswith("List") and not data.get("items")
 
     wait_for(gone, timeout, f"{' '.join(args)} to be gone" + (f" in {namespace}" if namespace else ""))
+
+
+def wait_established(cluster: DevCluster, crd: str, timeout: float = 30.0) -> None:
+    """Wait until CRD `crd` is Established. Polled, not `kubectl wait`: that fails at once on a CRD whose
+    status the apiserver has not written yet."""
+    def established() -> bool:
+        conditions = (get_json(cluster, "crd", crd).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait_for(established, timeout, f"CRD {crd} established")
