@@ -122,6 +122,7 @@ def test_vllm_mimo_base_mtp_plans_from_its_config_with_one_mtp_layer(hub: FakeHu
     assert document["models"]["target"]["source"] == "Hub" and document["models"]["draft"] is None
     assert "ModelHasNoMTPLayers" not in {f["code"] for f in document["compatibility"]["findings"]}
     args = document["engineCommand"]["args"]
+    assert document["engineCommand"]["command"] == ["vllm", "serve"] and args[0] == "XiaomiMiMo/MiMo-7B-Base"
     assert flag(args, "--revision") == hub.sha("XiaomiMiMo/MiMo-7B-Base")
     assert json.loads(flag(args, "--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 1}
 

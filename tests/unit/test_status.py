@@ -21,8 +21,11 @@ from specdeploy.api.status import (
     SpeculativeDeploymentStatus,
 )
 from specdeploy.api.status import Rollback as RollbackRecord
+from specdeploy.devcluster.fakehub import FakeHub
 from specdeploy.judgment.samples import DeploymentSample
 from specdeploy.judgment.speculation import step_speculation
+from specdeploy.modelsource.hub import HubClient, RetryPolicy
+from specdeploy.modelsource.resolve import resolve_models
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import Variant
 from specdeploy.reconcile.conditions import Reason, transition_events
@@ -54,6 +57,7 @@ def sampled_status(previous: SpeculativeDeploymentStatus, spec: SpeculativeDeplo
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+HUB_FIXTURES = Path(__file__).parent.parent / "fixtures" / "hub"
 T0, T1 = "2026-11-29T10:00:00Z", "2026-11-29T10:05:00Z"
 
 
@@ -291,6 +295,24 @@ def test_the_deploy_record_and_the_pins_follow_the_spec_revision() -> None:
     assert (status.deploy_record.target.source, status.deploy_record.target.commit) == ("Catalog", None)
     assert status.deploy_record.draft is not None and status.deploy_record.draft.name == "Qwen/Qwen3-0.6B"
     assert status.deploy_record.engine.kind == "vllm" and status.deploy_record.engine.image
+
+
+def test_a_hub_resolved_draft_records_its_commit_next_to_the_target_s(tmp_path: Path) -> None:
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "model": {"name": "Qwen/Qwen3-4B-Thinking-2507"}, "resources": {"gpu": {"product": "H100-80GB", "count": 1}},
+        "speculation": {"method": "draft_model", "draft": {"name": "Qwen/Qwen3-0.6B"}, "numSpeculativeTokens": 5},
+        "serving": {"maxModelLen": 32768, "maxNumSeqs": 32}})
+    with FakeHub.from_fixtures(HUB_FIXTURES) as hub:
+        client = HubClient(tmp_path, endpoint=hub.url, retry=RetryPolicy(attempts=1))
+        plan = make_plan(spec, resolve_models(spec, hub=client))
+        target_sha, draft_sha = hub.sha("Qwen/Qwen3-4B-Thinking-2507"), hub.sha("Qwen/Qwen3-0.6B")
+    status = next_status(SpeculativeDeploymentStatus(), spec, 1, Planned(plan),
+                         [_deployment(Variant.SPECULATIVE, 1, 1), _deployment(Variant.CONTROL, 1, 1)], T0)
+    record = status.deploy_record
+    assert record is not None and record.draft is not None
+    assert (record.target.source, record.target.commit) == ("Hub", target_sha)
+    assert (record.draft.source, record.draft.name, record.draft.commit) == ("Hub", "Qwen/Qwen3-0.6B", draft_sha)
+    assert record.draft.revision is None   # as the spec asks; the commit is the pin
 
 
 def test_a_transient_planning_error_keeps_the_last_good_plan_and_phase() -> None:

@@ -40,6 +40,45 @@ def _rows(node: dict[str, Any], path: str, required: bool) -> list[str]:
     return rows
 
 
+MODEL_SOURCES = """
+## Where a model's numbers come from
+
+The target, the draft and an EAGLE head are each resolved in this order (an MTP head is the target's own
+layers, read from the target's `num_nextn_predict_layers`):
+
+1. `architecture` in the spec: the user's numbers win over every file.
+2. A config.json the operator is given: the ConfigMap `configMapRef` (key `config.json`), else the file
+   `configPath` in the engine's model volume. Named explicitly, so one that cannot be read is an error.
+3. The Hugging Face Hub: `revision` (default `main`) is resolved to a commit sha and config.json is read
+   at that sha; the rendered args pin the sha (TensorRT-LLM has no revision for a draft), so a branch that
+   moves cannot change the pods. `HF_ENDPOINT` points at a mirror. A gated model needs a token, from the
+   Secret `tokenSecretRef` (key `token`) or the operator's `HF_TOKEN`; it goes to the Hub client only,
+   never to a message, a log line or status.
+4. The built-in catalog, the offline fallback (`HF_HUB_OFFLINE=1`, or `specdeploy plan --offline`). It
+   also stands in for a catalog model when the Hub is unreachable or refuses access (never for a model or
+   revision the Hub says does not exist); the record then says `Catalog` and keeps the Hub's error.
+
+**The cache.** Fetched config.json files are kept in `hub-configs/` under `$SPECDEPLOY_CACHE_DIR` (else
+`$XDG_CACHE_HOME/specdeploy`, else `~/.cache/specdeploy`), one file per model and commit sha. A commit never
+changes, so an entry never goes stale. At most 256 entries (least recently used evicted), none over 1 MiB.
+The operator reuses a resolution for 5 minutes (1 minute when the catalog stood in for the Hub); then a
+branch's commit is looked up again.
+
+**The record.** `status.deployRecord` holds what runs: the target, the draft and the engine's kind and
+image; each model with its source, the revision the spec asks for and the commit the args pin. While the
+spec asks for the same revision, the operator stays at the recorded commit; a new `revision` rolls the pods.
+
+**Pairing.** An EAGLE head is checked from its own config.json, never from its name. A head that names
+its verifier (`speculators_config.verifier.name_or_path`) must name `spec.model.name`, else the Error
+`EagleHeadTargetMismatch` names both models and the plan is rejected. For a head that names nothing, the
+catalog's targets for it stand in; with none, the finding is the Warning `EagleHeadTargetUnknown`. Its
+hidden size and vocabulary must fit the target's, and a draft of another vocabulary is refused from its
+own config (`DraftVocabularyMismatch`).
+
+The detail, each failure's condition and what each engine pins: [compatibility.md](compatibility.md).
+"""
+
+
 def reference_markdown() -> str:
     """docs/configuration.md: every spec field with its type, default and description."""
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
@@ -55,4 +94,4 @@ def reference_markdown() -> str:
     needed = set(schema.get("required", []))
     for name, child in schema["properties"].items():
         lines += _rows(child, f"spec.{name}", name in needed)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + MODEL_SOURCES
