@@ -63,3 +63,31 @@ def machine() -> str:
     model = models[0] if models else platform.processor() or "unknown CPU"
     return (f"{model}, {os.cpu_count()} cores ({platform.machine()}), Python {platform.python_version()}, "
             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+
+
+def apiserver_requests(api: object) -> dict[tuple[str, str], float]:
+    """The apiserver's own count of the requests it served so far (`apiserver_request_total`), by verb and
+    resource[/subresource], from its /metrics: every client's, the operator's and the controllers' alike."""
+    text = api.get("/metrics", timeout=60).raise_for_status().text   # type: ignore[attr-defined]
+    counts: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels_text, value = line[len("apiserver_request_total{"):].rsplit("} ", 1)
+        labels = dict(part.split("=", 1) for part in labels_text.split(","))
+        labels = {key: raw.strip('"') for key, raw in labels.items()}
+        resource = labels.get("resource", "")
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        key = (labels.get("verb", ""), resource)
+        counts[key] = counts.get(key, 0.0) + float(value)
+    return counts
+
+
+def request_deltas(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float],
+                   top: int = 12) -> str:
+    """The `top` largest differences of two `apiserver_requests` readings, one per line."""
+    deltas = sorted(((after[k] - before.get(k, 0.0), k) for k in after), reverse=True)
+    total = sum(d for d, _ in deltas)
+    lines = [f"  {delta:8.0f}  {verb} {resource}" for delta, (verb, resource) in deltas[:top] if delta > 0]
+    return f"  {total:8.0f}  in all\n" + "\n".join(lines)

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 from bench_operator import watching_operator
-from process_usage import Mark, load_average, machine, percentile, rss_kib
+from process_usage import Mark, apiserver_requests, load_average, machine, percentile, request_deltas, rss_kib
 
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
 from specdeploy.devcluster import DevCluster
@@ -57,6 +57,8 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
                                    "--metrics-port", "0") as (operator, log_path):
                 idle_rss, _ = rss_kib(operator.pid)
                 documents = yaml.safe_dump_all([_resource(i) for i in range(count)])
+                with cluster.api_client() as api:
+                    requests_before = apiserver_requests(api)
                 began, began_wall = Mark.of(operator.pid), time.time()
                 cluster.kubectl("create", "-f", "-", input=documents, timeout=1800)
                 created = time.monotonic() - began.wall
@@ -80,12 +82,16 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
                                     ready.setdefault(name, now)
                         if all_reconciled is None and len(reconciled) == count:
                             all_reconciled = Mark.of(operator.pid)
+                            requests_reconciled = apiserver_requests(api)
                         time.sleep(1.0)
-                all_ready = Mark.of(operator.pid)
+                    all_ready = Mark.of(operator.pid)
+                    requests_ready = apiserver_requests(api)
                 deployments = cluster.kubectl("get", "deployments", "-n", NAMESPACE, "--no-headers").stdout.count("\n")
                 steady_from = Mark.of(operator.pid)
                 time.sleep(steady_seconds)   # nothing changes now: what does the operator cost at rest?
                 steady_to = Mark.of(operator.pid)
+                with cluster.api_client() as api:
+                    requests_steady = apiserver_requests(api)
                 rss, peak = rss_kib(operator.pid)
                 log_text = log_path.read_text(errors="replace")
         finally:
@@ -102,10 +108,16 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
     if ready:
         print(f"{len(ready)} Ready after {max(ready.values()):.1f} s")
     retried = log_text.count("failed with an exception and will try again")
-    dropped = len(re.findall(r"reconciling \S+ after a (?:Deployment change|pod restart) failed", log_text))
+    dropped = len(re.findall(r"reconciling \S+ after a (?:child|spec) event failed", log_text))
     timeouts = len(re.findall(r"^httpx\d*\.\w*Timeout$", log_text, re.MULTILINE))   # a traceback's last line
     print(f"operator log: {retried} reconciles failed and retried by kopf, {dropped} child-triggered reconciles "
           f"failed (left to the resync); {timeouts} of the failures were client timeouts")
+    if all_reconciled is not None:
+        print(f"apiserver requests (all clients) from the create until all reconciled:\n"
+              f"{request_deltas(requests_before, requests_reconciled)}")
+    print(f"apiserver requests (all clients) from the create until all Ready:\n"
+          f"{request_deltas(requests_before, requests_ready)}")
+    print(f"apiserver requests at rest over {steady_seconds:.0f} s:\n{request_deltas(requests_ready, requests_steady, 6)}")
     print(f"operator RSS: idle {idle_rss / 1024:.0f} MiB, at the end {rss / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB")
     reconcile_cpu = began.cpu_per_wall(all_reconciled) if all_reconciled else float("nan")
     print(f"operator CPU (cores busy): {reconcile_cpu:.2f} until all reconciled, "

@@ -239,6 +239,10 @@ def test_a_refused_child_is_ready_false_in_the_apiservers_words_with_one_event()
     body = _after(body, actions)
     again = refused(_observed(body, applied=False), decide(_observed(body, applied=False), T0), ready.message, T0)
     assert again.events == []
+    # A pass that finds the Deployments with the refused apply's fingerprint (they went through, the Service
+    # after them did not) and did not read the Service — a child event, an analysis sample — applies again.
+    for observed in (_observed(body), _observed(body, sample=sample(0.8))):
+        assert decide(observed, T0).children is not None
 
 
 def test_a_legacy_verdict_string_is_read_as_the_structured_fields() -> None:
@@ -261,9 +265,12 @@ def _live(children: Any, generation: int = 1) -> dict[tuple[str, str], dict[str,
     return live
 
 
+EVERY_KIND = frozenset({"Deployment", "ConfigMap", "Service"})
+
+
 def test_children_as_applied_plus_defaults_are_not_drift_and_a_hand_edit_or_deletion_is() -> None:
     body, _ = _speculating()
-    observed = _observed(body, pods=_pods(True))
+    observed = dataclasses.replace(_observed(body, pods=_pods(True)), live_kinds=EVERY_KIND)
     wanted = decide(dataclasses.replace(observed, deployments=()), T0).children
     assert wanted is not None
     live = _live(wanted)
@@ -271,11 +278,28 @@ def test_children_as_applied_plus_defaults_are_not_drift_and_a_hand_edit_or_dele
     edited = copy.deepcopy(live)
     deployment = edited[("Deployment", names.engine_deployment_name(NAME))]
     deployment["spec"]["replicas"] = 5                                        # kubectl scale
-    assert drift(wanted, edited) == f"Deployment {NAME} differs at .spec.replicas"
+    assert drift(wanted, edited, EVERY_KIND) == f"Deployment {NAME} differs at .spec.replicas"
     assert decide(dataclasses.replace(observed, live=edited), T0).children is not None
     gone = {k: v for k, v in live.items() if k[0] != "Service"}               # kubectl delete service
-    assert drift(wanted, gone) == f"Service {names.service_name(NAME)} is missing"
+    assert drift(wanted, gone, EVERY_KIND) == f"Service {names.service_name(NAME)} is missing"
     assert decide(dataclasses.replace(observed, live=gone), T0).children is not None
+
+
+def test_a_pass_compares_only_the_kinds_it_read() -> None:
+    """A pass after a Deployment changed reads the Deployments, not the ConfigMap or Service: what it did
+    not read is not missing (the next full read — a spec change, the resync — compares those)."""
+    body, _ = _speculating()
+    observed = _observed(body, pods=_pods(True))
+    wanted = decide(dataclasses.replace(observed, deployments=()), T0).children
+    assert wanted is not None
+    deployments_only = {k: v for k, v in _live(wanted).items() if k[0] == "Deployment"}
+    child_pass = dataclasses.replace(observed, live=deployments_only, live_kinds=frozenset({"Deployment"}))
+    assert drift(wanted, deployments_only, {"Deployment"}) is None
+    assert decide(child_pass, T0).children is None
+    scaled = copy.deepcopy(deployments_only)
+    scaled[("Deployment", names.engine_deployment_name(NAME))]["spec"]["replicas"] = 5
+    assert decide(dataclasses.replace(child_pass, live=scaled), T0).children is not None
+    assert drift(wanted, {}, frozenset()) is None                             # an analysis sample reads none
 
 
 def test_difference_is_a_subset_comparison() -> None:

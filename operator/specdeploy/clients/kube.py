@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import datetime
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import httpx2
@@ -87,12 +87,17 @@ def _deployment_state(obj: Deployment) -> DeploymentState | None:
     )
 
 
-async def observe_children(client: AsyncClient, namespace: str, name: str, *, everything: bool,
-                           pod_monitors: bool) -> tuple[list[DeploymentState], dict[tuple[str, str], dict[str, Any]]]:
-    """The child Deployments of SD `name` that exist now, and with `everything` every child that exists —
-    Deployments, ConfigMap, Service, PodMonitor — as JSON by kind and name, to compare with what would be
-    applied (reconcile/drift.py). Got by their names: a get is answered at once, where a label list right
-    after a write waits ~90 ms for the apiserver's watch cache (benchmarks/analysis_profile.py)."""
+CHILD_KINDS = frozenset({"Deployment", "ConfigMap", "Service", "PodMonitor"})
+"""The kinds of child a pass can read in full, to compare with what it would apply (reconcile/drift.py)."""
+
+
+async def observe_children(client: AsyncClient, namespace: str, name: str, *, deployments: Sequence[str],
+                           kinds: frozenset[str], pod_monitors: bool,
+                           ) -> tuple[list[DeploymentState], dict[tuple[str, str], dict[str, Any]]]:
+    """The Deployments named `deployments` that exist now and belong to SD `name`, and every child of
+    `kinds` that exists, as JSON by kind and name (its Deployments among them when "Deployment" is one).
+    Got by their names: a get is answered at once, where a label list right after a write waits ~90 ms for
+    the apiserver's watch cache (benchmarks/analysis_profile.py)."""
     async def optional(read: Awaitable[Any]) -> Any:
         try:
             return await read
@@ -102,22 +107,25 @@ async def observe_children(client: AsyncClient, namespace: str, name: str, *, ev
             raise
 
     states, live = [], {}
-    for child in (names.engine_deployment_name(name), names.control_deployment_name(name)):
+    for child in deployments:
         obj = await optional(client.get(Deployment, child, namespace=namespace))
         labels = ((obj.metadata.labels if obj.metadata else None) or {}) if obj is not None else {}
         state = _deployment_state(obj) if obj is not None and labels.get(LABEL_NAME) == name else None
         if state is not None:
             states.append(state)
-            if everything:   # JSON only to compare: converting costs more than the get
+            if "Deployment" in kinds:   # JSON only to compare: converting costs more than the get
                 live[("Deployment", child)] = obj.to_dict()
-    if everything:
-        config_map = await optional(client.get(ConfigMap, names.config_map_name(name), namespace=namespace))
-        service = await optional(client.get(Service, names.service_name(name), namespace=namespace))
-        monitor = (await optional(client.get(PodMonitor, names.service_name(name), namespace=namespace))
-                   if pod_monitors else None)
-        for kind, obj in (("ConfigMap", config_map), ("Service", service), ("PodMonitor", monitor)):
-            if obj is not None:
-                live[(kind, obj.metadata.name)] = obj.to_dict()
+    others = {
+        "ConfigMap": await optional(client.get(ConfigMap, names.config_map_name(name), namespace=namespace))
+        if "ConfigMap" in kinds else None,
+        "Service": await optional(client.get(Service, names.service_name(name), namespace=namespace))
+        if "Service" in kinds else None,
+        "PodMonitor": await optional(client.get(PodMonitor, names.service_name(name), namespace=namespace))
+        if "PodMonitor" in kinds and pod_monitors else None,
+    }
+    for kind, obj in others.items():
+        if obj is not None:
+            live[(kind, obj.metadata.name)] = obj.to_dict()
     return states, live
 
 
@@ -176,18 +184,33 @@ async def prune_children(
     return events
 
 
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: changed keys, nested maps patched key
+    by key, null for a key `new` lacks (at any depth: a figure no longer measured must not stay behind),
+    lists and scalars whole."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            nested = merge_patch(before, value)
+            if nested:
+                patch[key] = nested
+        elif before != value or key not in old:
+            patch[key] = value
+    return patch
+
+
 async def write_status(client: AsyncClient, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
-    """Merge-patch the status subresource to `new`; keys `old` had and `new` lacks are removed.
+    """Merge-patch the status subresource from `old` (as read) to `new` (`merge_patch`): an analysis
+    sample changes a few figures of `analysis`, and the patch carries only those.
 
     An SD deleted while it was being reconciled (during a rollback, say) has no status left to write:
     that is logged, not raised; its children go with it (owner references), and the next trigger finds
     it gone.
     """
-    patch: dict[str, Any] = {key: None for key in old if key not in new}
-    patch.update(new)
     try:
         await client.patch(
-            SpeculativeDeploymentResource.Status, name, {"status": patch}, namespace=namespace,
+            SpeculativeDeploymentResource.Status, name, {"status": merge_patch(old, new)}, namespace=namespace,
             patch_type=PatchType.MERGE,
         )
     except ApiError as error:

@@ -121,7 +121,7 @@ async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], defaul
             sample = samples.for_deployment(namespace, name, resource.spec.engine.kind, resource.spec.analysis.window)
             async with limit:
                 try:
-                    await reconciler.reconcile(namespace, name, sample)
+                    await reconciler.reconcile(namespace, name, None, sample)
                 except Exception:  # one SD's failure must not stop the others' analysis
                     logger.exception("reconciling %s/%s with its sample failed", namespace, name)
 

@@ -2,7 +2,9 @@
 
 Triggers: the SD was created, its spec changed, or it was found at start-up (resume); a new value of the
 `specdeploy.io/retry-speculation` annotation; a child Deployment changed (so Ready follows the rollout);
-a speculative pod restarted or went away; and a periodic resync of every SD (drift, missed events). kopf's record of
+a speculative pod restarted or went away; and a periodic resync of every SD (drift, missed events). The
+watch events other than the SD's own create, update and resume ask for a pass (`Reconciler.request`) and
+return: passes asked for while one waits are coalesced into it. kopf's record of
 the last handled spec (an annotation) leaves out the SD's labels and annotations: they are the user's,
 as large as the user makes them, and a copy of them could push the object past the apiserver's 256 KiB
 limit on annotations, after which kopf could record nothing. There are no
@@ -27,7 +29,7 @@ from specdeploy.clients import kube
 from specdeploy.controller.analysis_loop import analyse_forever
 from specdeploy.controller.leader import LeaderElection
 from specdeploy.controller.metrics_server import serve_metrics
-from specdeploy.controller.reconciler import Reconciler
+from specdeploy.controller.reconciler import Reconciler, Trigger
 from specdeploy.controller.resync import resync_forever
 from specdeploy.controller.settings import OperatorSettings
 from specdeploy.judgment.rollback import RETRY_ANNOTATION
@@ -132,12 +134,8 @@ def _retry_not_acted_on(annotations: Mapping[str, str], status: Mapping[str, Any
 @kopf.on.event(GROUP, VERSION, PLURAL, when=_retry_not_acted_on)
 async def retry_speculation_asked(namespace: str | None, name: str, memo: Any, type: str, **_: Any) -> None:
     """`kubectl annotate sd … specdeploy.io/retry-speculation=<new value>`: act now, not at the next resync."""
-    if not type:   # the initial listing: resume covers it
-        return
-    try:
-        await memo.reconciler.reconcile(namespace or "", name)
-    except Exception:  # the resync retries; one bad event must not stop the watch
-        logger.exception("reconciling %s/%s after a retry annotation failed", namespace, name)
+    if type:   # no type: the initial listing; resume covers it
+        memo.reconciler.request(namespace or "", name, Trigger.SPEC)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "specdeploy"})
@@ -145,12 +143,8 @@ async def child_deployment_changed(
     namespace: str | None, labels: Mapping[str, str], memo: Any, type: str, **_: Any
 ) -> None:
     owner = labels.get(LABEL_NAME)
-    if owner is None or namespace is None or not type:  # no type: the initial listing; resume covers it
-        return
-    try:
-        await memo.reconciler.reconcile(namespace, owner)
-    except Exception:  # the resync retries; one bad event must not stop the watch
-        logger.exception("reconciling %s/%s after a Deployment change failed", namespace, owner)
+    if owner is not None and namespace is not None and type:  # no type: the initial listing; resume covers it
+        memo.reconciler.request(namespace, owner)
 
 
 @kopf.on.event("", "v1", "pods", labels={"app.kubernetes.io/managed-by": "specdeploy",
@@ -162,10 +156,6 @@ async def speculative_pod_changed(
     last one that speculated makes `speculation.active` false): reconcile at once."""
     owner = labels.get(LABEL_NAME)
     restarted = any(c.get("restartCount", 0) > 0 for c in status.get("containerStatuses") or [])
-    if owner is None or namespace is None or not type or not (restarted or type == "DELETED"):
-        return
-    try:
-        await memo.reconciler.reconcile(namespace, owner)
-    except Exception:
-        logger.exception("reconciling %s/%s after a pod restart failed", namespace, owner)
+    if owner is not None and namespace is not None and type and (restarted or type == "DELETED"):
+        memo.reconciler.request(namespace, owner)
 

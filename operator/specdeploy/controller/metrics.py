@@ -35,7 +35,7 @@ SPEEDUP_BOUNDS = ("estimate", "low", "high")
 
 class OperatorMetrics:
     """The metrics the operator serves on its own /metrics: rollbacks, activity, acceptance, speedup,
-    verdicts, query and cycle time, and the periodic resync."""
+    verdicts, query and cycle time, reconcile passes, and the periodic resync."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -64,6 +64,13 @@ class OperatorMetrics:
         self.resync_seconds = Histogram(
             "specdeploy_resync_seconds", "Time one periodic resync of every SpeculativeDeployment in scope took.",
             buckets=RESYNC_SECONDS_BUCKETS, registry=self.registry)
+        self.passes = Counter(
+            "specdeploy_reconcile_passes",
+            "Reconcile passes begun, by trigger (spec, child, resync, sample).", ("trigger",), registry=self.registry)
+        self.passes_coalesced = Counter(
+            "specdeploy_reconcile_passes_coalesced",
+            "Passes asked for by a watch event while one for the same SD was already waiting (done by that one).",
+            ("trigger",), registry=self.registry)
         self.resync_failures = Counter(
             "specdeploy_resync_failures",
             "SpeculativeDeployments whose reconcile failed during a periodic resync (the others went on).",
@@ -100,6 +107,12 @@ class OperatorMetrics:
 
     def cycle(self, seconds: float) -> None:
         self.cycle_seconds.observe(seconds)
+
+    def pass_begun(self, trigger: str) -> None:
+        self.passes.labels(trigger=trigger).inc()
+
+    def pass_coalesced(self, trigger: str) -> None:
+        self.passes_coalesced.labels(trigger=trigger).inc()
 
     def resync(self, seconds: float, failed: int) -> None:
         self.resync_seconds.observe(seconds)

@@ -1,8 +1,8 @@
 """`reconcile`: one pass over one SpeculativeDeployment — observe, decide, act.
 
-    observed = await self._observe(body, sample)   # the SD, its plan, Deployments, pods, the sample
-    actions = decide(observed, now)                # pure: reconcile/decide.py
-    await self._act(observed, actions, now)        # apply, post, write status once
+    observed = await self._observe(body, trigger, sample)   # the SD, its plan, children, pods, the sample
+    actions = decide(observed, now)                         # pure: reconcile/decide.py
+    await self._act(observed, actions, now)                 # apply, post, write status once
 
 Level-based and idempotent: every trigger (the SD changed, a child changed, an analysis sample, the
 periodic resync) runs the same pass on the object as it is now, under one lock per object, so an
@@ -10,12 +10,19 @@ operator killed at any point and restarted converges to the same children and st
 that is rejected changes nothing that runs. A pass that changes nothing writes nothing; one writes the
 status at most once, and a rollback is written before anything acts on it. Its Event (fixed name) and
 alert are posted once, then marked as posted.
+
+What a pass reads depends on its trigger (`Trigger`): everything after the SD changed and on the resync;
+the Deployments and pods after a child changed; the Deployments alone on an analysis sample. Passes asked
+for by child events are coalesced (`request`): while one is waiting for its turn, more events for the same
+SD ask for nothing more, since the pass reads the SD as it is when it starts — a Deployment's rollout
+raises five or six events, and a burst of a thousand SDs would otherwise queue a pass for each.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import enum
 import hashlib
 import json
 import logging
@@ -50,7 +57,7 @@ from specdeploy.modelsource.resolve import (
 )
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import make_plan
-from specdeploy.reconcile.children import LABEL_VARIANT, Variant, engine_command, variants
+from specdeploy.reconcile.children import LABEL_VARIANT, Variant, deployment_name, engine_command, variants
 from specdeploy.reconcile.conditions import Event, Reason
 from specdeploy.reconcile.decide import Actions, Notice, Observed, decide, noticed, refused
 from specdeploy.reconcile.observed import PodsObserved, observe_pods
@@ -75,6 +82,22 @@ RESOLVED_SECONDS = 300.0
 config.json is cached on disk for good)."""
 FALLBACK_SECONDS = 60.0
 """How long the catalog stands in for an unreachable Hub before the Hub is asked again."""
+
+
+class Trigger(enum.Enum):
+    """Why a pass runs, which says what it reads (an analysis sample is a pass with a sample and no trigger)."""
+
+    SPEC = "spec"       # created, spec changed, found at start-up, retry annotation: everything
+    CHILD = "child"     # a child Deployment or a speculative pod changed: the Deployments in full and the pods
+    RESYNC = "resync"   # the periodic resync: everything (hand-edited or deleted children, missed events)
+
+    @property
+    def reads_everything(self) -> bool:
+        return self is not Trigger.CHILD
+
+    def merged(self, other: Trigger | None) -> Trigger:
+        """The trigger of one pass that does what both would have."""
+        return other if other is not None and other.reads_everything and not self.reads_everything else self
 
 
 def _resolution_key(spec: SpeculativeDeploymentSpec, target: Supplied, draft: Supplied | None) -> str:
@@ -120,29 +143,62 @@ class Reconciler:
     hub: HubConfigs | None = None    # None: offline, the spec, ConfigMaps and the catalog only
     _resolved: dict[str, tuple[float, ResolvedModels]] = field(default_factory=dict)
     _noticed: dict[tuple[str, str], int] = field(default_factory=dict)  # rollback notices posted, by number
+    _requested: dict[tuple[str, str], Trigger] = field(default_factory=dict)  # passes asked for, not yet begun
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _locks: defaultdict[tuple[str, str], asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(CONCURRENT_RECONCILES))
 
-    async def reconcile(self, namespace: str, name: str, sample: DeploymentSample | None = None) -> None:
-        """Bring SD `namespace/name` and its children to what its spec and status say; `sample` is an
-        analysis sample taken for it this cycle."""
-        async with self._locks[(namespace, name)], self._slots:
-            body = await kube.get_resource(self.client, namespace, name)
-            if body is None:
-                self._locks.pop((namespace, name), None)
-                self._noticed.pop((namespace, name), None)
-                self.metrics.forget(namespace, name)
-                return
-            await self._reconcile(body, sample)
+    async def reconcile(self, namespace: str, name: str, trigger: Trigger | None = Trigger.SPEC,
+                        sample: DeploymentSample | None = None) -> None:
+        """Bring SD `namespace/name` and its children to what its spec and status say, reading what
+        `trigger` needs; `sample` is an analysis sample taken for it this cycle (then `trigger` may be None).
+        A pass asked for with `request` and not yet begun is done by this one."""
+        key = (namespace, name)
+        async with self._locks[key], self._slots:
+            requested = self._requested.pop(key, None)
+            trigger = trigger.merged(requested) if trigger is not None else requested
+            await self._pass(namespace, name, trigger, sample)
 
-    async def _reconcile(self, body: dict[str, Any], sample: DeploymentSample | None) -> None:
-        observed = await self._observe(body, sample)
+    def request(self, namespace: str, name: str, trigger: Trigger = Trigger.CHILD) -> None:
+        """Ask for a pass of SD `namespace/name` without waiting for it (for watch events). While one is
+        asked for and has not begun, asking again only widens what it reads; its failure is logged, and
+        the resync tries again."""
+        key = (namespace, name)
+        if key in self._requested:
+            self._requested[key] = self._requested[key].merged(trigger)
+            self.metrics.pass_coalesced(trigger.value)
+            return
+        self._requested[key] = trigger
+        task = asyncio.create_task(self._requested_pass(key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _requested_pass(self, key: tuple[str, str]) -> None:
+        async with self._locks[key], self._slots:
+            trigger = self._requested.pop(key, None)
+            if trigger is None:   # a pass that began meanwhile did it
+                return
+            try:
+                await self._pass(*key, trigger, None)
+            except Exception:  # noqa: BLE001 - nothing awaits this task; the resync tries again
+                logger.exception("reconciling %s/%s after a %s event failed", key[0], key[1], trigger.value)
+
+    async def _pass(self, namespace: str, name: str, trigger: Trigger | None, sample: DeploymentSample | None) -> None:
+        self.metrics.pass_begun(trigger.value if trigger is not None else "sample")
+        body = await kube.get_resource(self.client, namespace, name)
+        if body is None:
+            self._locks.pop((namespace, name), None)
+            self._noticed.pop((namespace, name), None)
+            self.metrics.forget(namespace, name)
+            return
+        observed = await self._observe(body, trigger, sample)
         now = datetime.datetime.now(datetime.UTC)
         await self._act(observed, decide(observed, now), now)
 
-    async def _observe(self, body: dict[str, Any], sample: DeploymentSample | None) -> Observed:
-        """One read of everything a pass decides on: the SD, its plan, its Deployments and (on every
-        trigger but an analysis sample) its pods."""
+    async def _observe(self, body: dict[str, Any], trigger: Trigger | None, sample: DeploymentSample | None) -> Observed:
+        """One read of what the pass decides on: the SD, its plan and its Deployments; after a child
+        changed also the Deployments in full and the pods; after the SD changed and on the resync also the
+        other children in full."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         previous = SpeculativeDeploymentStatus.model_validate(body.get("status") or {})
         try:
@@ -152,13 +208,18 @@ class Reconciler:
             logger.warning("%s/%s does not validate: %s", namespace, name, problem)
             return Observed(body, previous, None, invalid=problem)
         planned = await self._plan(resource, previous)
-        # An analysis sample reads only the Deployments: their fingerprint tells whether its step changes a child.
-        deployments, live = await kube.observe_children(self.client, namespace, name, everything=sample is None,
-                                                        pod_monitors=self.pod_monitors)
-        pods = await self._pods(resource, planned, sample)
+        everything = trigger is not None and trigger.reads_everything
+        kinds = kube.CHILD_KINDS if everything else frozenset({"Deployment"}) if trigger is not None else frozenset()
+        # Both Deployments' names unless the pass reads only what an accepted plan runs (an unwanted one is
+        # pruned by a pass that reads everything).
+        wanted = variants(resource.spec) if planned.accepted and not everything else tuple(Variant)
+        deployments, live = await kube.observe_children(
+            self.client, namespace, name, deployments=[deployment_name(name, v) for v in wanted], kinds=kinds,
+            pod_monitors=self.pod_monitors)
+        pods = await self._pods(resource, planned) if trigger is not None else None
         rollbacks = previous.speculation.rollbacks if previous.speculation is not None else None
         return Observed(body, previous, resource, planned=planned, deployments=tuple(deployments),
-                        live=live if sample is None else None, pods=pods, sample=sample,
+                        live=live, live_kinds=kinds, pods=pods, sample=sample,
                         notice_posted=self._noticed.get((namespace, name)) == rollbacks,
                         pod_monitors=self.pod_monitors)
 
@@ -274,10 +335,9 @@ class Reconciler:
         return target, await supplied("spec.speculation.draft", draft.config_map_ref, draft.config_path,
                                       draft.token_secret_ref)
 
-    async def _pods(self, resource: SpeculativeDeployment, planned: Planned,
-                    sample: DeploymentSample | None) -> PodsObserved | None:
-        """The engine pods, listed on every trigger but an analysis sample (see `_step`)."""
-        if sample is not None or not planned.accepted:
+    async def _pods(self, resource: SpeculativeDeployment, planned: Planned) -> PodsObserved | None:
+        """The engine pods, listed on every trigger but an analysis sample (reconcile/decide.py `_step`)."""
+        if not planned.accepted:
             return None
         namespace, name = resource.metadata.namespace or "", resource.metadata.name
         pods = await kube.engine_pods(self.client, namespace, name)

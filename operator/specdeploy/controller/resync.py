@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 
 from specdeploy.clients import kube
-from specdeploy.controller.reconciler import Reconciler
+from specdeploy.controller.reconciler import Reconciler, Trigger
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ async def resync_once(reconciler: Reconciler, namespaces: Iterable[str]) -> int:
     async def reconcile(namespace: str, name: str) -> None:
         nonlocal failed
         try:
-            await reconciler.reconcile(namespace, name)
+            await reconciler.reconcile(namespace, name, Trigger.RESYNC)
         except Exception:  # noqa: BLE001 - one SD's failure must not stop the others' resync
             failed += 1
             logger.exception("periodic resync of %s/%s failed", namespace, name)

@@ -51,3 +51,27 @@ def audit_entries(log_file: Path, since: float = 0.0) -> Iterator[dict[str, Any]
             received = datetime.fromisoformat(entry["requestReceivedTimestamp"].replace("Z", "+00:00"))
             if received.timestamp() >= since:
                 yield entry
+
+
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """`patch` applied to `target` as the apiserver applies a JSON merge patch (RFC 7386, section 2)."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = apply_merge_patch(result.get(key), value)
+    return result
+
+
+def statuses_written(status_patches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The status after each of an object's status merge patches (audit entries, oldest first), replayed
+    from the first: the operator patches what changed, so a patch alone is not the status it wrote."""
+    status: dict[str, Any] = {}
+    written = []
+    for entry in status_patches:
+        status = apply_merge_patch(status, entry["requestObject"].get("status") or {})
+        written.append(status)
+    return written

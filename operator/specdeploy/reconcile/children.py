@@ -133,14 +133,17 @@ def _config_hash(files: dict[str, str]) -> str:
     return digest[:16]
 
 
+def deployment_name(sd_name: str, variant: Variant) -> str:
+    """The name of SD `sd_name`'s Deployment of `variant`."""
+    return (names.engine_deployment_name if variant == Variant.SPECULATIVE else names.control_deployment_name)(sd_name)
+
+
 def _deployment(
     resource: SpeculativeDeployment, plan: Plan, variant: Variant, command: EngineCommand, files: dict[str, str],
     speculating: bool,
 ) -> dict[str, Any]:
     spec = resource.spec
-    name = (names.engine_deployment_name if variant == Variant.SPECULATIVE else names.control_deployment_name)(
-        resource.metadata.name
-    )
+    name = deployment_name(resource.metadata.name, variant)
     selector = {LABEL_NAME: resource.metadata.name, LABEL_VARIANT: variant.value}
     labels = {**common_labels(resource, "engine"), LABEL_VARIANT: variant.value}
     replicas = spec.replicas if variant == Variant.SPECULATIVE else spec.analysis.baseline.control_replicas

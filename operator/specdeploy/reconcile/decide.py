@@ -33,7 +33,7 @@ from specdeploy.judgment.samples import DeploymentSample
 from specdeploy.judgment.speculation import SpeculationStep, step_speculation
 from specdeploy.judgment.verdict import Verdict
 from specdeploy.reconcile.children import Children, desired_children
-from specdeploy.reconcile.conditions import Event, Reason, transition_events
+from specdeploy.reconcile.conditions import ConditionType, Event, Reason, transition_events
 from specdeploy.reconcile.drift import drift
 from specdeploy.reconcile.observed import PodsObserved
 from specdeploy.reconcile.status import DeploymentState, Planned, next_status, refused_status
@@ -51,7 +51,8 @@ class Observed:
     invalid: str | None = None
     planned: Planned | None = None
     deployments: tuple[DeploymentState, ...] = ()
-    live: Mapping[tuple[str, str], Mapping[str, Any]] | None = None   # every child by kind and name; None: not read
+    live: Mapping[tuple[str, str], Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # by kind and name
+    live_kinds: frozenset[str] = frozenset()     # the kinds of child read into `live` (none on an analysis sample)
     pods: PodsObserved | None = None             # None: not listed this pass (an analysis sample)
     sample: DeploymentSample | None = None       # this cycle's analysis sample, if one was taken
     notice_posted: bool = False                  # this operator posted the last rollback's notice already
@@ -189,17 +190,23 @@ def decide(observed: Observed, now: datetime) -> Actions:
     if planned.plan is not None and planned.accepted:
         wanted = desired_children(resource.model_copy(update={"status": status}), planned.plan,
                                   pod_monitor=observed.pod_monitors)
-        # Apply only what would change something: children that are not those of the last apply, or (on a
-        # pass that read them all — every trigger but an analysis sample) that differ from it, by hand or
-        # deleted. A pass that would change nothing writes nothing.
-        if not already_applied(wanted, generation, observed.deployments) or (
-                observed.live is not None and drift(wanted, observed.live) is not None):
+        # Apply only what would change something: children that are not those of the last apply, or (of
+        # the kinds this pass read in full) that differ from it, by hand or deleted, or after an apply the
+        # apiserver refused part of (the Deployments carry its fingerprint, a child after them is missing;
+        # every pass tries again, and the status stays refused until one succeeds). A pass that would
+        # change nothing writes nothing.
+        if not already_applied(wanted, generation, observed.deployments) or _apply_refused(previous) or (
+                drift(wanted, observed.live, observed.live_kinds) is not None):
             children = wanted
     status, notice, alert = _notices(observed, step, status, now)
     reenabled = (Event.normal("SpeculationReenabled", step.reenabled.message),) if step.reenabled else ()
     return Actions(status, tuple(previous.conditions), write_first=step.rollback is not None, children=children,
                    own_events=reenabled, notice=notice, alert=alert, rollback=step.rollback,
                    verdict=step.verdict)
+
+
+def _apply_refused(status: SpeculativeDeploymentStatus) -> bool:
+    return any(c.type == ConditionType.READY and c.reason == Reason.APPLY_REFUSED for c in status.conditions)
 
 
 def refused(observed: Observed, actions: Actions, refusal: str, now: datetime) -> Actions:

@@ -8,7 +8,7 @@ fingerprint, which is compared first (reconcile/decide.py), so it needs no compa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from specdeploy.reconcile.children import Children
@@ -37,13 +37,15 @@ def difference(desired: Any, live: Any, path: str = "") -> str | None:
     return None if desired == live else path
 
 
-def drift(children: Children, live: Mapping[tuple[str, str], Mapping[str, Any]]) -> str | None:
-    """What differs between `children` and `live` (kind and name → the object as read), in words; None when
-    every child is there as the operator would apply it."""
+def drift(children: Children, live: Mapping[tuple[str, str], Mapping[str, Any]], kinds: Collection[str]) -> str | None:
+    """What differs between `children` and `live` (kind and name → the object as read, for every child of
+    `kinds`), in words; None when every child of those kinds is there as the operator would apply it."""
     manifests = [children.config_map, *children.deployments.values(), children.service]
     if children.pod_monitor is not None:
         manifests.append(children.pod_monitor)
     for manifest in manifests:
+        if manifest["kind"] not in kinds:
+            continue
         key = (manifest["kind"], manifest["metadata"]["name"])
         there = live.get(key)
         if there is None:
