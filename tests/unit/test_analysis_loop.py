@@ -1,11 +1,16 @@
-"""The analysis loop's pure decisions: which SDs are due for a sample, from the object as listed."""
+"""The analysis loop's pure decisions: which SDs are due for a sample, from the objects as the watch delivered them."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 
+import pytest
+from lightkube import ALL_NS
+
 from specdeploy.api.resource import SpeculativeDeployment
-from specdeploy.controller.analysis_loop import due
+from specdeploy.controller.analysis_loop import _validated_due, due
+from specdeploy.controller.reconciler import KnownSds
 
 NOW = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC).timestamp()
 
@@ -56,3 +61,35 @@ def test_an_sd_with_a_status_from_before_the_comparison_is_due_and_still_validat
     assert snapshot is not None and snapshot.p99_inter_token_latency_seconds == 0.025
     assert snapshot.running_per_pod is None and snapshot.inter_token_latency is None
     assert not due({**body, "status": {"analysis": {"lastSampleAt": "2026-11-29T12:00:20Z"}}}, NOW)
+
+
+def _sd(namespace: str, name: str, last_sample_at: str | None = None) -> dict[str, object]:
+    status = {"analysis": {"lastSampleAt": last_sample_at}} if last_sample_at else {}
+    return {"apiVersion": "specdeploy.io/v1alpha1", "kind": "SpeculativeDeployment",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "speculation": {"method": "ngram"},
+                     "analysis": {"interval": "30s"}}, "status": status}
+
+
+def test_the_loop_reads_the_sds_as_the_watch_last_delivered_them() -> None:
+    """No list per tick: the watch's latest body of each SD says whether it is due; a deleted SD is gone."""
+    known = KnownSds()
+    known.seen(_sd("prod", "a"))
+    known.seen(_sd("prod", "b", "2026-11-29T12:00:20Z"))              # sampled 10 s ago
+    known.seen(_sd("dev", "c"))
+    assert [r.metadata.name for r in _validated_due(known.bodies(["prod"]), NOW)] == ["a"]
+    known.seen(_sd("prod", "a", "2026-11-29T12:00:25Z"))              # its status write, seen by the watch
+    known.seen(_sd("prod", "b", "2026-11-29T11:59:50Z"))
+    assert [r.metadata.name for r in _validated_due(known.bodies(["prod"]), NOW)] == ["b"]
+    known.gone("prod", "b")
+    assert _validated_due(known.bodies(["prod"]), NOW) == []
+    assert sorted(r.metadata.name for r in _validated_due(known.bodies([ALL_NS]), NOW)) == ["c"]
+
+
+def test_an_sd_that_does_not_validate_is_skipped_and_the_others_are_sampled(caplog: pytest.LogCaptureFixture) -> None:
+    broken = _sd("prod", "broken")
+    broken["spec"] = {"speculation": {"method": "ngram"}}                # no model
+    with caplog.at_level(logging.WARNING):
+        due_now = _validated_due([broken, _sd("prod", "fine")], NOW)
+    assert [r.metadata.name for r in due_now] == ["fine"]
+    assert "skipping broken in analysis" in caplog.text

@@ -1,6 +1,7 @@
 """The operator's one analysis loop: every tick, the SDs whose `analysis.interval` has passed are
 sampled together — one PromQL query per signal per (engine, window) for each Prometheus, not one per
-SD — and each is reconciled with its sample.
+SD — and each is reconciled with its sample. Which SDs are due is read from the operator's own watch of
+them (`Reconciler.known`), not from a list each tick.
 """
 
 from __future__ import annotations
@@ -9,12 +10,11 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 
 from specdeploy.api.resource import SpeculativeDeployment
@@ -44,7 +44,7 @@ class Source:
     headers_dir: Path | None = None
 
 
-def due(obj: dict[str, Any], now: float) -> bool:
+def due(obj: Mapping[str, Any], now: float) -> bool:
     """Whether the SD (as the apiserver returns it, with the CRD's defaults) was last sampled at least one
     `analysis.interval` ago, or never. Read from the raw object so that an SD not due costs no validation:
     with 1000 SDs, validating them all every tick was most of the operator's CPU at rest."""
@@ -67,18 +67,15 @@ def source_of(resource: SpeculativeDeployment, default_url: str | None,
     return Source(url, namespace, secret, default_headers_dir if own else None)
 
 
-async def _list_due(client: AsyncClient, namespaces: Iterable[str], now: float) -> list[SpeculativeDeployment]:
+def _validated_due(bodies: Iterable[Mapping[str, Any]], now: float) -> list[SpeculativeDeployment]:
     """The SDs due for a sample, validated."""
     resources = []
-    for namespace in namespaces:
-        async for obj in client.list(kube.SpeculativeDeploymentResource, namespace=namespace):
-            body = obj.to_dict()
-            try:
-                if due(body, now):
-                    resources.append(SpeculativeDeployment.model_validate(body))
-            except ValueError as error:
-                name = obj.metadata.name if obj.metadata else "?"
-                logger.warning("skipping %s in analysis: %s", name, error)
+    for body in bodies:
+        try:
+            if due(body, now):
+                resources.append(SpeculativeDeployment.model_validate(dict(body)))
+        except ValueError as error:
+            logger.warning("skipping %s in analysis: %s", (body.get("metadata") or {}).get("name", "?"), error)
     return resources
 
 
@@ -88,7 +85,9 @@ async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], defaul
     started = time.monotonic()
     now = time.time()
     limit = asyncio.Semaphore(CONCURRENT_RECONCILES)
-    resources = await _list_due(reconciler.client, namespaces, now)
+    # The SDs as the operator's watch last saw them (`Reconciler.known`): listing every SD each tick
+    # cost the apiserver and the operator more than the samples with a thousand SDs (docs/performance.md).
+    resources = _validated_due(reconciler.known.bodies(namespaces), now)
     by_source: defaultdict[Source, list[SpeculativeDeployment]] = defaultdict(list)
     for resource in resources:
         source = source_of(resource, default_url, default_headers_dir)

@@ -126,6 +126,16 @@ async def reconcile_sd(namespace: str | None, name: str, memo: Any, **_: Any) ->
     await memo.reconciler.reconcile(namespace or "", name)
 
 
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def sd_seen(event: Mapping[str, Any], namespace: str | None, name: str, memo: Any, type: str, **_: Any) -> None:
+    """Keep the operator's picture of every SD (`Reconciler.known`) current: the analysis loop finds the
+    SDs due for a sample there."""
+    if type == "DELETED":
+        memo.reconciler.known.gone(namespace or "", name)
+    else:
+        memo.reconciler.known.seen(event["object"])
+
+
 def _retry_not_acted_on(annotations: Mapping[str, str], status: Mapping[str, Any], **_: Any) -> bool:
     value = annotations.get(RETRY_ANNOTATION)
     return bool(value) and value != (status.get("speculation") or {}).get("retryAnnotationSeen")

@@ -29,11 +29,12 @@ import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightkube import AsyncClient
+from lightkube import ALL_NS, AsyncClient
 from lightkube.core.exceptions import ApiError
 from pydantic import ValidationError
 
@@ -132,6 +133,26 @@ def plan_resource(resource: SpeculativeDeployment, models: ResolvedModels | None
 
 
 @dataclass
+class KnownSds:
+    """Every SD in scope as the operator's watch last delivered it (kopf's SD events, the initial listing
+    included): what the analysis loop reads to find the SDs due for a sample."""
+
+    _bodies: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+
+    def seen(self, body: Mapping[str, Any]) -> None:
+        metadata = body.get("metadata") or {}
+        self._bodies[(metadata.get("namespace") or "", metadata.get("name") or "")] = body
+
+    def gone(self, namespace: str, name: str) -> None:
+        self._bodies.pop((namespace, name), None)
+
+    def bodies(self, namespaces: Iterable[str]) -> list[Mapping[str, Any]]:
+        """The SDs of `namespaces` (lightkube's ALL_NS: every namespace)."""
+        wanted = set(namespaces)
+        return [body for (namespace, _), body in self._bodies.items() if ALL_NS in wanted or namespace in wanted]
+
+
+@dataclass
 class Reconciler:
     """Operator-wide state (kept in kopf's memo): the API client, defaults, metrics, one lock per SD."""
 
@@ -141,6 +162,7 @@ class Reconciler:
     alertmanager_headers_dir: Path | None = None   # headers for alertmanager_url when the SD names no Secret
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     hub: HubConfigs | None = None    # None: offline, the spec, ConfigMaps and the catalog only
+    known: KnownSds = field(default_factory=KnownSds)
     _resolved: dict[str, tuple[float, ResolvedModels]] = field(default_factory=dict)
     _noticed: dict[tuple[str, str], int] = field(default_factory=dict)  # rollback notices posted, by number
     _requested: dict[tuple[str, str], Trigger] = field(default_factory=dict)  # passes asked for, not yet begun
@@ -189,6 +211,7 @@ class Reconciler:
         if body is None:
             self._locks.pop((namespace, name), None)
             self._noticed.pop((namespace, name), None)
+            self.known.gone(namespace, name)
             self.metrics.forget(namespace, name)
             return
         observed = await self._observe(body, trigger, sample)
