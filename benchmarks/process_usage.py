@@ -67,27 +67,39 @@ def machine() -> str:
 
 def apiserver_requests(api: object) -> dict[tuple[str, str], float]:
     """The apiserver's own count of the requests it served so far (`apiserver_request_total`), by verb and
-    resource[/subresource], from its /metrics: every client's, the operator's and the controllers' alike."""
+    resource[/subresource], from its /metrics: every client's, the operator's and the controllers' alike;
+    and, under the key ("seconds", verb + " " + resource), the seconds they took
+    (`apiserver_request_duration_seconds_sum`, long-running requests such as watches excluded)."""
     text = api.get("/metrics", timeout=60).raise_for_status().text   # type: ignore[attr-defined]
     counts: dict[tuple[str, str], float] = {}
     for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels_text, value = line[len("apiserver_request_total{"):].rsplit("} ", 1)
-        labels = dict(part.split("=", 1) for part in labels_text.split(","))
-        labels = {key: raw.strip('"') for key, raw in labels.items()}
-        resource = labels.get("resource", "")
-        if labels.get("subresource"):
-            resource += "/" + labels["subresource"]
-        key = (labels.get("verb", ""), resource)
-        counts[key] = counts.get(key, 0.0) + float(value)
+        for family in ("apiserver_request_total{", "apiserver_request_duration_seconds_sum{"):
+            if not line.startswith(family):
+                continue
+            labels_text, value = line[len(family):].rsplit("} ", 1)
+            labels = {key: raw.strip('"') for key, raw in (part.split("=", 1) for part in labels_text.split(","))}
+            resource = labels.get("resource", "")
+            if labels.get("subresource"):
+                resource += "/" + labels["subresource"]
+            key = (labels.get("verb", ""), resource)
+            if family.startswith("apiserver_request_duration"):
+                key = ("seconds", " ".join(key))
+            counts[key] = counts.get(key, 0.0) + float(value)
     return counts
 
 
 def request_deltas(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float],
                    top: int = 12) -> str:
-    """The `top` largest differences of two `apiserver_requests` readings, one per line."""
-    deltas = sorted(((after[k] - before.get(k, 0.0), k) for k in after), reverse=True)
+    """The `top` largest differences of two `apiserver_requests` readings, one per line, with the mean
+    time each kind of request took."""
+    deltas = sorted(((after[k] - before.get(k, 0.0), k) for k in after if k[0] != "seconds"), reverse=True)
     total = sum(d for d, _ in deltas)
-    lines = [f"  {delta:8.0f}  {verb} {resource}" for delta, (verb, resource) in deltas[:top] if delta > 0]
+    lines = []
+    for delta, (verb, resource) in deltas[:top]:
+        if delta <= 0:
+            continue
+        seconds_key = ("seconds", f"{verb} {resource}")
+        seconds = after.get(seconds_key, 0.0) - before.get(seconds_key, 0.0)
+        lines.append(f"  {delta:8.0f}  {verb} {resource}" + (f"  (mean {1000 * seconds / delta:.0f} ms, "
+                                                             f"{seconds:.0f} s in all)" if seconds else ""))
     return f"  {total:8.0f}  in all\n" + "\n".join(lines)

@@ -47,7 +47,7 @@ def _created_at(item: dict[str, Any]) -> float:
     return datetime.fromisoformat(item["metadata"]["creationTimestamp"].replace("Z", "+00:00")).timestamp()
 
 
-def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
+def run(count: int, nodes: int, timeout: float, steady_seconds: float, poll_seconds: float) -> None:
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="specdeploy-bench-") as state:
         cluster = DevCluster(Path(state) / "cluster", nodes=nodes, progress=lambda m: print(m, file=sys.stderr))
@@ -59,6 +59,8 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
                 documents = yaml.safe_dump_all([_resource(i) for i in range(count)])
                 with cluster.api_client() as api:
                     requests_before = apiserver_requests(api)
+                components = {c.name: c.pid for c in cluster.status().components if c.pid}
+                components_began = {name: Mark.of(pid) for name, pid in components.items()}
                 began, began_wall = Mark.of(operator.pid), time.time()
                 cluster.kubectl("create", "-f", "-", input=documents, timeout=1800)
                 created = time.monotonic() - began.wall
@@ -67,9 +69,12 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
                 ready: dict[str, float] = {}
                 all_reconciled: Mark | None = None
                 path = f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}"
+                listed_bytes, polls = 0, 0
                 with cluster.api_client() as api:
                     while len(ready) < count and time.monotonic() - began.wall < timeout:
-                        items = api.get(path, params={"resourceVersion": "0"}, timeout=60).raise_for_status().json()["items"]
+                        listed = api.get(path, params={"resourceVersion": "0"}, timeout=60).raise_for_status()
+                        listed_bytes, polls = len(listed.content), polls + 1
+                        items = listed.json()["items"]
                         now = time.monotonic() - began.wall
                         for item in items:
                             name, status = item["metadata"]["name"], item.get("status") or {}
@@ -83,8 +88,9 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
                         if all_reconciled is None and len(reconciled) == count:
                             all_reconciled = Mark.of(operator.pid)
                             requests_reconciled = apiserver_requests(api)
-                        time.sleep(1.0)
+                        time.sleep(poll_seconds)
                     all_ready = Mark.of(operator.pid)
+                    components_ready = {name: Mark.of(pid) for name, pid in components.items()}
                     requests_ready = apiserver_requests(api)
                 deployments = cluster.kubectl("get", "deployments", "-n", NAMESPACE, "--no-headers").stdout.count("\n")
                 steady_from = Mark.of(operator.pid)
@@ -107,6 +113,8 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
               f"p99 {percentile(values, 0.99):.1f} s)")
     if ready:
         print(f"{len(ready)} Ready after {max(ready.values()):.1f} s")
+    print(f"polled the SDs {polls} times, every {poll_seconds:g} s (the last list: {listed_bytes / 1024:.0f} KiB, "
+          f"{listed_bytes / max(count, 1) / 1024:.1f} KiB per SD)")
     retried = log_text.count("failed with an exception and will try again")
     dropped = len(re.findall(r"reconciling \S+ after a (?:child|spec) event failed", log_text))
     timeouts = len(re.findall(r"^httpx\d*\.\w*Timeout$", log_text, re.MULTILINE))   # a traceback's last line
@@ -118,6 +126,9 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float) -> None:
     print(f"apiserver requests (all clients) from the create until all Ready:\n"
           f"{request_deltas(requests_before, requests_ready)}")
     print(f"apiserver requests at rest over {steady_seconds:.0f} s:\n{request_deltas(requests_ready, requests_steady, 6)}")
+    busy = ", ".join(f"{name} {components_began[name].cpu_per_wall(components_ready[name]):.2f}"
+                     for name in sorted(components, key=lambda n: -components_began[n].cpu_per_wall(components_ready[n])))
+    print(f"control plane CPU (cores busy) from the create until all Ready: {busy}")
     print(f"operator RSS: idle {idle_rss / 1024:.0f} MiB, at the end {rss / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB")
     reconcile_cpu = began.cpu_per_wall(all_reconciled) if all_reconciled else float("nan")
     print(f"operator CPU (cores busy): {reconcile_cpu:.2f} until all reconciled, "
@@ -131,6 +142,8 @@ if __name__ == "__main__":
     parser.add_argument("--nodes", type=int, default=0, help="kwok nodes (8 GPUs each); 0: one GPU per SD, +2")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--steady-seconds", type=float, default=30)
+    parser.add_argument("--poll-seconds", type=float, default=1.0,
+                        help="how often the SDs are listed to see which are reconciled and Ready (a list of every SD)")
     arguments = parser.parse_args()
     nodes = arguments.nodes or -(-arguments.count // GPUS_PER_NODE) + 2
-    run(arguments.count, nodes, arguments.timeout, arguments.steady_seconds)
+    run(arguments.count, nodes, arguments.timeout, arguments.steady_seconds, arguments.poll_seconds)

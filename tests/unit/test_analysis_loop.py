@@ -10,6 +10,7 @@ from lightkube import ALL_NS
 
 from specdeploy.api.resource import SpeculativeDeployment
 from specdeploy.controller.analysis_loop import _validated_due, due
+from specdeploy.controller.handlers import QuietWatchHandlers
 from specdeploy.controller.reconciler import KnownSds
 
 NOW = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC).timestamp()
@@ -93,3 +94,15 @@ def test_an_sd_that_does_not_validate_is_skipped_and_the_others_are_sampled(capl
         due_now = _validated_due([broken, _sd("prod", "fine")], NOW)
     assert [r.metadata.name for r in due_now] == ["fine"]
     assert "skipping broken in analysis" in caplog.text
+
+
+def test_kopfs_success_line_for_a_watch_handler_is_dropped_and_failures_are_kept() -> None:
+    quiet = QuietWatchHandlers()
+
+    def record(level: int, message: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", level, __file__, 1, message, None, None)
+
+    assert not quiet.filter(record(logging.INFO, "Handler 'sd_seen' succeeded."))
+    assert not quiet.filter(record(logging.INFO, "Handler 'child_deployment_changed' succeeded."))
+    assert quiet.filter(record(logging.INFO, "Handler 'reconcile' succeeded."))
+    assert quiet.filter(record(logging.ERROR, "Handler 'sd_seen' failed with an exception. Will retry."))
