@@ -184,7 +184,8 @@ def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_names
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN)
     for noisy in ("httpx", "httpx2"):  # lightkube logs every API call at INFO; that would drown the decisions
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from specdeploy.controller.handlers import QuietWatchHandlers  # registers the handlers with kopf
+    import specdeploy.controller.handlers  # noqa: F401 - registers the handlers with kopf
+    from specdeploy.controller.logs import QuietWatchHandlers
 
     logging.getLogger("kopf.objects").addFilter(QuietWatchHandlers())
 

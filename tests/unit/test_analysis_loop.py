@@ -10,7 +10,7 @@ from lightkube import ALL_NS
 
 from specdeploy.api.resource import SpeculativeDeployment
 from specdeploy.controller.analysis_loop import _validated_due, due
-from specdeploy.controller.handlers import QuietWatchHandlers
+from specdeploy.controller.logs import QuietWatchHandlers
 from specdeploy.controller.reconciler import KnownSds
 
 NOW = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC).timestamp()

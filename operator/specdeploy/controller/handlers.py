@@ -59,20 +59,6 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.queueing.error_delays = [1, 2, 5, 10, 30, 60]
 
 
-WATCH_HANDLERS = ("sd_seen", "retry_speculation_asked", "child_deployment_changed", "speculative_pod_changed")
-
-
-class QuietWatchHandlers(logging.Filter):
-    """Drops kopf's "Handler '…' succeeded." for the watch-event handlers: they only ask for a pass (and keep
-    the operator's picture of the SDs), once per event — every status write of every SD — and the passes log
-    what they do. Failures are still logged."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (record.levelno <= logging.INFO and message.endswith(" succeeded.")
-                    and any(message == f"Handler {name!r} succeeded." for name in WATCH_HANDLERS))
-
-
 def _lost_lease() -> None:
     logger.error("lost the operator lease; stopping so that only one operator acts")
     os.kill(os.getpid(), signal.SIGTERM)
