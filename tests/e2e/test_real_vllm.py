@@ -244,10 +244,15 @@ def test_traffic_the_draft_stops_predicting_rolls_back_real_vllm(vllm_cluster: D
                                                      params={"filter": f'namespace="{vllm_namespace}"'}).json()
                                if a["labels"].get("name") == SHIFT_NAME], 30, "the rollback alert")
     assert alerts[0]["labels"]["reason"] == "AcceptanceBelowMinimum"
-    # The rolled pod runs real vLLM without a speculative config, and status says so once it does.
-    wait_for(lambda: (_status(vllm_cluster, vllm_namespace, SHIFT_NAME).get("speculation") or {}).get(
-        "active") is False and endpoints(vllm_cluster, sd, "speculative"), START_TIMEOUT,
-        "the rolled pod's real vLLM answering, nothing speculating")
+    # The rolled pod runs real vLLM without a speculative config, and status says so once it does. The old
+    # pod's vLLM may still be shutting down when status turns (a terminating pod takes no traffic): wait for
+    # the variant to be one process, the new one, answering.
+    def rolled_pod_alone_serving() -> bool:
+        sims = vllm_cluster.simulators(namespace=vllm_namespace, sd=SHIFT_NAME, variant="speculative")
+        return (_status(vllm_cluster, vllm_namespace, SHIFT_NAME).get("speculation") or {}).get(
+            "active") is False and len(sims) == 1 and sims[0].ready
+
+    wait_for(rolled_pod_alone_serving, START_TIMEOUT, "the rolled pod's real vLLM answering alone, nothing speculating")
     assert "--speculative-config" not in _engine_argv(vllm_cluster, vllm_namespace, SHIFT_NAME)
     assert _status(vllm_cluster, vllm_namespace, SHIFT_NAME)["phase"] == "RolledBack"
 
