@@ -12,7 +12,8 @@ as one process reading the dev Prometheus every analysis interval. At each count
 2. Cost: after every SD has been sampled once, `--cycles` full cycles are timed one by one from the
    operator's own /metrics (`specdeploy_analysis_query_seconds`, `specdeploy_analysis_cycle_seconds`),
    the queries also counted on Prometheus' side (`prometheus_http_requests_total{handler="/api/v1/query"}`),
-   and the CPU of the operator, kube-apiserver and etcd over those cycles read from /proc.
+   the CPU of the operator, kube-apiserver and etcd over those cycles read from /proc, and the apiserver's
+   own count of the requests it served meanwhile (`apiserver_request_total`, every client's), by verb.
 3. Detection latency: with the new served SD healthy under 4 QPS (acceptance 0.8), acceptance is set
    to 0.3 on its speculative simulators; the time until `status.speculation.active` is false is
    printed, measured from the knob change and also to the rollback's own timestamp.
@@ -35,7 +36,7 @@ from typing import Any
 import httpx
 import yaml
 from bench_operator import watching_operator
-from process_usage import Mark, load_average, machine, percentile, rss_kib
+from process_usage import Mark, apiserver_requests, load_average, machine, percentile, request_deltas, rss_kib
 
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
 from specdeploy.devcluster import DevCluster, wait_for
@@ -164,6 +165,8 @@ def measure(cluster: DevCluster, metrics_url: str, operator: int, count: int, cy
     pids = {"operator": operator, **_cluster_pids(cluster)}
     start = _after_cycle(metrics_url, cluster.prometheus_url, Counters(metrics_url, cluster.prometheus_url).cycles)
     marks = {name: Mark.of(pid) for name, pid in pids.items()}
+    with cluster.api_client() as api:
+        requests_before = apiserver_requests(api)
     previous, times = start, []
     while previous.cycles < start.cycles + cycles:
         current = _after_cycle(metrics_url, cluster.prometheus_url, previous.cycles)
@@ -172,6 +175,8 @@ def measure(cluster: DevCluster, metrics_url: str, operator: int, count: int, cy
         previous = current
     end = previous
     busy = {name: marks[name].cpu_per_wall(Mark.of(pid)) for name, pid in pids.items()}
+    with cluster.api_client() as api:
+        requests_after = apiserver_requests(api)
     done = end.cycles - start.cycles
     return {
         "cycles": done,
@@ -181,6 +186,7 @@ def measure(cluster: DevCluster, metrics_url: str, operator: int, count: int, cy
         "query_seconds": (end.query_seconds - start.query_seconds) / max(end.queries - start.queries, 1),
         "busy": busy,
         "rss_peak_mib": rss_kib(operator)[1] / 1024,
+        "apiserver_requests": request_deltas(requests_before, requests_after, 8),
     }
 
 
@@ -207,6 +213,8 @@ def run(counts: list[int], cycles: int) -> None:
                     present = count
                     cost = measure(cluster, metrics_url, operator.pid, count, cycles)
                     print(f"  {count} SDs: {cost}", file=sys.stderr)
+                    print(f"{count} SDs: apiserver requests over {cost['cycles']:.0f} cycles (every client's):\n"
+                          f"{cost['apiserver_requests']}")
                     detection = detection_latency(cluster, served)
                     print(f"  {count} SDs: detection {detection}", file=sys.stderr)
                     rows.append((count, cost, detection))

@@ -38,6 +38,7 @@ from specdeploy.clients import kube
 from specdeploy.controller import analysis_loop
 from specdeploy.controller import reconciler as reconciler_module
 from specdeploy.controller.reconciler import Reconciler
+from specdeploy.controller.watched import SD
 from specdeploy.devcluster import DevCluster
 from specdeploy.reconcile import decide as decide_module
 from specdeploy.reconcile.children import LABEL_NAME
@@ -57,8 +58,8 @@ PURE_STEPS = (
     (analysis_loop, "_validated_due"),
 )
 API_STEPS = (
-    (kube, "get_resource"), (kube, "observe_children"), (kube, "engine_pods"), (kube, "apply_children"),
-    (kube, "prune_children"), (kube, "write_status"),
+    (kube, "get_resource"), (kube, "read_deployments"), (kube, "read_children"), (kube, "engine_pods"),
+    (kube, "apply_children"), (kube, "prune_children"), (kube, "write_status"),
     (analysis_loop, "query_all"),
 )
 
@@ -169,7 +170,7 @@ async def _cycle(reconciler: Reconciler, prometheus_url: str, count: int) -> Non
     """One analysis cycle, as the operator runs it; every SD must have been due. Without kopf's watch the
     SDs the loop looks at are listed here first (not timed: the operator's watch delivers them)."""
     async for sd in reconciler.client.list(kube.SpeculativeDeploymentResource, namespace=NAMESPACE):
-        reconciler.known.seen(sd.to_dict())
+        reconciler.watched.seen(SD, sd.to_dict())
     sampled = await analysis_loop.analyse_once(reconciler, [NAMESPACE], prometheus_url)
     if sampled != count:
         print(f"warning: {sampled} of {count} SDs sampled", file=sys.stderr)

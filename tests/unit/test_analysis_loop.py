@@ -11,7 +11,7 @@ from lightkube import ALL_NS
 from specdeploy.api.resource import SpeculativeDeployment
 from specdeploy.controller.analysis_loop import _validated_due, due
 from specdeploy.controller.logs import QuietWatchHandlers
-from specdeploy.controller.reconciler import KnownSds
+from specdeploy.controller.watched import SD, Watched
 
 NOW = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC).timestamp()
 
@@ -74,17 +74,17 @@ def _sd(namespace: str, name: str, last_sample_at: str | None = None) -> dict[st
 
 def test_the_loop_reads_the_sds_as_the_watch_last_delivered_them() -> None:
     """No list per tick: the watch's latest body of each SD says whether it is due; a deleted SD is gone."""
-    known = KnownSds()
-    known.seen(_sd("prod", "a"))
-    known.seen(_sd("prod", "b", "2026-11-29T12:00:20Z"))              # sampled 10 s ago
-    known.seen(_sd("dev", "c"))
-    assert [r.metadata.name for r in _validated_due(known.bodies(["prod"]), NOW)] == ["a"]
-    known.seen(_sd("prod", "a", "2026-11-29T12:00:25Z"))              # its status write, seen by the watch
-    known.seen(_sd("prod", "b", "2026-11-29T11:59:50Z"))
-    assert [r.metadata.name for r in _validated_due(known.bodies(["prod"]), NOW)] == ["b"]
-    known.gone("prod", "b")
-    assert _validated_due(known.bodies(["prod"]), NOW) == []
-    assert sorted(r.metadata.name for r in _validated_due(known.bodies([ALL_NS]), NOW)) == ["c"]
+    known = Watched()
+    known.seen(SD, _sd("prod", "a"))
+    known.seen(SD, _sd("prod", "b", "2026-11-29T12:00:20Z"))              # sampled 10 s ago
+    known.seen(SD, _sd("dev", "c"))
+    assert [r.metadata.name for r in _validated_due(known.bodies(SD, ["prod"]), NOW)] == ["a"]
+    known.seen(SD, _sd("prod", "a", "2026-11-29T12:00:25Z"))              # its status write, seen by the watch
+    known.seen(SD, _sd("prod", "b", "2026-11-29T11:59:50Z"))
+    assert [r.metadata.name for r in _validated_due(known.bodies(SD, ["prod"]), NOW)] == ["b"]
+    known.gone(SD, "prod", "b")
+    assert _validated_due(known.bodies(SD, ["prod"]), NOW) == []
+    assert sorted(r.metadata.name for r in _validated_due(known.bodies(SD, [ALL_NS]), NOW)) == ["c"]
 
 
 def test_an_sd_that_does_not_validate_is_skipped_and_the_others_are_sampled(caplog: pytest.LogCaptureFixture) -> None:

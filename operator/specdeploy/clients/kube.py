@@ -65,23 +65,29 @@ async def pod_monitors_supported(client: AsyncClient) -> bool:
     return True
 
 
-def _deployment_state(obj: Deployment) -> DeploymentState | None:
-    labels = obj.metadata.labels or {} if obj.metadata else {}
+def deployment_state(body: Mapping[str, Any], owner: str) -> DeploymentState | None:
+    """What a pass needs of a Deployment (as JSON: read, or delivered by the watch) of SD `owner`; None when
+    it is not one of that SD's engine Deployments."""
+    metadata = body.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    if labels.get(LABEL_NAME) != owner:
+        return None
     try:
         variant = Variant(labels.get(LABEL_VARIANT, ""))
     except ValueError:
         return None
-    annotations = (obj.metadata.annotations or {}) if obj.metadata else {}
-    status = obj.status
+    annotations = metadata.get("annotations") or {}
+    spec, status = body.get("spec") or {}, body.get("status") or {}
     sd_generation = annotations.get(ANNOTATION_SD_GENERATION)
+    replicas = spec.get("replicas")
     return DeploymentState(
-        name=obj.metadata.name if obj.metadata and obj.metadata.name else "",
+        name=metadata.get("name") or "",
         variant=variant,
-        replicas=obj.spec.replicas if obj.spec and obj.spec.replicas is not None else 1,
-        updated_replicas=(status.updatedReplicas or 0) if status else 0,
-        available_replicas=(status.availableReplicas or 0) if status else 0,
-        generation=(obj.metadata.generation or 0) if obj.metadata else 0,
-        observed_generation=(status.observedGeneration or 0) if status else 0,
+        replicas=replicas if replicas is not None else 1,
+        updated_replicas=status.get("updatedReplicas") or 0,
+        available_replicas=status.get("availableReplicas") or 0,
+        generation=metadata.get("generation") or 0,
+        observed_generation=status.get("observedGeneration") or 0,
         sd_generation=int(sd_generation) if sd_generation and sd_generation.isdigit() else None,
         children_fingerprint=annotations.get(ANNOTATION_CHILDREN_FINGERPRINT),
     )
@@ -91,42 +97,40 @@ CHILD_KINDS = frozenset({"Deployment", "ConfigMap", "Service", "PodMonitor"})
 """The kinds of child a pass can read in full, to compare with what it would apply (reconcile/drift.py)."""
 
 
-async def observe_children(client: AsyncClient, namespace: str, name: str, *, deployments: Sequence[str],
-                           kinds: frozenset[str], pod_monitors: bool,
-                           ) -> tuple[list[DeploymentState], dict[tuple[str, str], dict[str, Any]]]:
-    """The Deployments named `deployments` that exist now and belong to SD `name`, and every child of
-    `kinds` that exists, as JSON by kind and name (its Deployments among them when "Deployment" is one).
-    Got by their names: a get is answered at once, where a label list right after a write waits ~90 ms for
-    the apiserver's watch cache (benchmarks/analysis_profile.py)."""
-    async def optional(read: Awaitable[Any]) -> Any:
-        try:
-            return await read
-        except ApiError as error:
-            if error.status.code == 404:
-                return None
-            raise
+async def _optional(read: Awaitable[Any]) -> Any:
+    """What `read` returns, or None on 404."""
+    try:
+        return await read
+    except ApiError as error:
+        if error.status.code == 404:
+            return None
+        raise
 
-    states, live = [], {}
-    for child in deployments:
-        obj = await optional(client.get(Deployment, child, namespace=namespace))
-        labels = ((obj.metadata.labels if obj.metadata else None) or {}) if obj is not None else {}
-        state = _deployment_state(obj) if obj is not None and labels.get(LABEL_NAME) == name else None
-        if state is not None:
-            states.append(state)
-            if "Deployment" in kinds:   # JSON only to compare: converting costs more than the get
-                live[("Deployment", child)] = obj.to_dict()
+
+async def read_deployments(client: AsyncClient, namespace: str, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The Deployments named `names` that exist now, as JSON by name. Got by their names: a get is answered
+    at once, where a label list right after a write waits ~90 ms for the apiserver's watch cache
+    (benchmarks/analysis_profile.py)."""
+    found = {}
+    for name in names:
+        obj = await _optional(client.get(Deployment, name, namespace=namespace))
+        if obj is not None:
+            found[name] = obj.to_dict()
+    return found
+
+
+async def read_children(client: AsyncClient, namespace: str, name: str, *, kinds: frozenset[str],
+                        pod_monitors: bool) -> dict[tuple[str, str], dict[str, Any]]:
+    """SD `name`'s ConfigMap, Service and PodMonitor among `kinds` that exist, as JSON by kind and name."""
     others = {
-        "ConfigMap": await optional(client.get(ConfigMap, names.config_map_name(name), namespace=namespace))
+        "ConfigMap": await _optional(client.get(ConfigMap, names.config_map_name(name), namespace=namespace))
         if "ConfigMap" in kinds else None,
-        "Service": await optional(client.get(Service, names.service_name(name), namespace=namespace))
+        "Service": await _optional(client.get(Service, names.service_name(name), namespace=namespace))
         if "Service" in kinds else None,
-        "PodMonitor": await optional(client.get(PodMonitor, names.service_name(name), namespace=namespace))
+        "PodMonitor": await _optional(client.get(PodMonitor, names.service_name(name), namespace=namespace))
         if "PodMonitor" in kinds and pod_monitors else None,
     }
-    for kind, obj in others.items():
-        if obj is not None:
-            live[(kind, obj.metadata.name)] = obj.to_dict()
-    return states, live
+    return {(kind, obj.metadata.name): obj.to_dict() for kind, obj in others.items() if obj is not None}
 
 
 def _annotated(manifest: dict[str, Any], generation: int, fingerprint: str) -> dict[str, Any]:
@@ -200,16 +204,18 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
     return patch
 
 
-async def write_status(client: AsyncClient, namespace: str, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+async def write_status(client: AsyncClient, namespace: str, name: str, old: dict[str, Any],
+                       new: dict[str, Any]) -> str | None:
     """Merge-patch the status subresource from `old` (as read) to `new` (`merge_patch`): an analysis
-    sample changes a few figures of `analysis`, and the patch carries only those.
+    sample changes a few figures of `analysis`, and the patch carries only those. Returns the SD's
+    resourceVersion after the write (None when it is gone).
 
     An SD deleted while it was being reconciled (during a rollback, say) has no status left to write:
     that is logged, not raised; its children go with it (owner references), and the next trigger finds
     it gone.
     """
     try:
-        await client.patch(
+        written = await client.patch(
             SpeculativeDeploymentResource.Status, name, {"status": merge_patch(old, new)}, namespace=namespace,
             patch_type=PatchType.MERGE,
         )
@@ -217,6 +223,8 @@ async def write_status(client: AsyncClient, namespace: str, name: str, old: dict
         if error.status.code != 404:
             raise
         logger.info("%s/%s was deleted; its status is not written", namespace, name)
+        return None
+    return written.metadata.resourceVersion if written.metadata else None
 
 
 async def engine_pods(client: AsyncClient, namespace: str, name: str) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """The operator's one analysis loop: every tick, the SDs whose `analysis.interval` has passed are
 sampled together — one PromQL query per signal per (engine, window) for each Prometheus, not one per
 SD — and each is reconciled with its sample. Which SDs are due is read from the operator's own watch of
-them (`Reconciler.known`), not from a list each tick.
+them (`Reconciler.watched`), not from a list each tick.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from specdeploy.clients import kube
 from specdeploy.clients.headers import InvalidHeaders, directory_headers
 from specdeploy.clients.prometheus import PrometheusClient, query_all
 from specdeploy.controller.reconciler import Reconciler
+from specdeploy.controller.watched import SD
 from specdeploy.judgment import evidence
 from specdeploy.judgment.queries import query_group
 from specdeploy.judgment.samples import Samples
@@ -85,9 +86,9 @@ async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], defaul
     started = time.monotonic()
     now = time.time()
     limit = asyncio.Semaphore(CONCURRENT_RECONCILES)
-    # The SDs as the operator's watch last saw them (`Reconciler.known`): listing every SD each tick
+    # The SDs as the operator's watch last saw them (`Reconciler.watched`): listing every SD each tick
     # cost the apiserver and the operator more than the samples with a thousand SDs (docs/performance.md).
-    resources = _validated_due(reconciler.known.bodies(namespaces), now)
+    resources = _validated_due(reconciler.watched.bodies(SD, namespaces), now)
     by_source: defaultdict[Source, list[SpeculativeDeployment]] = defaultdict(list)
     for resource in resources:
         source = source_of(resource, default_url, default_headers_dir)

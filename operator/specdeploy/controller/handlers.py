@@ -32,6 +32,7 @@ from specdeploy.controller.metrics_server import serve_metrics
 from specdeploy.controller.reconciler import Reconciler, Trigger
 from specdeploy.controller.resync import resync_forever
 from specdeploy.controller.settings import OperatorSettings
+from specdeploy.controller.watched import DEPLOYMENT, SD
 from specdeploy.judgment.rollback import RETRY_ANNOTATION
 from specdeploy.modelsource.resolve import HubConfigs
 from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT
@@ -128,12 +129,12 @@ async def reconcile_sd(namespace: str | None, name: str, memo: Any, **_: Any) ->
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def sd_seen(event: Mapping[str, Any], namespace: str | None, name: str, memo: Any, type: str, **_: Any) -> None:
-    """Keep the operator's picture of every SD (`Reconciler.known`) current: the analysis loop finds the
-    SDs due for a sample there."""
+    """Keep the operator's picture of every SD (`Reconciler.watched`) current: the analysis loop finds the
+    SDs due for a sample there, and a sample decides on it when nothing changed it since the last read."""
     if type == "DELETED":
-        memo.reconciler.known.gone(namespace or "", name)
+        memo.reconciler.watched.gone(SD, namespace or "", name)
     else:
-        memo.reconciler.known.seen(event["object"])
+        memo.reconciler.watched.seen(SD, event["object"])
 
 
 def _retry_not_acted_on(annotations: Mapping[str, str], status: Mapping[str, Any], **_: Any) -> bool:
@@ -150,8 +151,13 @@ async def retry_speculation_asked(namespace: str | None, name: str, memo: Any, t
 
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "specdeploy"})
 async def child_deployment_changed(
-    namespace: str | None, labels: Mapping[str, str], memo: Any, type: str, **_: Any
+    event: Mapping[str, Any], namespace: str | None, name: str, labels: Mapping[str, str], memo: Any, type: str,
+    **_: Any,
 ) -> None:
+    if type == "DELETED":
+        memo.reconciler.watched.gone(DEPLOYMENT, namespace or "", name)
+    else:
+        memo.reconciler.watched.seen(DEPLOYMENT, event["object"])
     owner = labels.get(LABEL_NAME)
     if owner is not None and namespace is not None and type:  # no type: the initial listing; resume covers it
         memo.reconciler.request(namespace, owner)

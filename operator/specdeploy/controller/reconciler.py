@@ -12,10 +12,12 @@ status at most once, and a rollback is written before anything acts on it. Its E
 alert are posted once, then marked as posted.
 
 What a pass reads depends on its trigger (`Trigger`): everything after the SD changed and on the resync;
-the Deployments and pods after a child changed; the Deployments alone on an analysis sample. Passes asked
-for by child events are coalesced (`request`): while one is waiting for its turn, more events for the same
-SD ask for nothing more, since the pass reads the SD as it is when it starts — a Deployment's rollout
-raises five or six events, and a burst of a thousand SDs would otherwise queue a pass for each.
+the Deployments and pods after a child changed; the Deployments alone on an analysis sample, which takes
+the SD and the Deployments from the operator's own watches when nothing changed them since its last read or
+write (`Watched`). Passes asked for by child events are coalesced (`request`): while one is waiting for its
+turn, more events for the same SD ask for nothing more, since the pass reads the SD as it is when it starts —
+a Deployment's rollout raises five or six events, and a burst of a thousand SDs would otherwise queue a pass
+for each.
 """
 
 from __future__ import annotations
@@ -29,12 +31,11 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightkube import ALL_NS, AsyncClient
+from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from pydantic import ValidationError
 
@@ -45,6 +46,7 @@ from specdeploy.clients import kube
 from specdeploy.clients.alertmanager import AlertmanagerError, post_alerts
 from specdeploy.clients.headers import InvalidHeaders, directory_headers
 from specdeploy.controller.metrics import OperatorMetrics
+from specdeploy.controller.watched import DEPLOYMENT, SD, Watched, resource_version
 from specdeploy.engines import EngineRenderError
 from specdeploy.judgment.samples import DeploymentSample
 from specdeploy.judgment.verdict import kind
@@ -133,26 +135,6 @@ def plan_resource(resource: SpeculativeDeployment, models: ResolvedModels | None
 
 
 @dataclass
-class KnownSds:
-    """Every SD in scope as the operator's watch last delivered it (kopf's SD events, the initial listing
-    included): what the analysis loop reads to find the SDs due for a sample."""
-
-    _bodies: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
-
-    def seen(self, body: Mapping[str, Any]) -> None:
-        metadata = body.get("metadata") or {}
-        self._bodies[(metadata.get("namespace") or "", metadata.get("name") or "")] = body
-
-    def gone(self, namespace: str, name: str) -> None:
-        self._bodies.pop((namespace, name), None)
-
-    def bodies(self, namespaces: Iterable[str]) -> list[Mapping[str, Any]]:
-        """The SDs of `namespaces` (lightkube's ALL_NS: every namespace)."""
-        wanted = set(namespaces)
-        return [body for (namespace, _), body in self._bodies.items() if ALL_NS in wanted or namespace in wanted]
-
-
-@dataclass
 class Reconciler:
     """Operator-wide state (kept in kopf's memo): the API client, defaults, metrics, one lock per SD."""
 
@@ -162,7 +144,7 @@ class Reconciler:
     alertmanager_headers_dir: Path | None = None   # headers for alertmanager_url when the SD names no Secret
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     hub: HubConfigs | None = None    # None: offline, the spec, ConfigMaps and the catalog only
-    known: KnownSds = field(default_factory=KnownSds)
+    watched: Watched = field(default_factory=Watched)   # the SDs and Deployments kopf's watches delivered
     _resolved: dict[str, tuple[float, ResolvedModels]] = field(default_factory=dict)
     _noticed: dict[tuple[str, str], int] = field(default_factory=dict)  # rollback notices posted, by number
     _requested: dict[tuple[str, str], Trigger] = field(default_factory=dict)  # passes asked for, not yet begun
@@ -207,13 +189,16 @@ class Reconciler:
 
     async def _pass(self, namespace: str, name: str, trigger: Trigger | None, sample: DeploymentSample | None) -> None:
         self.metrics.pass_begun(trigger.value if trigger is not None else "sample")
-        body = await kube.get_resource(self.client, namespace, name)
+        # A sample decides on the watched SD when nothing changed it since the operator's last read or write.
+        watched = self.watched.unchanged(SD, namespace, name) if trigger is None else None
+        body = dict(watched) if watched is not None else await kube.get_resource(self.client, namespace, name)
         if body is None:
             self._locks.pop((namespace, name), None)
             self._noticed.pop((namespace, name), None)
-            self.known.gone(namespace, name)
+            self.watched.gone(SD, namespace, name)
             self.metrics.forget(namespace, name)
             return
+        self.watched.confirm(SD, namespace, name, resource_version(body))
         observed = await self._observe(body, trigger, sample)
         now = datetime.datetime.now(datetime.UTC)
         await self._act(observed, decide(observed, now), now)
@@ -236,15 +221,32 @@ class Reconciler:
         # Both Deployments' names unless the pass reads only what an accepted plan runs (an unwanted one is
         # pruned by a pass that reads everything).
         wanted = variants(resource.spec) if planned.accepted and not everything else tuple(Variant)
-        deployments, live = await kube.observe_children(
-            self.client, namespace, name, deployments=[deployment_name(name, v) for v in wanted], kinds=kinds,
-            pod_monitors=self.pod_monitors)
+        bodies = await self._deployments(namespace, [deployment_name(name, v) for v in wanted], sample=trigger is None)
+        deployments = [state for body in bodies.values() if (state := kube.deployment_state(body, name)) is not None]
+        live: dict[tuple[str, str], dict[str, Any]] = {("Deployment", child): body for child, body in bodies.items()
+                                                       if "Deployment" in kinds}
+        live |= await kube.read_children(self.client, namespace, name, kinds=kinds, pod_monitors=self.pod_monitors)
         pods = await self._pods(resource, planned) if trigger is not None else None
         rollbacks = previous.speculation.rollbacks if previous.speculation is not None else None
         return Observed(body, previous, resource, planned=planned, deployments=tuple(deployments),
                         live=live, live_kinds=kinds, pods=pods, sample=sample,
                         notice_posted=self._noticed.get((namespace, name)) == rollbacks,
                         pod_monitors=self.pod_monitors)
+
+    async def _deployments(self, namespace: str, names: list[str], sample: bool) -> dict[str, dict[str, Any]]:
+        """The Deployments named `names` that exist, as JSON by name, in `names`' order: on a sample the
+        watched copy of each one nothing changed since the operator last read it, the others read."""
+        watched = {}
+        for child in names if sample else ():
+            body = self.watched.unchanged(DEPLOYMENT, namespace, child)
+            if body is not None:
+                watched[child] = body
+        read = await kube.read_deployments(self.client, namespace, [n for n in names if n not in watched])
+        for child in names:
+            if child not in watched:
+                self.watched.confirm(DEPLOYMENT, namespace, child, resource_version(read[child]) if child in read else None)
+        found = {**watched, **read}
+        return {child: dict(found[child]) for child in names if child in found}
 
     async def _act(self, observed: Observed, actions: Actions, now: datetime.datetime) -> None:
         """Do what `decide` said, in its order, writing status once (twice only when the pass that decided
@@ -290,7 +292,8 @@ class Reconciler:
         """Write `status` unless it is what the apiserver holds (`written`); the status it holds after."""
         new = status.to_wire()
         if new != written:
-            await kube.write_status(self.client, observed.namespace, observed.name, written, new)
+            version = await kube.write_status(self.client, observed.namespace, observed.name, written, new)
+            self.watched.confirm(SD, observed.namespace, observed.name, version)
         return new
 
     async def _plan(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus) -> Planned:
