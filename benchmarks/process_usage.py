@@ -65,15 +65,22 @@ def machine() -> str:
             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
 
 
-def apiserver_requests(api: object) -> dict[tuple[str, str], float]:
-    """The apiserver's own count of the requests it served so far (`apiserver_request_total`), by verb and
-    resource[/subresource], from its /metrics: every client's, the operator's and the controllers' alike;
-    and, under the key ("seconds", verb + " " + resource), the seconds they took
-    (`apiserver_request_duration_seconds_sum`, long-running requests such as watches excluded)."""
+@dataclass(frozen=True)
+class ApiserverRequests:
+    """One reading of the apiserver's own request counters, by (verb, resource[/subresource])."""
+
+    counts: dict[tuple[str, str], float]    # apiserver_request_total
+    seconds: dict[tuple[str, str], float]   # apiserver_request_duration_seconds_sum (watches excluded)
+
+
+def apiserver_requests(api: object) -> ApiserverRequests:
+    """The apiserver's own count of the requests it served so far and the seconds they took, from its /metrics:
+    every client's, the operator's and the controllers' alike."""
     text = api.get("/metrics", timeout=60).raise_for_status().text   # type: ignore[attr-defined]
-    counts: dict[tuple[str, str], float] = {}
+    reading = ApiserverRequests({}, {})
     for line in text.splitlines():
-        for family in ("apiserver_request_total{", "apiserver_request_duration_seconds_sum{"):
+        for family, into in (("apiserver_request_total{", reading.counts),
+                             ("apiserver_request_duration_seconds_sum{", reading.seconds)):
             if not line.startswith(family):
                 continue
             labels_text, value = line[len(family):].rsplit("} ", 1)
@@ -82,24 +89,20 @@ def apiserver_requests(api: object) -> dict[tuple[str, str], float]:
             if labels.get("subresource"):
                 resource += "/" + labels["subresource"]
             key = (labels.get("verb", ""), resource)
-            if family.startswith("apiserver_request_duration"):
-                key = ("seconds", " ".join(key))
-            counts[key] = counts.get(key, 0.0) + float(value)
-    return counts
+            into[key] = into.get(key, 0.0) + float(value)
+    return reading
 
 
-def request_deltas(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float],
-                   top: int = 12) -> str:
+def request_deltas(before: ApiserverRequests, after: ApiserverRequests, top: int = 12) -> str:
     """The `top` largest differences of two `apiserver_requests` readings, one per line, with the mean
     time each kind of request took."""
-    deltas = sorted(((after[k] - before.get(k, 0.0), k) for k in after if k[0] != "seconds"), reverse=True)
+    deltas = sorted(((count - before.counts.get(k, 0.0), k) for k, count in after.counts.items()), reverse=True)
     total = sum(d for d, _ in deltas)
     lines = []
-    for delta, (verb, resource) in deltas[:top]:
+    for delta, key in deltas[:top]:
         if delta <= 0:
             continue
-        seconds_key = ("seconds", f"{verb} {resource}")
-        seconds = after.get(seconds_key, 0.0) - before.get(seconds_key, 0.0)
-        lines.append(f"  {delta:8.0f}  {verb} {resource}" + (f"  (mean {1000 * seconds / delta:.0f} ms, "
-                                                             f"{seconds:.0f} s in all)" if seconds else ""))
+        seconds = after.seconds.get(key, 0.0) - before.seconds.get(key, 0.0)
+        lines.append(f"  {delta:8.0f}  {key[0]} {key[1]}" + (f"  (mean {1000 * seconds / delta:.0f} ms, "
+                                                           f"{seconds:.0f} s in all)" if seconds else ""))
     return f"  {total:8.0f}  in all\n" + "\n".join(lines)

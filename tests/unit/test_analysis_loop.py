@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import logging
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from lightkube import ALL_NS
 
 from specdeploy.api.resource import SpeculativeDeployment
+from specdeploy.controller import logs
 from specdeploy.controller.analysis_loop import _validated_due, due
-from specdeploy.controller.logs import QuietWatchHandlers
+from specdeploy.controller.logs import WATCH_HANDLERS, QuietWatchHandlers
 from specdeploy.controller.watched import SD, Watched
 
 NOW = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC).timestamp()
@@ -106,3 +109,14 @@ def test_kopfs_success_line_for_a_watch_handler_is_dropped_and_failures_are_kept
     assert not quiet.filter(record(logging.INFO, "Handler 'child_deployment_changed' succeeded."))
     assert quiet.filter(record(logging.INFO, "Handler 'reconcile' succeeded."))
     assert quiet.filter(record(logging.ERROR, "Handler 'sd_seen' failed with an exception. Will retry."))
+
+
+def test_the_quiet_handlers_are_exactly_the_watch_event_handlers() -> None:
+    """WATCH_HANDLERS names handlers.py's `@kopf.on.event` functions, read from its source (importing it
+    would register the handlers with kopf in this test session)."""
+    tree = ast.parse((Path(logs.__file__).with_name("handlers.py")).read_text())
+    event_handlers = {
+        node.name for node in ast.walk(tree) if isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef)
+        and any(isinstance(d, ast.Call) and ast.unparse(d.func) == "kopf.on.event" for d in node.decorator_list)
+    }
+    assert event_handlers == set(WATCH_HANDLERS)
