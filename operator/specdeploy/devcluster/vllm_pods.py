@@ -1,12 +1,13 @@
 """An engine pod's `vllm serve` command line, translated to run on this CPU machine with the stand-in models.
 
-    standins = Standins(target=Path(".../standins/target"), draft=Path(".../standins/draft"), max_positions=2048)
+    standins = Standins(target=Path(".../standins/target"), draft=Path(".../standins/draft"), max_positions=2048,
+                        eagle=Path(".../standins/eagle"), eagle3=Path(".../standins/eagle3"))
     serve = cpu_serve(engine.argv, vllm=env.vllm, port=41234, standins=standins)
     serve.argv, serve.notes     # what to exec; one line per translation, for the pod's log
 
 Only what cannot exist on a CPU machine is changed, each by one pure function below (listed, with why, in
 docs/dev-cluster.md "Real vLLM"): the model names (no hub here: local stand-ins with real weights), the draft's
-name inside `--speculative-config`, revision pins of the models replaced, GPU memory flags (the CPU build sizes
+name inside `--speculative-config` (an EAGLE or EAGLE-3 head's to the stand-in head of its method), revision pins of the models replaced, GPU memory flags (the CPU build sizes
 its KV cache from VLLM_CPU_KVCACHE_SPACE), parallel sizes above 1, a context longer than the stand-ins'
 positions, and host and port (the runner's loopback port). Every other argument — the rest of the
 `--speculative-config` JSON, `--dtype` (bfloat16 runs here), `--max-num-seqs`, `--served-model-name`, anything
@@ -45,11 +46,19 @@ class NotVllmServe(ValueError):
 @dataclass(frozen=True)
 class Standins:
     """The local models every target and every draft name maps to, and how many positions they have
-    (standins.MAX_POSITIONS)."""
+    (standins.MAX_POSITIONS); `eagle` and `eagle3` the stand-in heads the drafts of those methods map to (None:
+    their drafts map to `draft`, which vLLM then refuses or runs as it decides)."""
 
     target: Path
     draft: Path
     max_positions: int
+    eagle: Path | None = None
+    eagle3: Path | None = None
+
+    def draft_for(self, method: str | None) -> Path:
+        """The stand-in a `--speculative-config` draft of `method` maps to."""
+        head = {"eagle": self.eagle, "eagle3": self.eagle3}.get(method or "")
+        return head or self.draft
 
 
 @dataclass(frozen=True)
@@ -137,8 +146,20 @@ def drop_revisions(args: Args) -> tuple[Args, str | None]:
     return kept, (None if kept == args else "revision pins dropped (the stand-ins are local directories)")
 
 
+def speculative_method(config: dict[str, object]) -> str | None:
+    """The method vLLM runs for a `--speculative-config`: its `method`, else what vLLM infers from the draft's
+    name (SpeculativeConfig.__post_init__ in vllm/config/speculative.py: "eagle-" in it means eagle, "eagle3"
+    eagle3; other names are left to vLLM)."""
+    method = config.get("method")
+    if isinstance(method, str):
+        return method
+    name = str(config.get("model", "")).lower()
+    return "eagle" if "eagle-" in name else "eagle3" if "eagle3" in name else None
+
+
 def replace_draft(args: Args, standins: Standins) -> tuple[Args, str | None]:
-    """Inside `--speculative-config`: the draft's `model` → the stand-in draft (its `revision` dropped with it),
+    """Inside `--speculative-config`: the draft's `model` → the stand-in draft, or for method eagle or eagle3 the
+    stand-in head of that method where `standins` has one (its `revision` dropped with it),
     `draft_tensor_parallel_size` above 1 → 1. Every other key stays as the pod wrote it. JSON that does not
     parse is left for vLLM to refuse in its own words."""
     text = flag_value(args, "--speculative-config")
@@ -152,8 +173,9 @@ def replace_draft(args: Args, standins: Standins) -> tuple[Args, str | None]:
         return args, None
     changed = []
     if "model" in config:
-        changed.append(f"draft {config['model']} -> stand-in {standins.draft}")
-        config["model"] = str(standins.draft)
+        standin = standins.draft_for(speculative_method(config))
+        changed.append(f"draft {config['model']} -> stand-in {standin}")
+        config["model"] = str(standin)
         if config.pop("revision", None) is not None:
             changed.append("draft revision dropped")
     if _int_above_one(config.get("draft_tensor_parallel_size")):

@@ -3,8 +3,8 @@ benchmarks: the command line, the environment, the log, the wait for /health, an
 
 A stand-in server starts from the command line a pod would run (`vllm serve MODEL …`), translated for this
 machine by the dev cluster's own translations (vllm_pods.cpu_serve: stand-in target and draft, no GPU flags,
-the loopback port), so what runs is what an engine pod of the dev cluster runs. Any other local server that
-answers GET /health (the simulator, run beside it for comparison) starts the same way with `local_server`.
+the loopback port), so what runs is what an engine pod of the dev cluster runs; an EAGLE or EAGLE-3 draft runs
+as the stand-in head of its method. Any other local server that answers GET /health (the simulator, run beside it for comparison) starts the same way with `local_server`.
 
 Usage::
 
