@@ -1,0 +1,177 @@
+"""The probe's pure part: which requests it sends within its budget, and what their per-request speculative
+metrics say per temperature × workload (docs/analysis.md "The probe").
+
+    requests = probe_requests({"code": CODE, "support": SUPPORT}, DEFAULT_TEMPERATURES, ProbeBudget())
+    outcomes = [ProbeOutcome(r, SpecDecodeCounts.from_response(body)) for r, body in answered]
+    cells = probe_cells(outcomes, k=3, break_even=0.31)
+    not_paying(cells)    # ["support at temperature 1: acceptance 0.22 is below the break-even 0.31 …"]
+
+Why per request: live traffic mixes every workload and temperature into one acceptance number, and the
+seeds' advice is to measure each load apart before deciding. vLLM returns each request's own drafted and
+accepted tokens in the response with `--per-request-spec-decode-metrics` (0.32+), so a probe can be told
+apart from the traffic beside it. No I/O here: whoever runs the probe sends the requests and reads the answers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0)
+NEUTRAL_WORKLOAD = "neutral"
+NEUTRAL_PROMPTS = (
+    "Explain in a few sentences how a refrigerator keeps food cold.",
+    "Write a short, friendly email asking a colleague to reschedule a meeting.",
+    "List three things to check before a long drive, with one sentence on each.",
+    "Summarise the water cycle for a ten-year-old.",
+)
+"""The built-in prompt set when the SD names none: everyday prose, neither code nor a template."""
+
+
+@dataclass(frozen=True)
+class ProbeBudget:
+    """How much a probe may take from serving: requests per cell, tokens per request, and its request rate
+    (the probe sends one request at a time, and no faster than `requests_per_second`)."""
+
+    requests_per_cell: int = 8
+    max_tokens: int = 64
+    requests_per_second: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.requests_per_cell < 1 or self.max_tokens < 1 or not self.requests_per_second > 0:
+            raise ValueError(f"a probe budget needs at least one request and token and a positive rate: {self}")
+
+    def requests(self, cells: int) -> int:
+        return cells * self.requests_per_cell
+
+    def tokens(self, cells: int) -> int:
+        """The most output tokens the probe asks for."""
+        return self.requests(cells) * self.max_tokens
+
+    def shortest_seconds(self, cells: int) -> float:
+        """The probe's duration at its rate limit (longer when the engine is slower than the rate)."""
+        return self.requests(cells) / self.requests_per_second
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    workload: str
+    temperature: float
+    prompt: str
+
+
+def probe_requests(workloads: Mapping[str, Sequence[str]], temperatures: Sequence[float],
+                   budget: ProbeBudget) -> list[ProbeRequest]:
+    """Every cell's requests, interleaved: the i-th request of every cell before the (i+1)-th of any, so a
+    probe cut short (a pod gone, its time bound) has measured every cell a little rather than some fully.
+    A workload's prompts are used in turn; an empty set is refused."""
+    for name, prompts in workloads.items():
+        if not prompts:
+            raise ValueError(f"workload {name!r} has no prompts")
+    return [ProbeRequest(name, temperature, prompts[i % len(prompts)])
+            for i in range(budget.requests_per_cell)
+            for name, prompts in workloads.items()
+            for temperature in temperatures]
+
+
+@dataclass(frozen=True)
+class SpecDecodeCounts:
+    """One request's verify steps, drafted tokens and accepted drafted tokens (or a sum of them)."""
+
+    steps: int
+    drafted: int
+    accepted: int
+
+    @classmethod
+    def from_response(cls, body: Mapping[str, Any]) -> SpecDecodeCounts | None:
+        """From a completion response's `metrics.speculative_decoding` (vLLM 0.32:
+        RequestSpecDecodeMetrics.to_dict in vllm/v1/metrics/stats.py — `num_spec_steps`, `num_draft_tokens`,
+        `num_accepted_draft_tokens`); None when the response has none (the flag off, n > 1, no speculation)."""
+        metrics = body.get("metrics")
+        found = metrics.get("speculative_decoding") if isinstance(metrics, Mapping) else None
+        if not isinstance(found, Mapping):
+            return None
+        try:
+            counts = cls(int(found["num_spec_steps"]), int(found["num_draft_tokens"]),
+                         int(found["num_accepted_draft_tokens"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+        if min(counts.steps, counts.drafted, counts.accepted) < 0 or counts.accepted > counts.drafted:
+            return None
+        return counts
+
+    def __add__(self, other: SpecDecodeCounts) -> SpecDecodeCounts:
+        return SpecDecodeCounts(self.steps + other.steps, self.drafted + other.drafted, self.accepted + other.accepted)
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """What one probe request returned: its counts, or why there are none."""
+
+    request: ProbeRequest
+    counts: SpecDecodeCounts | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeCell:
+    """One temperature × workload: the requests measured, the acceptance they show, and what the cost model
+    predicts of it (`pays` None: no break-even known)."""
+
+    workload: str
+    temperature: float
+    requests: int                          # answered with counts
+    failed: int                            # errors and answers without counts
+    acceptance_rate: float | None          # accepted ÷ drafted tokens, as vllm:spec_decode_* count them
+    mean_acceptance_length: float | None   # 1 + accepted ÷ verify steps (the bonus token counted)
+    predicted_speedup: float | None = None
+    pays: bool | None = None
+
+
+def predicted_speedup(acceptance_rate: float, k: int, break_even: float) -> float:
+    """The cost model's speedup at `acceptance_rate`, from its break-even rate at the same batch size.
+
+    SpeculationCost.speedup is (1 + k·rate) × baseline step ÷ speculative step (planning/acceptance_floor.py
+    `_rate_where`), and at the break-even it is 1, so the step ratio is 1 ÷ (1 + k·break_even).
+    """
+    return (1.0 + k * acceptance_rate) / (1.0 + k * break_even)
+
+
+def probe_cells(outcomes: Iterable[ProbeOutcome], k: int, break_even: float | None) -> list[ProbeCell]:
+    """Cells in the order their first request was sent."""
+    sums: dict[tuple[str, float], SpecDecodeCounts] = {}
+    answered: dict[tuple[str, float], int] = {}
+    failed: dict[tuple[str, float], int] = {}
+    for outcome in outcomes:
+        key = (outcome.request.workload, outcome.request.temperature)
+        sums.setdefault(key, SpecDecodeCounts(0, 0, 0))
+        answered.setdefault(key, 0)
+        failed.setdefault(key, 0)
+        if outcome.counts is None:
+            failed[key] += 1
+            continue
+        sums[key] = sums[key] + outcome.counts
+        answered[key] += 1
+    cells = []
+    for (workload, temperature), total in sums.items():
+        rate = total.accepted / total.drafted if total.drafted else None
+        length = 1.0 + total.accepted / total.steps if total.steps else None
+        speedup = predicted_speedup(rate, k, break_even) if rate is not None and break_even is not None else None
+        cells.append(ProbeCell(workload, temperature, answered[(workload, temperature)],
+                               failed[(workload, temperature)], rate, length, speedup,
+                               None if speedup is None else speedup > 1.0))
+    return cells
+
+
+def not_paying(cells: Iterable[ProbeCell], break_even: float | None) -> list[str]:
+    """One sentence per cell whose measured acceptance is below the break-even, by name."""
+    found = []
+    for cell in cells:
+        if cell.pays is False and cell.acceptance_rate is not None and break_even is not None:
+            speedup = cell.predicted_speedup if cell.predicted_speedup is not None else math.nan
+            found.append(f"{cell.workload} at temperature {cell.temperature:g}: acceptance {cell.acceptance_rate:.2f} "
+                         f"is below the break-even {break_even:.2f} ({cell.requests} requests): speculation "
+                         f"would not pay (predicted {speedup:.2f}×)")
+    return found
