@@ -8,7 +8,7 @@ server (its whole process group) however the run ends. CPU is user + system time
 it started.
 
     python benchmarks/vllm_standin.py                       # draft_model, k = 3
-    python benchmarks/vllm_standin.py --method ngram
+    python benchmarks/vllm_standin.py --method ngram          # also eagle, eagle3 (the stand-in heads), none
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ SERVED_NAME = "standin"
 
 
 def speculative_config(method: str, k: int, draft: Path) -> dict[str, object] | None:
-    if method == "draft_model":
-        return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": k}
+    if method in ("draft_model", "eagle", "eagle3"):   # an eagle/eagle3 draft runs as that method's stand-in head
+        return {"method": method, "model": str(draft), "num_speculative_tokens": k}
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     return None
@@ -159,7 +159,7 @@ def measure(base: str, session: int, method: str, requests: int, max_tokens: int
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--method", choices=("draft_model", "ngram", "none"), default="draft_model")
+    parser.add_argument("--method", choices=("draft_model", "eagle", "eagle3", "ngram", "none"), default="draft_model")
     parser.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
     parser.add_argument("--requests", type=int, default=6, help="requests per prompt half")
     parser.add_argument("--max-tokens", type=int, default=32)
