@@ -79,6 +79,9 @@ class EngineConfig:
     health_path: str
     metrics_path: str | None             # None: these flags expose no Prometheus metrics
     kv_cache_memory_bytes: int | None = None   # vLLM --kv-cache-memory-bytes: a fixed KV cache per GPU
+    # vLLM --per-request-spec-decode-metrics: none, summary or detailed (metrics.speculative_decoding in
+    # each response); "none" for the other engines
+    per_request_spec_decode_metrics: str = "none"
 
 
 def parse_engine_argv(
@@ -189,6 +192,14 @@ def _vllm(args: list[str], gpu: GpuProduct | None) -> EngineConfig:
     served = values.get("served_model_name") or [model]
     seqs_default, tokens_default = _vllm_batch_defaults(gpu)
     speculation = _vllm_speculation(values)
+    spec_metrics = values.get("per_request_spec_decode_metrics") or "none"
+    if spec_metrics != "none" and speculation is None:
+        # vllm/config/vllm.py (VllmConfig.__post_init__) refuses the flag without a speculative config.
+        raise EngineArgvError(_traceback(
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig\n"
+            "  Value error, --per-request-spec-decode-metrics requires speculative decoding to be enabled "
+            "(via --speculative-config). [type=value_error, input_value=ArgsKwargs((), {...}), "
+            "input_type=ArgsKwargs]", "vllm"), 1)
     return EngineConfig(
         kind=EngineKind.VLLM,
         model=model,
@@ -206,6 +217,7 @@ def _vllm(args: list[str], gpu: GpuProduct | None) -> EngineConfig:
         health_path=vllm_engine.HEALTH_PATH,
         metrics_path=vllm_engine.METRICS_PATH,
         kv_cache_memory_bytes=values.get("kv_cache_memory_bytes"),
+        per_request_spec_decode_metrics=spec_metrics,
     )
 
 

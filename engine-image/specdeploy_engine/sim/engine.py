@@ -39,6 +39,41 @@ class Observer(Protocol):
     def on_preempted(self, request: SimRequest) -> None: ...
 
 
+@dataclass
+class RequestSpecDecodeStats:
+    """One request's own speculation: how many verify steps accepted j drafted tokens (histogram[j], j = 0
+    … k), the tokens drafted, and with `detailed` the accepted/drafted count of each step in order. What
+    vLLM's scheduler accumulates per request under --per-request-spec-decode-metrics (RequestSpecDecodeMetrics
+    in vllm/v1/metrics/stats.py); sim/openai_api.py writes it as the response's metrics.speculative_decoding.
+    The counts are those reported to the observer (the Prometheus spec_decode counters), step by step."""
+
+    num_spec_tokens: int
+    detailed: bool = False
+    histogram: list[int] = field(default_factory=list)
+    num_draft_tokens: int = 0
+    per_step_accepted: list[int] = field(default_factory=list)
+    per_step_drafted: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.histogram:
+            self.histogram = [0] * (self.num_spec_tokens + 1)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.histogram[accepted] += 1
+        self.num_draft_tokens += drafted
+        if self.detailed:
+            self.per_step_accepted.append(accepted)
+            self.per_step_drafted.append(drafted)
+
+    @property
+    def num_spec_steps(self) -> int:
+        return sum(self.histogram)
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        return sum(j * count for j, count in enumerate(self.histogram))
+
+
 @dataclass(eq=False)
 class SimRequest:
     """One generation request and its progress."""
@@ -50,6 +85,7 @@ class SimRequest:
     temperature: float = 0.0
     finish_reason: str = "length"              # what it finishes with: length (max_tokens) or stop
     on_output: Callable[[SimRequest, int, bool], None] | None = None   # (request, new tokens, finished)
+    text: str = ""                             # the prompt's text, which the workloadAcceptance knob reads
     # progress (the core's)
     prefilled: int = 0
     prefill_target: int = 0                   # prompt (plus generated tokens after a preemption)
@@ -57,6 +93,9 @@ class SimRequest:
     acceptance_offset: float = 0.0             # this request's draw of the noise knob
     alpha_for_rate: float = -1.0               # the acceptance rate log_alpha was computed for
     log_alpha: float = 0.0
+    workload_table: dict[str, float] | None = None   # the workloadAcceptance mapping workload_rate is from
+    workload_rate: float | None = None         # its rate for this prompt; None: no marker matched
+    spec_stats: RequestSpecDecodeStats | None = None   # with --per-request-spec-decode-metrics (vLLM)
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -118,6 +157,9 @@ class Engine:
         noise = self.knobs.noise
         request.acceptance_offset = request.rng.gauss(0.0, noise) if noise > 0 else 0.0
         request.prefill_target = request.prompt_tokens
+        level = self.config.per_request_spec_decode_metrics
+        if level != "none" and self.served.k:
+            request.spec_stats = RequestSpecDecodeStats(self.served.k, detailed=level == "detailed")
         self.waiting.append(request)
 
     def abort(self, request: SimRequest, now: float) -> None:
@@ -155,6 +197,17 @@ class Engine:
             return None
         knob = self.knobs.acceptance
         return knob if knob is not None else self.served.default_acceptance_rate
+
+    def request_rate(self, request: SimRequest, rate: float) -> float:
+        """The greedy acceptance rate of one request: its workload's (the workloadAcceptance knob's rate for
+        the first marker its prompt contains), else `rate`. The lookup is redone only when the knob changes."""
+        table = self.knobs.workload_acceptance
+        if not table or not request.text:
+            return rate
+        if request.workload_table is not table:
+            request.workload_table = table
+            request.workload_rate = self.knobs.workload_rate(request.text)
+        return rate if request.workload_rate is None else request.workload_rate
 
     def _accepted(self, request: SimRequest, rate: float, k: int) -> int:
         """Drafted tokens accepted this step: a run of successes with probability α, cut at k (drawn by
@@ -269,10 +322,12 @@ class Engine:
                 continue
             count = 1
             if rate is not None:
-                accepted = self._accepted(request, rate, k)
+                accepted = self._accepted(request, self.request_rate(request, rate), k)
                 drafted += k
                 accepted_total += accepted
                 count = accepted + 1
+                if request.spec_stats is not None:
+                    request.spec_stats.observe(k, accepted)
                 if observer is not None:
                     observer.on_drafts(k, accepted, k)
             count = min(count, request.output_tokens - request.generated)

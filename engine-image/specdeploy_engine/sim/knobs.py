@@ -1,7 +1,11 @@
-"""Run-time knobs of the simulator: base acceptance, noise, extra latency, and a CUDA OOM crash.
+"""Run-time knobs of the simulator: base acceptance (per workload too), noise, extra latency, and a CUDA
+OOM crash.
 
     knobs = Knobs.from_env(os.environ)            # SPECDEPLOY_SIM_KNOBS='{"acceptance": 0.8}'
     knobs.update({"acceptance": 0.3, "extraLatencySeconds": 0.05})
+    knobs.update({"workloadAcceptance": {"[code]": 0.85, "[support]": 0.3}})
+    knobs.update({"workloadAcceptance": "[code]=0.85,[support]=0.3"})     # the same, as one line of text
+    knobs.workload_rate("fix this [code] please")                        # 0.85
     knobs.to_wire()                               # what GET /admin/knobs returns
 
 Exceptions:
@@ -16,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 ENV_VAR = "SPECDEPLOY_SIM_KNOBS"
@@ -26,7 +30,10 @@ WIRE_NAMES = {
     "oom": "oom",
     "exitCode": "exit_code",
     "noise": "noise",
+    "workloadAcceptance": "workload_acceptance",
 }
+MAX_WORKLOADS = 32              # markers in workloadAcceptance
+MAX_MARKER_CHARS = 200
 
 
 class KnobError(ValueError):
@@ -38,13 +45,17 @@ class Knobs:
     """acceptance: vLLM acceptance rate (accepted ÷ drafted) of a greedy request at the engine's k; None
     keeps the method's default. noise: standard deviation of each request's deviation from it.
     extra_latency_seconds: added to every engine step. oom: crash with a CUDA out-of-memory error and exit
-    with exit_code."""
+    with exit_code. workload_acceptance: marker -> acceptance rate, in order; a request whose prompt text
+    contains a marker (the first one found, in this order) has that rate instead of `acceptance` (noise and
+    temperature still apply). update() replaces the mapping, never changes it in place (the engine keys a
+    request's lookup on the mapping's identity)."""
 
     acceptance: float | None = None
     extra_latency_seconds: float = 0.0
     oom: bool = False
     exit_code: int = 1
     noise: float = 0.0
+    workload_acceptance: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Knobs:
@@ -73,18 +84,68 @@ class Knobs:
             setattr(self, attribute, value)
 
     def to_wire(self) -> dict[str, Any]:
-        return {name: getattr(self, attribute) for name, attribute in WIRE_NAMES.items()}
+        wire = {name: getattr(self, attribute) for name, attribute in WIRE_NAMES.items()}
+        wire["workloadAcceptance"] = dict(self.workload_acceptance)
+        return wire
+
+    def workload_rate(self, text: str) -> float | None:
+        """The workloadAcceptance rate of a prompt: that of the first marker (in the knob's order) the text
+        contains, None when it contains none."""
+        if text:
+            for marker, rate in self.workload_acceptance.items():
+                if marker in text:
+                    return rate
+        return None
 
 
-def _number(name: str, value: Any, low: float, high: float) -> float:
+def _number(name: str, value: Any, low: float, high: float, what: str | None = None) -> float:
+    what = what or f"knob {name!r}"
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise KnobError(f"knob {name!r} must be a number, got {value!r}")
+        raise KnobError(f"{what} must be a number, got {value!r}")
     if not low <= value <= high:
-        raise KnobError(f"knob {name!r} must be between {low:g} and {high:g}, got {value!r}")
+        raise KnobError(f"{what} must be between {low:g} and {high:g}, got {value!r}")
     return float(value)
 
 
+def _workloads(value: Any) -> dict[str, float]:
+    """workloadAcceptance: a JSON object {marker: rate}, or the same as text "MARKER=RATE,MARKER=RATE" (what
+    a KEY=VALUE command line can carry); null or "" clears it."""
+    name = "workloadAcceptance"
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        pairs: list[tuple[Any, Any]] = []
+        for item in value.split(","):
+            if not item.strip():
+                continue
+            marker, sep, text = item.strip().rpartition("=")
+            if not sep:
+                raise KnobError(f"knob {name!r} as text is MARKER=RATE[,MARKER=RATE...], got {item.strip()!r}")
+            try:
+                rate: Any = float(text)
+            except ValueError:
+                rate = text
+            pairs.append((marker.strip(), rate))
+    elif isinstance(value, dict):
+        pairs = list(value.items())
+    else:
+        raise KnobError(f"knob {name!r} must be an object of marker -> acceptance rate, got {value!r}")
+    if len(pairs) > MAX_WORKLOADS:
+        raise KnobError(f"knob {name!r} takes at most {MAX_WORKLOADS} markers, got {len(pairs)}")
+    checked: dict[str, float] = {}
+    for marker, rate in pairs:
+        if not isinstance(marker, str) or not marker.strip() or len(marker) > MAX_MARKER_CHARS:
+            raise KnobError(f"knob {name!r}: a marker must be a non-empty string of at most "
+                            f"{MAX_MARKER_CHARS} characters, got {marker!r}")
+        if marker in checked:
+            raise KnobError(f"knob {name!r}: marker {marker!r} is given twice")
+        checked[marker] = _number(name, rate, 0.0, 1.0, f"knob {name!r}: the rate of {marker!r}")
+    return checked
+
+
 def _checked(name: str, value: Any) -> Any:
+    if name == "workloadAcceptance":
+        return _workloads(value)
     if name == "acceptance":
         return None if value is None else _number(name, value, 0.0, 1.0)
     if name == "noise":

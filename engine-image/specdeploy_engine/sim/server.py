@@ -41,6 +41,7 @@ from specdeploy_engine.sim.openai_api import (
     completion_response,
     generated_text,
     models_response,
+    per_request_metrics,
     read_request,
     usage_chunk,
 )
@@ -247,22 +248,23 @@ class SimServer:
         stream = TokenStream()
         sim_request = SimRequest(asked.id, arrival=0.0, prompt_tokens=asked.prompt_tokens,
                                  output_tokens=asked.output_tokens, temperature=asked.temperature,
-                                 finish_reason=asked.finish_reason, on_output=stream.push)
+                                 finish_reason=asked.finish_reason, on_output=stream.push, text=asked.text)
         self.driver.submit(sim_request)
         try:
             if asked.stream:
-                return await self._stream(request, asked, stream, rng)
+                return await self._stream(request, asked, stream, rng, sim_request)
             while not stream.done:
                 await stream.ready.wait()
                 stream.take()
             text = generated_text(rng, stream.total)
-            return web.json_response(completion_response(asked, text, stream.total, asked.finish_reason))
+            metrics = per_request_metrics(asked, sim_request.spec_stats, streamed=False)
+            return web.json_response(completion_response(asked, text, stream.total, asked.finish_reason, metrics))
         except (asyncio.CancelledError, ConnectionResetError):
             self.driver.abort(sim_request)
             raise
 
     async def _stream(self, request: web.Request, asked: Asked, stream: TokenStream,
-                      rng: random.Random) -> web.StreamResponse:
+                      rng: random.Random, sim_request: SimRequest) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         first = True
@@ -276,7 +278,8 @@ class SimServer:
             if done:
                 break
         if asked.include_usage:
-            await response.write(_sse(usage_chunk(asked, stream.total)))
+            metrics = per_request_metrics(asked, sim_request.spec_stats, streamed=True)
+            await response.write(_sse(usage_chunk(asked, stream.total, metrics)))
         await response.write(_sse("[DONE]"))
         await response.write_eof()
         return response
