@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 import httpx
+from simulated import simulator_on_loopback
 
 from specdeploy.clients.engine_probe import send_probe
 from specdeploy.judgment.probe import (
@@ -18,11 +18,7 @@ from specdeploy.judgment.probe import (
     probe_cells,
     probe_requests,
 )
-from specdeploy.planning.gpus import find_gpu
-from specdeploy_engine.sim.argv import parse_engine_argv
 from specdeploy_engine.sim.knobs import Knobs
-from specdeploy_engine.sim.model import served_model
-from specdeploy_engine.sim.server import SimServer
 
 EAGLE3 = '{"method":"eagle3","model":"yuhuili/EAGLE3-LLaMA3.1-Instruct-8B","num_speculative_tokens":3}'
 ARGV = ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--served-model-name", "llama",
@@ -32,19 +28,10 @@ WORKLOADS = {"code": ["[code] def fibonacci(n):", "[code] class LinkedList:"],
 BREAK_EVEN = 0.4
 
 
-@contextlib.asynccontextmanager
-async def simulator(argv: list[str]) -> AsyncIterator[str]:
-    gpu = find_gpu("H100-80GB")
-    assert gpu is not None
+def simulator(argv: list[str]) -> contextlib.AbstractAsyncContextManager[str]:
     knobs = Knobs()
     knobs.update({"workloadAcceptance": {"[code]": 0.9, "[support]": 0.2}})
-    server = SimServer(served_model(parse_engine_argv(argv, gpu=gpu), gpu), knobs=knobs, seed=3, time_scale=0.05)
-    runner = await server.start("127.0.0.1", 0)
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await server.stop(runner)
+    return simulator_on_loopback(argv, knobs, seed=3, time_scale=0.05)
 
 
 def test_the_probe_measures_each_cell_and_names_the_workload_below_break_even() -> None:

@@ -5,14 +5,14 @@ prompts of one workload (a marker in their text) their own acceptance rate."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
+from simulated import run_to_end, simulator_on_loopback
 
 from specdeploy.planning.gpus import find_gpu
 from specdeploy_engine.sim.argv import EngineArgvError, parse_engine_argv
@@ -21,7 +21,6 @@ from specdeploy_engine.sim.exposition import parse
 from specdeploy_engine.sim.knobs import MAX_WORKLOADS, KnobError, Knobs
 from specdeploy_engine.sim.metrics import engine_metrics
 from specdeploy_engine.sim.model import ServedModel, served_model
-from specdeploy_engine.sim.server import SimServer
 
 H100 = find_gpu("H100-80GB")
 assert H100 is not None
@@ -30,7 +29,6 @@ EAGLE3 = '{"method":"eagle3","model":"yuhuili/EAGLE3-LLaMA3.1-Instruct-8B","num_
 VLLM_EAGLE3 = ["vllm", "serve", LLAMA_8B, "--served-model-name", "llama", "--speculative-config", EAGLE3]
 SUMMARY = [*VLLM_EAGLE3, "--per-request-spec-decode-metrics", "summary"]
 DETAILED = [*VLLM_EAGLE3, "--per-request-spec-decode-metrics", "detailed"]
-SCALE = 0.2
 SPEC_KEYS = {"mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram", "num_spec_steps",
              "num_accepted_draft_tokens", "num_draft_tokens", "num_spec_tokens"}
 TIMING_KEYS = {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second"}
@@ -39,15 +37,6 @@ TIMING_KEYS = {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms", 
 def served(argv: list[str]) -> ServedModel:
     assert H100 is not None
     return served_model(parse_engine_argv(argv, gpu=H100), H100)
-
-
-def run_to_end(engine: Engine) -> None:
-    now = 0.0
-    while engine.has_work:
-        step = engine.plan_step(now)
-        assert step is not None
-        now += step.seconds
-        engine.complete_step(step, now)
 
 
 # --- the command line -------------------------------------------------------------------------------------
@@ -205,21 +194,10 @@ def test_the_workload_knob_is_validated_all_or_nothing() -> None:
 
 # --- the server -----------------------------------------------------------------------------------------------
 
-@contextlib.asynccontextmanager
-async def running(argv: list[str], knobs: Knobs | None = None) -> AsyncIterator[tuple[str, SimServer]]:
-    server = SimServer(served(argv), knobs=knobs or Knobs(), seed=1, time_scale=SCALE)
-    runner = await server.start("127.0.0.1", 0)
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}", server
-    finally:
-        await server.stop(runner)
-
-
 def serve(argv: list[str], scenario: Callable[[httpx.AsyncClient, str], Awaitable[None]],
           knobs: Knobs | None = None) -> None:
     async def main() -> None:
-        async with running(argv, knobs) as (base, _), httpx.AsyncClient(timeout=30) as client:
+        async with simulator_on_loopback(argv, knobs) as base, httpx.AsyncClient(timeout=30) as client:
             await scenario(client, base)
     asyncio.run(main())
 

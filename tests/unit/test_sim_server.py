@@ -12,43 +12,24 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from simulated import simulator_on_loopback
 
-from specdeploy.planning.gpus import find_gpu
-from specdeploy_engine.sim.argv import parse_engine_argv
 from specdeploy_engine.sim.exposition import parse
-from specdeploy_engine.sim.knobs import Knobs
-from specdeploy_engine.sim.model import served_model
-from specdeploy_engine.sim.server import SimServer
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 EAGLE3 = '{"method":"eagle3","model":"yuhuili/EAGLE3-LLaMA3.1-Instruct-8B","num_speculative_tokens":3}'
 VLLM_EAGLE3 = ["vllm", "serve", LLAMA_8B, "--served-model-name", "llama", "--speculative-config", EAGLE3]
-SCALE = 0.2   # five times faster than the modelled H100: requests of a few dozen tokens take milliseconds
-
-
-@contextlib.asynccontextmanager
-async def running(argv: list[str], knobs: Knobs | None = None, config_dir: Path | None = None) -> AsyncIterator[str]:
-    gpu = find_gpu("H100-80GB")
-    assert gpu is not None
-    server = SimServer(served_model(parse_engine_argv(argv, config_dir=config_dir, gpu=gpu), gpu),
-                       knobs=knobs or Knobs(), seed=1, time_scale=SCALE)
-    runner = await server.start("127.0.0.1", 0)
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await server.stop(runner)
 
 
 def serve(argv: list[str], scenario: Callable[[httpx.AsyncClient, str], Awaitable[None]], **options: Any) -> None:
     async def main() -> None:
-        async with running(argv, **options) as base, httpx.AsyncClient(timeout=30) as client:
+        async with simulator_on_loopback(argv, **options) as base, httpx.AsyncClient(timeout=30) as client:
             await scenario(client, base)
     asyncio.run(main())
 
