@@ -130,6 +130,107 @@ def render(file: str, pod_monitor: bool) -> None:
     click.echo(dump_documents(children.all()), nl=False)
 
 
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--url", required=True, help="The engine to probe, e.g. http://127.0.0.1:8000 after `kubectl "
+              "port-forward pod/<a speculative pod> 8000` (dev cluster: `specdeploy dev-cluster endpoints --sd`).")
+@click.option("--workloads", "workloads_file", type=click.Path(dir_okay=False), default=None,
+              help="YAML: workload name -> list of prompts (default: a built-in neutral set).")
+@click.option("--temperatures", default="0,0.7,1.0", show_default=True, help="Comma-separated.")
+@click.option("--requests-per-cell", type=click.IntRange(1, 1000), default=8, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1, 4096), default=64, show_default=True)
+@click.option("--rate", type=click.FloatRange(0.01, 100), default=1.0, show_default=True,
+              help="At most this many requests per second, one at a time.")
+@click.option("--deadline", type=click.FloatRange(1, 3600), default=600, show_default=True,
+              help="Seconds; requests left then are not sent.")
+@click.option("--batch-size", type=click.IntRange(1, 4096), default=1, show_default=True,
+              help="Running sequences per pod the break-even is computed at.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--offline", is_flag=True, help="Resolve the models from the spec and the catalog only (as `plan`).")
+def probe(file: str, url: str, workloads_file: str | None, temperatures: str, requests_per_cell: int,
+          max_tokens: int, rate: float, deadline: float, batch_size: int, output: str, offline: bool) -> None:
+    """Measure FILE's speculation at URL: acceptance per workload and temperature, and where it would not pay.
+
+    Prompts of each workload are sent one at a time at each temperature, within the budget; each answer's
+    own counts are read (vLLM `--per-request-spec-decode-metrics summary`), else the engine's spec-decode
+    counters around each request. Exit 1 when nothing could be measured, 2 when URL is no OpenAI server.
+    """
+    import asyncio
+
+    import httpx
+    import yaml
+
+    from specdeploy.clients.engine_probe import send_probe
+    from specdeploy.engines import metric_names
+    from specdeploy.judgment.probe import (
+        NEUTRAL_PROMPTS,
+        NEUTRAL_WORKLOAD,
+        ProbeBudget,
+        ProbeOutcome,
+        probe_cells,
+        probe_requests,
+    )
+    from specdeploy.report import render_probe
+
+    resource, _ = _load(file, _hub_resolver(offline))
+    spec = resource.spec
+    if not spec.speculation.enabled:
+        _fail(f"{resource.metadata.name} does not speculate: there is nothing to probe")
+    try:
+        temperature_list = tuple(float(t) for t in temperatures.split(","))
+    except ValueError:
+        _fail(f"--temperatures: not a comma-separated list of numbers: {temperatures!r}")
+    workloads: dict[str, list[str]] = {NEUTRAL_WORKLOAD: list(NEUTRAL_PROMPTS)}
+    if workloads_file is not None:
+        try:
+            loaded = yaml.safe_load(Path(workloads_file).read_text())
+        except (OSError, yaml.YAMLError) as error:
+            _fail(f"cannot read {workloads_file}: {error}")
+        if not isinstance(loaded, dict) or not loaded or not all(
+                isinstance(k, str) and isinstance(v, list) and v and all(isinstance(p, str) for p in v)
+                for k, v in loaded.items()):
+            _fail(f"{workloads_file}: expected a mapping of workload name to a non-empty list of prompts")
+        workloads = loaded
+    budget = ProbeBudget(requests_per_cell, max_tokens, rate)
+    requests = probe_requests(workloads, temperature_list, budget)
+    cells_count = len(workloads) * len(temperature_list)
+
+    async def run() -> tuple[str, list[ProbeOutcome]]:
+        async with httpx.AsyncClient() as client:
+            try:
+                models = (await client.get(f"{url.rstrip('/')}/v1/models", timeout=30)).json()["data"]
+                model = str(models[0]["id"])
+            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as error:
+                _fail(f"{url} does not answer /v1/models as an OpenAI server does: {error}")
+            return model, await send_probe(client, url, model, requests, budget, deadline,
+                                           counters=metric_names(spec.engine.kind))
+
+    model, outcomes = asyncio.run(run())
+    floor = acceptance_floor(spec, batch_size)
+    break_even = floor.break_even if floor is not None else None
+    cells = probe_cells(outcomes, spec.speculation.num_speculative_tokens, break_even)
+    from_counters = any(o.from_counters for o in outcomes)
+    described = (f"{spec.speculation.enabled_method.value} k={spec.speculation.num_speculative_tokens}, model "
+                 f"{model}; {len(outcomes)} of {budget.requests(cells_count)} requests sent (budget: "
+                 f"{requests_per_cell} per cell, ≤ {budget.tokens(cells_count)} tokens, ≤ {rate:g}/s)")
+    if output == "json":
+        click.echo(json.dumps({
+            "url": url, "model": model, "countsFrom": "counters" if from_counters else "answers",
+            "breakEven": break_even, "floor": floor.to_wire() if floor is not None else None,
+            "cells": [{"workload": c.workload, "temperature": c.temperature, "requests": c.requests,
+                       "failed": c.failed, "acceptanceRate": c.acceptance_rate,
+                       "meanAcceptanceLength": c.mean_acceptance_length, "predictedSpeedup": c.predicted_speedup,
+                       "pays": c.pays} for c in cells],
+            "errors": sorted({o.error for o in outcomes if o.error}),
+        }, indent=2))
+    else:
+        render_probe(resource.metadata.name, url, cells, floor, described, from_counters, Console(highlight=False))
+        for reason in sorted({o.error for o in outcomes if o.error}):
+            click.echo(f"failed requests: {reason}", err=True)
+    if not any(c.requests for c in cells):
+        sys.exit(1)
+
+
 def _default(field: str) -> str:
     """The setting's one default, for --help (the flags default to None: not given keeps it)."""
     from specdeploy.controller.settings import OperatorSettings

@@ -1,5 +1,6 @@
 """The plan as a platform engineer reads it: verdict first, where each model's numbers came from, memory
-per GPU, what the draft costs, findings and fixes, predicted speedup, and the engine command that will run."""
+per GPU, what the draft costs, findings and fixes, predicted speedup, and the engine command that will run;
+and a probe's acceptance per workload and temperature (`specdeploy probe`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from rich.text import Text
 
 from specdeploy.api.status import Finding, Severity, Verdict
 from specdeploy.engines.base import EngineCommand
+from specdeploy.judgment.probe import ProbeCell, not_paying
 from specdeploy.modelsource.resolve import ArchitectureSource, Origin
-from specdeploy.planning.acceptance_floor import AUTO, acceptance_floor
+from specdeploy.planning.acceptance_floor import AUTO, AcceptanceFloor, acceptance_floor
 from specdeploy.planning.plan import Plan
 
 _VERDICT_STYLE = {Verdict.FITS: "bold green", Verdict.FITS_WITH_WARNINGS: "bold yellow", Verdict.REJECTED: "bold red"}
@@ -181,3 +183,28 @@ def render_plan(name: str, plan: Plan, command: EngineCommand | None, console: C
         console.print(Panel(Text(_command_lines(command.argv())), title="engine command", title_align="left"))
         for file_name, content in sorted(command.config_files.items()):
             console.print(Panel(Text(content.rstrip()), title=f"/etc/specdeploy/{file_name}", title_align="left"))
+
+
+def render_probe(name: str, url: str, cells: list[ProbeCell], floor: AcceptanceFloor | None, budget: str,
+                 from_counters: bool, console: Console) -> None:
+    """`specdeploy probe`: acceptance per workload × temperature, what the cost model makes of it, and the
+    cells where speculation would not pay, by name."""
+    source = ("the engine's counters around each request (exact only while nothing else is served by it)"
+              if from_counters else "each answer's metrics.speculative_decoding")
+    console.print(Text(f"probe of {name} at {url}: {budget}; counts from {source}", style="bold"))
+    console.print(f"break-even: {floor.describe()}" if floor is not None
+                  else "break-even: unknown (the models cannot be resolved): no speedup predicted")
+    table = Table(box=None, pad_edge=False)
+    for column in ("WORKLOAD", "TEMPERATURE", "REQUESTS", "FAILED", "ACCEPTANCE", "MEAN LENGTH", "PREDICTED", "PAYS"):
+        table.add_column(column)
+    for cell in cells:
+        table.add_row(
+            cell.workload, f"{cell.temperature:g}", str(cell.requests), str(cell.failed),
+            "-" if cell.acceptance_rate is None else f"{cell.acceptance_rate:.2f}",
+            "-" if cell.mean_acceptance_length is None else f"{cell.mean_acceptance_length:.2f}",
+            "-" if cell.predicted_speedup is None else f"{cell.predicted_speedup:.2f}×",
+            {True: "yes", False: "no", None: "-"}[cell.pays],
+        )
+    console.print(table)
+    for sentence in not_paying(cells, floor.break_even if floor is not None else None):
+        console.print(f"not paying: {sentence}")

@@ -9,7 +9,9 @@ import contextlib
 import httpx
 from simulated import simulator_on_loopback
 
+from specdeploy.api.spec import EngineKind
 from specdeploy.clients.engine_probe import send_probe
+from specdeploy.engines import metric_names
 from specdeploy.judgment.probe import (
     DEFAULT_TEMPERATURES,
     ProbeBudget,
@@ -65,6 +67,21 @@ def test_an_engine_without_per_request_metrics_gives_reasons_not_numbers() -> No
 
     [outcome] = asyncio.run(main())
     assert "--per-request-spec-decode-metrics" in (outcome.error or "")
+
+
+def test_an_engine_without_per_request_metrics_is_measured_by_its_counters_around_each_request() -> None:
+    budget = ProbeBudget(requests_per_cell=4, max_tokens=64, requests_per_second=200.0)
+    requests = probe_requests(WORKLOADS, (0.0,), budget)
+
+    async def main() -> list[ProbeOutcome]:
+        async with simulator(ARGV) as base, httpx.AsyncClient() as client:
+            return await send_probe(client, base, "llama", requests, budget, deadline_seconds=60,
+                                    counters=metric_names(EngineKind.VLLM))
+
+    outcomes = asyncio.run(main())
+    assert all(o.from_counters and o.counts is not None and o.counts.drafted > 0 for o in outcomes)
+    cells = {c.workload: c for c in probe_cells(outcomes, k=3, break_even=BREAK_EVEN)}
+    assert cells["code"].pays and not cells["support"].pays
 
 
 def test_the_deadline_stops_the_probe_before_its_requests_run_out() -> None:

@@ -6,6 +6,11 @@
 One request at a time, no faster than the budget's rate, and never past the deadline: a probe takes at most
 `budget.requests_per_second` of the pod's capacity and stops by itself. An engine error, a timeout or an
 answer without counts is an outcome with its reason, never an exception: the caller reports it.
+
+Counts come from each answer's `metrics.speculative_decoding` (vLLM with `--per-request-spec-decode-metrics`).
+Given the engine's counter names, an engine without it is measured by the difference of its spec-decode
+counters on /metrics around each request instead — exact only while nothing else is served by that pod
+(one request at a time keeps the probe's own requests apart). The first answer decides which.
 """
 
 from __future__ import annotations
@@ -15,18 +20,23 @@ import time
 from collections.abc import Sequence
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
+from specdeploy.engines.base import MetricNames
 from specdeploy.judgment.probe import ProbeBudget, ProbeOutcome, ProbeRequest, SpecDecodeCounts
 
 REQUEST_TIMEOUT_SECONDS = 60.0
 
 
 async def send_probe(client: httpx.AsyncClient, base_url: str, model: str, requests: Sequence[ProbeRequest],
-                     budget: ProbeBudget, deadline_seconds: float) -> list[ProbeOutcome]:
-    """The outcome of each request sent, in order; requests left when the deadline comes are not sent."""
+                     budget: ProbeBudget, deadline_seconds: float,
+                     counters: MetricNames | None = None) -> list[ProbeOutcome]:
+    """The outcome of each request sent, in order; requests left when the deadline comes are not sent.
+    `counters`: the engine's metric names, to fall back on counter deltas (see the module docstring)."""
     outcomes: list[ProbeOutcome] = []
     started = time.monotonic()
     gap = 1.0 / budget.requests_per_second
+    per_answer: bool | None = None if counters is not None else True
     for index, request in enumerate(requests):
         due = started + index * gap
         if due >= started + deadline_seconds:
@@ -35,8 +45,24 @@ async def send_probe(client: httpx.AsyncClient, base_url: str, model: str, reque
         left = started + deadline_seconds - time.monotonic()
         if left <= 0:
             break
-        outcomes.append(await _one(client, base_url, model, request, budget, min(left, REQUEST_TIMEOUT_SECONDS)))
+        timeout = min(left, REQUEST_TIMEOUT_SECONDS)
+        before = await _counter_totals(client, base_url, counters, timeout) if not per_answer and counters else None
+        outcome = await _one(client, base_url, model, request, budget, timeout)
+        if outcome.counts is not None:
+            per_answer = True
+        elif before is not None and outcome.error == NO_COUNTS:
+            after = await _counter_totals(client, base_url, counters, timeout)
+            delta = after - before if after is not None else None
+            if delta is not None and min(delta.steps, delta.drafted, delta.accepted) >= 0:
+                per_answer = False
+                outcome = ProbeOutcome(request, delta, from_counters=True)
+            elif delta is not None:
+                outcome = ProbeOutcome(request, error="the engine's spec-decode counters went back (did it restart?)")
+        outcomes.append(outcome)
     return outcomes
+
+
+NO_COUNTS = "the answer has no metrics.speculative_decoding (is --per-request-spec-decode-metrics set?)"
 
 
 async def _one(client: httpx.AsyncClient, base_url: str, model: str, request: ProbeRequest, budget: ProbeBudget,
@@ -55,6 +81,33 @@ async def _one(client: httpx.AsyncClient, base_url: str, model: str, request: Pr
         return ProbeOutcome(request, error="the answer is not JSON")
     counts = SpecDecodeCounts.from_response(answer) if isinstance(answer, dict) else None
     if counts is None:
-        return ProbeOutcome(request, error="the answer has no metrics.speculative_decoding "
-                                           "(is --per-request-spec-decode-metrics set?)")
+        return ProbeOutcome(request, error=NO_COUNTS)
     return ProbeOutcome(request, counts)
+
+
+async def _counter_totals(client: httpx.AsyncClient, base_url: str, names: MetricNames | None,
+                          timeout: float) -> SpecDecodeCounts | None:
+    """The engine's drafts, drafted tokens and accepted tokens so far (summed over its label sets), from
+    its /metrics; None when it cannot be read or lacks one of them."""
+    if names is None or not (names.drafts_total and names.draft_tokens_total and names.accepted_tokens_total):
+        return None
+    try:
+        response = await client.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    wanted = (names.drafts_total, names.draft_tokens_total, names.accepted_tokens_total)
+    totals = dict.fromkeys(wanted, 0.0)
+    seen: set[str] = set()
+    try:
+        for family in text_string_to_metric_families(response.text):
+            for sample in family.samples:
+                if sample.name in totals:
+                    totals[sample.name] += sample.value
+                    seen.add(sample.name)
+    except ValueError:
+        return None
+    if seen != set(wanted):
+        return None
+    return SpecDecodeCounts(*(int(totals[name]) for name in wanted))

@@ -105,6 +105,9 @@ class SpecDecodeCounts:
     def __add__(self, other: SpecDecodeCounts) -> SpecDecodeCounts:
         return SpecDecodeCounts(self.steps + other.steps, self.drafted + other.drafted, self.accepted + other.accepted)
 
+    def __sub__(self, other: SpecDecodeCounts) -> SpecDecodeCounts:
+        return SpecDecodeCounts(self.steps - other.steps, self.drafted - other.drafted, self.accepted - other.accepted)
+
 
 @dataclass(frozen=True)
 class ProbeOutcome:
@@ -113,6 +116,7 @@ class ProbeOutcome:
     request: ProbeRequest
     counts: SpecDecodeCounts | None = None
     error: str | None = None
+    from_counters: bool = False   # the engine's counters around the request, not the answer's own figures
 
 
 @dataclass(frozen=True)
