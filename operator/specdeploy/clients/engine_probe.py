@@ -1,7 +1,7 @@
 """Send a probe's requests to one engine and read each answer's speculative counts (judgment/probe.py).
 
-    async with httpx.AsyncClient() as client:
-        outcomes = await send_probe(client, "http://10.0.0.7:8000", "llama", requests, budget, deadline_seconds=120)
+    async with httpx.AsyncClient() as http:
+        outcomes = await send_probe(http, "http://10.0.0.7:8000", "llama", requests, budget, deadline_seconds=120)
 
 One request at a time, no faster than the budget's rate, and never past the deadline: a probe takes at most
 `budget.requests_per_second` of the pod's capacity and stops by itself. An engine error, a timeout or an
@@ -28,7 +28,7 @@ from specdeploy.judgment.probe import ProbeBudget, ProbeOutcome, ProbeRequest, S
 REQUEST_TIMEOUT_SECONDS = 60.0
 
 
-async def send_probe(client: httpx.AsyncClient, base_url: str, model: str, requests: Sequence[ProbeRequest],
+async def send_probe(http: httpx.AsyncClient, base_url: str, model: str, requests: Sequence[ProbeRequest],
                      budget: ProbeBudget, deadline_seconds: float,
                      counters: MetricNames | None = None) -> list[ProbeOutcome]:
     """The outcome of each request sent, in order; requests left when the deadline comes are not sent.
@@ -46,12 +46,12 @@ async def send_probe(client: httpx.AsyncClient, base_url: str, model: str, reque
         if left <= 0:
             break
         timeout = min(left, REQUEST_TIMEOUT_SECONDS)
-        before = await _counter_totals(client, base_url, counters, timeout) if not per_answer and counters else None
-        outcome = await _one(client, base_url, model, request, budget, timeout)
+        before = await _counter_totals(http, base_url, counters, timeout) if not per_answer and counters else None
+        outcome = await _one(http, base_url, model, request, budget, timeout)
         if outcome.counts is not None:
             per_answer = True
         elif before is not None and outcome.error == NO_COUNTS:
-            after = await _counter_totals(client, base_url, counters, timeout)
+            after = await _counter_totals(http, base_url, counters, timeout)
             delta = after - before if after is not None else None
             if delta is not None and min(delta.steps, delta.drafted, delta.accepted) >= 0:
                 per_answer = False
@@ -65,12 +65,12 @@ async def send_probe(client: httpx.AsyncClient, base_url: str, model: str, reque
 NO_COUNTS = "the answer has no metrics.speculative_decoding (is --per-request-spec-decode-metrics set?)"
 
 
-async def _one(client: httpx.AsyncClient, base_url: str, model: str, request: ProbeRequest, budget: ProbeBudget,
+async def _one(http: httpx.AsyncClient, base_url: str, model: str, request: ProbeRequest, budget: ProbeBudget,
                timeout: float) -> ProbeOutcome:
     body = {"model": model, "prompt": request.prompt, "max_tokens": budget.max_tokens,
             "temperature": request.temperature, "n": 1, "stream": False}
     try:
-        response = await client.post(f"{base_url.rstrip('/')}/v1/completions", json=body, timeout=timeout)
+        response = await http.post(f"{base_url.rstrip('/')}/v1/completions", json=body, timeout=timeout)
     except httpx.HTTPError as error:
         return ProbeOutcome(request, error=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
     if response.status_code != 200:
@@ -85,14 +85,14 @@ async def _one(client: httpx.AsyncClient, base_url: str, model: str, request: Pr
     return ProbeOutcome(request, counts)
 
 
-async def _counter_totals(client: httpx.AsyncClient, base_url: str, names: MetricNames | None,
+async def _counter_totals(http: httpx.AsyncClient, base_url: str, names: MetricNames | None,
                           timeout: float) -> SpecDecodeCounts | None:
     """The engine's drafts, drafted tokens and accepted tokens so far (summed over its label sets), from
     its /metrics; None when it cannot be read or lacks one of them."""
     if names is None or not (names.drafts_total and names.draft_tokens_total and names.accepted_tokens_total):
         return None
     try:
-        response = await client.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout)
+        response = await http.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout)
     except httpx.HTTPError:
         return None
     if response.status_code != 200:
