@@ -131,7 +131,10 @@ def render(file: str, pod_monitor: bool) -> None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True), required=False)
+@click.option("--sd", metavar="NAMESPACE/NAME", default=None,
+              help="Probe this SD of the cluster ($KUBECONFIG) instead of FILE, and write the result into its "
+              "status.probe (needs patch on speculativedeployments/status).")
 @click.option("--url", required=True, help="The engine to probe, e.g. http://127.0.0.1:8000 after `kubectl "
               "port-forward pod/<a speculative pod> 8000` (dev cluster: `specdeploy dev-cluster endpoints --sd`).")
 @click.option("--workloads", "workloads_file", type=click.Path(dir_okay=False), default=None,
@@ -147,19 +150,24 @@ def render(file: str, pod_monitor: bool) -> None:
               help="Running sequences per pod the break-even is computed at.")
 @click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--offline", is_flag=True, help="Resolve the models from the spec and the catalog only (as `plan`).")
-def probe(file: str, url: str, workloads_file: str | None, temperatures: str, requests_per_cell: int,
-          max_tokens: int, rate: float, deadline: float, batch_size: int, output: str, offline: bool) -> None:
-    """Measure FILE's speculation at URL: acceptance per workload and temperature, and where it would not pay.
+def probe(file: str | None, sd: str | None, url: str, workloads_file: str | None, temperatures: str,
+          requests_per_cell: int, max_tokens: int, rate: float, deadline: float, batch_size: int, output: str,
+          offline: bool) -> None:
+    """Measure an SD's speculation at URL: acceptance per workload and temperature, and where it would not pay.
 
-    Prompts of each workload are sent one at a time at each temperature, within the budget; each answer's
-    own counts are read (vLLM `--per-request-spec-decode-metrics summary`), else the engine's spec-decode
-    counters around each request. Exit 1 when nothing could be measured, 2 when URL is no OpenAI server.
+    The SD is FILE, or `--sd` from the cluster (then the result is also written into its status.probe, for
+    `kubectl describe sd`). Prompts of each workload are sent one at a time at each temperature, within the
+    budget; each answer's own counts are read (vLLM `--per-request-spec-decode-metrics summary`), else the
+    engine's spec-decode counters around each request. Exit 1 when nothing could be measured, 2 when URL is
+    no OpenAI server.
     """
     import asyncio
+    import datetime
 
     import httpx
     import yaml
 
+    from specdeploy.api.status import ProbeCellStatus, ProbeStatus
     from specdeploy.clients.engine_probe import send_probe
     from specdeploy.engines import metric_names
     from specdeploy.judgment.probe import (
@@ -167,12 +175,24 @@ def probe(file: str, url: str, workloads_file: str | None, temperatures: str, re
         NEUTRAL_WORKLOAD,
         ProbeBudget,
         ProbeOutcome,
+        not_paying,
         probe_cells,
         probe_requests,
     )
     from specdeploy.report import render_probe
 
-    resource, _ = _load(file, _hub_resolver(offline))
+    if (file is None) == (sd is None):
+        _fail("give FILE or --sd NAMESPACE/NAME, one of them")
+    body: dict[str, object] | None = None
+    if sd is not None:
+        namespace, _, name = sd.partition("/")
+        if not namespace or not name:
+            _fail(f"--sd: expected NAMESPACE/NAME, got {sd!r}")
+        body = asyncio.run(_read_sd(namespace, name))
+        resource = _validated(body, sd)
+    else:
+        assert file is not None
+        resource, _ = _load(file, _hub_resolver(offline))
     spec = resource.spec
     if not spec.speculation.enabled:
         _fail(f"{resource.metadata.name} does not speculate: there is nothing to probe")
@@ -196,13 +216,13 @@ def probe(file: str, url: str, workloads_file: str | None, temperatures: str, re
     cells_count = len(workloads) * len(temperature_list)
 
     async def run() -> tuple[str, list[ProbeOutcome]]:
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient() as http:
             try:
-                models = (await client.get(f"{url.rstrip('/')}/v1/models", timeout=30)).json()["data"]
+                models = (await http.get(f"{url.rstrip('/')}/v1/models", timeout=30)).json()["data"]
                 model = str(models[0]["id"])
             except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as error:
                 _fail(f"{url} does not answer /v1/models as an OpenAI server does: {error}")
-            return model, await send_probe(client, url, model, requests, budget, deadline,
+            return model, await send_probe(http, url, model, requests, budget, deadline,
                                            counters=metric_names(spec.engine.kind))
 
     model, outcomes = asyncio.run(run())
@@ -213,22 +233,79 @@ def probe(file: str, url: str, workloads_file: str | None, temperatures: str, re
     described = (f"{spec.speculation.enabled_method.value} k={spec.speculation.num_speculative_tokens}, model "
                  f"{model}; {len(outcomes)} of {budget.requests(cells_count)} requests sent (budget: "
                  f"{requests_per_cell} per cell, ≤ {budget.tokens(cells_count)} tokens, ≤ {rate:g}/s)")
+    result = ProbeStatus(
+        taken_at=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), url=url,
+        counts_from="counters" if from_counters else "answers", budget=described, break_even=break_even,
+        break_even_basis=floor.describe() if floor is not None else None,
+        cells=[ProbeCellStatus(workload=c.workload, temperature=c.temperature, requests=c.requests, failed=c.failed,
+                               acceptance_rate=c.acceptance_rate, mean_acceptance_length=c.mean_acceptance_length,
+                               predicted_speedup=c.predicted_speedup, pays=c.pays) for c in cells],
+        not_paying=not_paying(cells, break_even))
     if output == "json":
-        click.echo(json.dumps({
-            "url": url, "model": model, "countsFrom": "counters" if from_counters else "answers",
-            "breakEven": break_even, "floor": floor.to_wire() if floor is not None else None,
-            "cells": [{"workload": c.workload, "temperature": c.temperature, "requests": c.requests,
-                       "failed": c.failed, "acceptanceRate": c.acceptance_rate,
-                       "meanAcceptanceLength": c.mean_acceptance_length, "predictedSpeedup": c.predicted_speedup,
-                       "pays": c.pays} for c in cells],
-            "errors": sorted({o.error for o in outcomes if o.error}),
-        }, indent=2))
+        click.echo(json.dumps({**result.to_wire(), "errors": sorted({o.error for o in outcomes if o.error})},
+                              indent=2))
     else:
         render_probe(resource.metadata.name, url, cells, floor, described, from_counters, Console(highlight=False))
         for reason in sorted({o.error for o in outcomes if o.error}):
             click.echo(f"failed requests: {reason}", err=True)
     if not any(c.requests for c in cells):
         sys.exit(1)
+    if body is not None:
+        asyncio.run(_write_probe(body, result.to_wire()))
+        click.echo(f"written to {sd}'s status.probe", err=True)
+
+
+async def _read_sd(namespace: str, name: str) -> dict[str, object]:
+    from lightkube import AsyncClient
+    from lightkube.core.exceptions import ApiError, ConfigError
+
+    from specdeploy.clients import kube
+
+    try:
+        client = AsyncClient()
+    except ConfigError as error:
+        _fail(f"no cluster to read the SD from: {error}")
+    try:
+        body = await kube.get_resource(client, namespace, name)
+    except ApiError as error:
+        _fail(f"cannot read {namespace}/{name}: {error.status.message}")
+    finally:
+        await client.close()
+    if body is None:
+        _fail(f"no SpeculativeDeployment {namespace}/{name}")
+    return body
+
+
+def _validated(body: dict[str, object], where: str) -> SpeculativeDeployment:
+    from pydantic import ValidationError
+
+    from specdeploy.api.resource import describe_validation_error
+
+    try:
+        return SpeculativeDeployment.model_validate({**body, "status": None})
+    except ValidationError as error:
+        _fail(f"{where} does not validate: {describe_validation_error(error)}")
+
+
+async def _write_probe(body: dict[str, object], probe: dict[str, object]) -> None:
+    """Merge-patch only status.probe: the operator's own status writes carry it forward."""
+    from lightkube import AsyncClient
+    from lightkube.core.exceptions import ApiError
+
+    from specdeploy.clients import kube
+
+    metadata = body["metadata"]
+    assert isinstance(metadata, dict)
+    status = body.get("status") if isinstance(body.get("status"), dict) else {}
+    assert isinstance(status, dict)
+    client = AsyncClient()
+    try:
+        await kube.write_status(client, metadata["namespace"], metadata["name"], {"probe": status.get("probe")},
+                                {"probe": probe})
+    except ApiError as error:
+        _fail(f"cannot write status.probe of {metadata['namespace']}/{metadata['name']}: {error.status.message}")
+    finally:
+        await client.close()
 
 
 def _default(field: str) -> str:

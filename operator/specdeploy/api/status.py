@@ -267,6 +267,34 @@ class DeployRecord(StatusModel):
     engine: EngineRecord
 
 
+class ProbeCellStatus(StatusModel):
+    """One workload at one temperature of the last probe."""
+
+    workload: str
+    temperature: float
+    requests: int = Field(description="Requests whose drafted and accepted tokens were measured")
+    failed: int = Field(0, description="Requests that measured nothing (an engine error, no counts)")
+    acceptance_rate: float | None = Field(None, description="Accepted ÷ drafted tokens")
+    mean_acceptance_length: float | None = Field(None, description="1 + accepted ÷ verify steps")
+    predicted_speedup: float | None = Field(None, description="The cost model's speedup at this acceptance")
+    pays: bool | None = Field(None, description="Above the break-even (unset: no break-even known)")
+
+
+class ProbeStatus(StatusModel):
+    """The last `specdeploy probe --sd` of this SD: acceptance per workload and temperature on a live pod."""
+
+    taken_at: str
+    url: str = Field(description="The engine the requests went to")
+    counts_from: str = Field(description="answers (each answer's metrics.speculative_decoding) or counters "
+                             "(the engine's counters around each request)")
+    budget: str = Field(description="What the probe sent and was allowed to send")
+    break_even: float | None = Field(None, description="The acceptance where the predicted speedup is 1")
+    break_even_basis: str | None = None
+    cells: list[ProbeCellStatus] = Field(default_factory=list, max_length=256)
+    not_paying: list[str] = Field(default_factory=list, max_length=256,
+                                  description="The cells below the break-even, in words")
+
+
 class SpeculativeDeploymentStatus(StatusModel):
     observed_generation: int | None = None
     phase: Phase | None = None
@@ -275,6 +303,7 @@ class SpeculativeDeploymentStatus(StatusModel):
     compatibility: Compatibility | None = None
     speculation: SpeculationStatus | None = None
     analysis: AnalysisStatus | None = None
+    probe: ProbeStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
 
