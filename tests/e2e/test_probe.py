@@ -1,7 +1,7 @@
 """`specdeploy probe --sd` on the dev cluster: an EAGLE-3 SD whose engine answers with vLLM's per-request
 speculative metrics (`engine.extraArgs`), two workloads the simulator accepts differently (its
 `workloadAcceptance` knob), three temperatures; the result in the SD's status.probe, kept by the operator's
-own status writes after it, and in `kubectl describe sd`."""
+own status writes after it, in `kubectl describe sd`, and on the operator's /metrics."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from specdeploy.devcluster import DevCluster, wait_for
@@ -43,7 +44,7 @@ def _status(cluster: DevCluster, namespace: str) -> dict[str, Any]:
 def test_the_probe_fills_status_probe_and_the_operator_keeps_it(
         dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any],
         tmp_path: Path) -> None:
-    analysing_operator()
+    operator = analysing_operator(metrics=True)
     dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=SD)
     sd = f"{namespace}/{NAME}"
     [url] = wait_for(lambda: endpoints(dev_cluster, sd, "speculative"), 120, "the speculative simulator")
@@ -76,3 +77,8 @@ def test_the_probe_fills_status_probe_and_the_operator_keeps_it(
     assert _status(dev_cluster, namespace)["probe"] == written
     described = dev_cluster.kubectl("describe", "sd", NAME, "-n", namespace).stdout
     assert "Probe:" in described and "Not Paying:" in described
+    # And on the operator's /metrics, one series per cell (the dashboard's "Last probe" table).
+    series = f'specdeploy_probe_predicted_speedup{{name="{NAME}",namespace="{namespace}",temperature="0",workload="support"}}'
+    line = wait_for(lambda: next((row for row in httpx.get(operator.metrics_url).text.splitlines()
+                                  if row.startswith(series)), None), 30, "the probe's series on the operator's /metrics")
+    assert float(line.split()[-1]) < 1.0

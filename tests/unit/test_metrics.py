@@ -97,3 +97,25 @@ def test_unmeasured_acceptance_removes_the_series() -> None:
     metrics.acceptance_rate("prod", "qwen", 0.5)
     metrics.forget("prod", "qwen")
     assert "qwen" not in metrics.render()
+
+
+def test_the_last_probe_is_one_series_per_cell_and_cells_it_lost_go() -> None:
+    from specdeploy.api.status import ProbeCellStatus
+
+    metrics = OperatorMetrics()
+    code = ProbeCellStatus(workload="code", temperature=0.7, requests=8, acceptance_rate=0.8, predicted_speedup=2.1)
+    support = ProbeCellStatus(workload="support", temperature=0.0, requests=8, acceptance_rate=0.05,
+                              predicted_speedup=0.9)
+    metrics.probe("prod", "chat", [code, support])
+    labels = {"namespace": "prod", "name": "chat", "workload": "code", "temperature": "0.7"}
+    assert metrics.value("specdeploy_probe_acceptance_rate", **labels) == 0.8
+    assert metrics.value("specdeploy_probe_predicted_speedup", **{**labels, "workload": "support",
+                                                                   "temperature": "0"}) == 0.9
+    unmeasured = ProbeCellStatus(workload="code", temperature=0.7, requests=0, failed=8)
+    metrics.probe("prod", "chat", [unmeasured])          # a new probe: support gone, code measured nothing
+    assert metrics.value("specdeploy_probe_acceptance_rate", **labels) is None
+    assert metrics.value("specdeploy_probe_acceptance_rate", **{**labels, "workload": "support",
+                                                                 "temperature": "0"}) is None
+    metrics.probe("prod", "chat", [code])
+    metrics.forget("prod", "chat")
+    assert metrics.value("specdeploy_probe_acceptance_rate", **labels) is None

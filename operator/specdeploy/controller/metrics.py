@@ -25,6 +25,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from specdeploy.api.status import ProbeCellStatus
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 QUERY_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Prometheus clients' default latency buckets: a query takes milliseconds, a timeout 10 s."""
@@ -35,7 +37,7 @@ SPEEDUP_BOUNDS = ("estimate", "low", "high")
 
 class OperatorMetrics:
     """The metrics the operator serves on its own /metrics: rollbacks, activity, acceptance, speedup,
-    verdicts, query and cycle time, reconcile passes, and the periodic resync."""
+    verdicts, query and cycle time, reconcile passes, the periodic resync, and the last probe's cells."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -71,6 +73,15 @@ class OperatorMetrics:
             "specdeploy_reconcile_passes_coalesced",
             "Passes asked for by a watch event while one for the same SD was already waiting (done by that one).",
             ("trigger",), registry=self.registry)
+        self.probe_acceptance = Gauge(
+            "specdeploy_probe_acceptance_rate",
+            "Accepted / drafted tokens per workload and temperature in the SD's last probe (status.probe).",
+            ("namespace", "name", "workload", "temperature"), registry=self.registry)
+        self.probe_speedup = Gauge(
+            "specdeploy_probe_predicted_speedup",
+            "The cost model's speedup at each probe cell's acceptance (below 1: speculation would not pay).",
+            ("namespace", "name", "workload", "temperature"), registry=self.registry)
+        self._probe_cells: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self.resync_failures = Counter(
             "specdeploy_resync_failures",
             "SpeculativeDeployments whose reconcile failed during a periodic resync (the others went on).",
@@ -96,6 +107,23 @@ class OperatorMetrics:
                 _remove(self.speedup, namespace, name, bound)
             else:
                 self.speedup.labels(namespace=namespace, name=name, bound=bound).set(value)
+
+    def probe(self, namespace: str, name: str, cells: Sequence[ProbeCellStatus]) -> None:
+        """The last probe's cells (status.probe); cells it no longer has, and figures it did not measure, removed."""
+        now = {(cell.workload, f"{cell.temperature:g}") for cell in cells}
+        for gone in self._probe_cells.pop((namespace, name), set()) - now:
+            _remove(self.probe_acceptance, namespace, name, *gone)
+            _remove(self.probe_speedup, namespace, name, *gone)
+        for cell in cells:
+            key = (cell.workload, f"{cell.temperature:g}")
+            for gauge, value in ((self.probe_acceptance, cell.acceptance_rate),
+                                 (self.probe_speedup, cell.predicted_speedup)):
+                if value is None or not math.isfinite(value):
+                    _remove(gauge, namespace, name, *key)
+                else:
+                    gauge.labels(namespace, name, *key).set(value)
+        if now:
+            self._probe_cells[(namespace, name)] = now
 
     def verdict(self, kind: str) -> None:
         """Count one verdict: kind is "Healthy", "Failing" or "Inconclusive" (not the reason: bounded labels)."""
@@ -127,6 +155,7 @@ class OperatorMetrics:
         _remove(self.active, namespace, name)
         _remove(self.acceptance, namespace, name)
         self.speedup_interval(namespace, name, None)
+        self.probe(namespace, name, ())
 
     def render(self) -> str:
         return generate_latest(self.registry).decode()

@@ -374,6 +374,7 @@ class Reconciler:
         status = actions.status
         if status.speculation is not None:
             self.metrics.speculation_active(namespace, name, status.speculation.active)
+        self.metrics.probe(namespace, name, status.probe.cells if status.probe is not None else ())
         if actions.verdict is not None:
             analysis = status.analysis
             self.metrics.verdict(kind(actions.verdict))
