@@ -70,10 +70,11 @@ def test_the_probe_fills_status_probe_and_the_operator_keeps_it(
     assert not any(cells[("support", t)]["pays"] for t in (0.0, 0.7, 1.0))
     assert len(written["notPaying"]) == 3 and all(s.startswith("support at temperature") for s in written["notPaying"])
 
-    # The operator's samples go on writing status; the probe stays.
+    # The operator's samples go on writing status (a sample that changes nothing but its time at least once
+    # a minute: STATUS_REFRESH_SECONDS); the probe stays.
     sampled = _status(dev_cluster, namespace).get("analysis", {}).get("lastSampleAt")
     wait_for(lambda: _status(dev_cluster, namespace).get("analysis", {}).get("lastSampleAt") not in (None, sampled),
-             60, "a sample written after the probe")
+             90, "a sample written after the probe")
     assert _status(dev_cluster, namespace)["probe"] == written
     described = dev_cluster.kubectl("describe", "sd", NAME, "-n", namespace).stdout
     assert "Probe:" in described and "Not Paying:" in described

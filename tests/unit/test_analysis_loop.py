@@ -81,20 +81,29 @@ def test_the_loop_reads_the_sds_as_the_watch_last_delivered_them() -> None:
     known.seen(SD, _sd("prod", "a"))
     known.seen(SD, _sd("prod", "b", "2026-11-29T12:00:20Z"))              # sampled 10 s ago
     known.seen(SD, _sd("dev", "c"))
-    assert [r.metadata.name for r in _validated_due(known.bodies(SD, ["prod"]), NOW)] == ["a"]
+    assert [r.metadata.name for r in _validated_due(known, ["prod"], NOW)] == ["a"]
     known.seen(SD, _sd("prod", "a", "2026-11-29T12:00:25Z"))              # its status write, seen by the watch
     known.seen(SD, _sd("prod", "b", "2026-11-29T11:59:50Z"))
-    assert [r.metadata.name for r in _validated_due(known.bodies(SD, ["prod"]), NOW)] == ["b"]
+    assert [r.metadata.name for r in _validated_due(known, ["prod"], NOW)] == ["b"]
     known.gone(SD, "prod", "b")
-    assert _validated_due(known.bodies(SD, ["prod"]), NOW) == []
-    assert sorted(r.metadata.name for r in _validated_due(known.bodies(SD, [ALL_NS]), NOW)) == ["c"]
+    assert _validated_due(known, ["prod"], NOW) == []
+    # A sample's status held unwritten (only its time changed) says when it was sampled, not the object.
+    a = _sd("prod", "a", "2026-11-29T11:59:50Z") | {"metadata": {"name": "a", "namespace": "prod", "resourceVersion": "7"}}
+    known.seen(SD, a)
+    assert [r.metadata.name for r in _validated_due(known, ["prod"], NOW)] == ["a"]
+    known.hold("prod", "a", "7", {"analysis": {"lastSampleAt": "2026-11-29T12:00:25Z"}})
+    assert _validated_due(known, ["prod"], NOW) == []
+    assert sorted(r.metadata.name for r in _validated_due(known, [ALL_NS], NOW)) == ["c"]
 
 
 def test_an_sd_that_does_not_validate_is_skipped_and_the_others_are_sampled(caplog: pytest.LogCaptureFixture) -> None:
     broken = _sd("prod", "broken")
     broken["spec"] = {"speculation": {"method": "ngram"}}                # no model
+    known = Watched()
+    known.seen(SD, broken)
+    known.seen(SD, _sd("prod", "fine"))
     with caplog.at_level(logging.WARNING):
-        due_now = _validated_due([broken, _sd("prod", "fine")], NOW)
+        due_now = _validated_due(known, ["prod"], NOW)
     assert [r.metadata.name for r in due_now] == ["fine"]
     assert "skipping broken in analysis" in caplog.text
 

@@ -22,7 +22,12 @@ from specdeploy.reconcile.children import ANNOTATION_SPECULATING, LABEL_VARIANT,
 from specdeploy.reconcile.decide import Actions, Observed, decide, noticed, refused
 from specdeploy.reconcile.drift import difference, drift
 from specdeploy.reconcile.observed import observe_pods
-from specdeploy.reconcile.status import DeploymentState, Planned
+from specdeploy.reconcile.status import (
+    STATUS_REFRESH_SECONDS,
+    DeploymentState,
+    Planned,
+    deferrable_sample_write,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NAME, NAMESPACE = "llama", "ns"
@@ -308,3 +313,23 @@ def test_difference_is_a_subset_comparison() -> None:
     assert difference({"b": [1, 2]}, {"b": [1]}) == ".b"
     assert difference({"b": [{"c": "x"}]}, {"b": [{"c": "y"}]}) == ".b[0].c"
     assert difference({"a": {"b": 1}}, {"a": "scalar"}) == ".a"
+
+
+# -- which samples' statuses wait: only a new time and inconclusive count ----------------------------------
+
+def test_a_sample_that_changes_only_its_time_waits_and_any_figure_or_a_minute_is_written() -> None:
+    body, _ = _speculating()
+    idle = sample(0.0, requests=0)                        # no traffic: Inconclusive, the same words each time
+    first = decide(_observed(body, sample=idle), T0 + timedelta(seconds=3))
+    assert not deferrable_sample_write(body["status"], first.status.to_wire())   # the first verdict: written
+    written = _after(body, first)
+    second = decide(_observed(written, sample=idle), T0 + timedelta(seconds=6))
+    new = second.status.to_wire()
+    assert new != written["status"] and deferrable_sample_write(written["status"], new)
+    assert new["analysis"]["consecutiveInconclusive"] == written["status"]["analysis"]["consecutiveInconclusive"] + 1
+    late = decide(_observed(written, sample=idle), T0 + timedelta(seconds=3 + STATUS_REFRESH_SECONDS))
+    assert not deferrable_sample_write(written["status"], late.status.to_wire())   # a minute stale: written
+    busy = decide(_observed(written, sample=sample(0.8, itl=0.01, control_itl=0.02)), T0 + timedelta(seconds=6))
+    assert not deferrable_sample_write(written["status"], busy.status.to_wire())   # a verdict and figures
+    failing = decide(_observed(_after(written, busy), sample=_failing()), T0 + timedelta(seconds=9))
+    assert not deferrable_sample_write(_after(written, busy)["status"], failing.status.to_wire())  # a failure counted

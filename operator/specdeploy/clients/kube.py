@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import datetime
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx2
@@ -143,9 +143,11 @@ def _annotated(manifest: dict[str, Any], generation: int, fingerprint: str) -> d
 
 
 async def apply_children(
-    client: AsyncClient, children: Children, generation: int, existing: list[DeploymentState]
+    client: AsyncClient, children: Children, generation: int, existing: list[DeploymentState],
+    applied_version: Callable[[str, str | None], None] = lambda name, version: None,
 ) -> list[SdEvent]:
-    """Server-side apply every child; Events for Deployments created or changed."""
+    """Server-side apply every child; Events for Deployments created or changed. `applied_version` is told
+    each Deployment's name and the resourceVersion the apply returned."""
     events: list[SdEvent] = []
     before = {state.name: state.generation for state in existing}
     manifests = [children.config_map]
@@ -159,6 +161,7 @@ async def apply_children(
         if manifest["kind"] != "Deployment":
             continue
         name = manifest["metadata"]["name"]
+        applied_version(name, applied.metadata.resourceVersion if applied.metadata else None)
         new_generation = applied.metadata.generation if applied.metadata else None
         if name not in before:
             events.append(SdEvent.normal("DeploymentCreated", f"created Deployment {name} from generation {generation}"))
@@ -171,15 +174,16 @@ async def apply_children(
 
 async def prune_children(
     client: AsyncClient, namespace: str, name: str, children: Children, existing: list[DeploymentState],
-    pod_monitors: bool,
+    pod_monitors: bool, deleted: Callable[[str], None] = lambda name: None,
 ) -> list[SdEvent]:
     """Delete child Deployments (and a PodMonitor) that `children` no longer has, e.g. Control after the
-    baseline changed."""
+    baseline changed; `deleted` is told each Deployment's name."""
     events: list[SdEvent] = []
     wanted = {d["metadata"]["name"] for d in children.deployments.values()}
     for state in existing:
         if state.name not in wanted:
             await client.delete(Deployment, state.name, namespace=namespace)
+            deleted(state.name)
             events.append(SdEvent.normal("DeploymentDeleted", f"deleted Deployment {state.name}: no longer wanted"))
     if pod_monitors and children.pod_monitor is None:
         async for monitor in client.list(PodMonitor, namespace=namespace, labels={LABEL_NAME: name}):

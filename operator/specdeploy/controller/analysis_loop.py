@@ -23,7 +23,7 @@ from specdeploy.clients import kube
 from specdeploy.clients.headers import InvalidHeaders, directory_headers
 from specdeploy.clients.prometheus import PrometheusClient, query_all
 from specdeploy.controller.reconciler import Reconciler
-from specdeploy.controller.watched import SD
+from specdeploy.controller.watched import SD, Watched
 from specdeploy.judgment import evidence
 from specdeploy.judgment.queries import query_group
 from specdeploy.judgment.samples import Samples
@@ -45,11 +45,12 @@ class Source:
     headers_dir: Path | None = None
 
 
-def due(obj: Mapping[str, Any], now: float) -> bool:
+def due(obj: Mapping[str, Any], now: float, status: Mapping[str, Any] | None = None) -> bool:
     """Whether the SD (as the apiserver returns it, with the CRD's defaults) was last sampled at least one
-    `analysis.interval` ago, or never. Read from the raw object so that an SD not due costs no validation:
-    with 1000 SDs, validating them all every tick was most of the operator's CPU at rest."""
-    last = ((obj.get("status") or {}).get("analysis") or {}).get("lastSampleAt")
+    `analysis.interval` ago, or never; `status`: the operator's own, not written yet (else the object's).
+    Read from the raw object so that an SD not due costs no validation: with 1000 SDs, validating them all
+    every tick was most of the operator's CPU at rest."""
+    last = ((status if status is not None else obj.get("status") or {}).get("analysis") or {}).get("lastSampleAt")
     if not last:
         return True
     interval = parse_duration(((obj.get("spec") or {}).get("analysis") or {}).get("interval", "30s"))
@@ -68,12 +69,12 @@ def source_of(resource: SpeculativeDeployment, default_url: str | None,
     return Source(url, namespace, secret, default_headers_dir if own else None)
 
 
-def _validated_due(bodies: Iterable[Mapping[str, Any]], now: float) -> list[SpeculativeDeployment]:
-    """The SDs due for a sample, validated."""
+def _validated_due(watched: Watched, namespaces: Iterable[str], now: float) -> list[SpeculativeDeployment]:
+    """The watched SDs due for a sample, validated."""
     resources = []
-    for body in bodies:
+    for body in watched.bodies(SD, namespaces):
         try:
-            if due(body, now):
+            if due(body, now, watched.held(body)):
                 resources.append(SpeculativeDeployment.model_validate(dict(body)))
         except ValueError as error:
             logger.warning("skipping %s in analysis: %s", (body.get("metadata") or {}).get("name", "?"), error)
@@ -88,7 +89,7 @@ async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], defaul
     limit = asyncio.Semaphore(CONCURRENT_RECONCILES)
     # The SDs as the operator's watch last saw them (`Reconciler.watched`): listing every SD each tick
     # cost the apiserver and the operator more than the samples with a thousand SDs (docs/performance.md).
-    resources = _validated_due(reconciler.watched.bodies(SD, namespaces), now)
+    resources = _validated_due(reconciler.watched, namespaces, now)
     by_source: defaultdict[Source, list[SpeculativeDeployment]] = defaultdict(list)
     for resource in resources:
         source = source_of(resource, default_url, default_headers_dir)

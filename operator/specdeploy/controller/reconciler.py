@@ -64,7 +64,7 @@ from specdeploy.reconcile.children import LABEL_VARIANT, Variant, deployment_nam
 from specdeploy.reconcile.conditions import Event, Reason
 from specdeploy.reconcile.decide import Actions, Notice, Observed, decide, noticed, refused
 from specdeploy.reconcile.observed import PodsObserved, observe_pods
-from specdeploy.reconcile.status import Planned, pinned_to_record
+from specdeploy.reconcile.status import Planned, deferrable_sample_write, pinned_to_record
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +101,12 @@ class Trigger(enum.Enum):
     def merged(self, other: Trigger | None) -> Trigger:
         """The trigger of one pass that does what both would have."""
         return other if other is not None and other.reads_everything and not self.reads_everything else self
+
+
+def _uses_watched(trigger: Trigger | None) -> bool:
+    """Whether a pass decides on the watched SD and Deployments (`Watched.current`): an analysis sample and
+    a child's pass do; a pass after the SD changed, and the resync, read everything from the apiserver."""
+    return trigger is None or trigger is Trigger.CHILD
 
 
 def _resolution_key(spec: SpeculativeDeploymentSpec, target: Supplied, draft: Supplied | None) -> str:
@@ -151,6 +157,11 @@ class Reconciler:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _locks: defaultdict[tuple[str, str], asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(CONCURRENT_RECONCILES))
+    _spec_passes_waiting: int = 0
+    _no_spec_pass_waiting: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._no_spec_pass_waiting.set()
 
     async def reconcile(self, namespace: str, name: str, trigger: Trigger | None = Trigger.SPEC,
                         sample: DeploymentSample | None = None) -> None:
@@ -158,10 +169,27 @@ class Reconciler:
         `trigger` needs; `sample` is an analysis sample taken for it this cycle (then `trigger` may be None).
         A pass asked for with `request` and not yet begun is done by this one."""
         key = (namespace, name)
-        async with self._locks[key], self._slots:
-            requested = self._requested.pop(key, None)
-            trigger = trigger.merged(requested) if trigger is not None else requested
-            await self._pass(namespace, name, trigger, sample)
+        waiting = trigger is Trigger.SPEC
+        if waiting:
+            self._count_spec_passes_waiting(+1)
+        try:
+            async with self._locks[key], self._slots:
+                if waiting:
+                    self._count_spec_passes_waiting(-1)
+                    waiting = False
+                requested = self._requested.pop(key, None)
+                trigger = trigger.merged(requested) if trigger is not None else requested
+                await self._pass(namespace, name, trigger, sample)
+        finally:
+            if waiting:   # cancelled before its turn
+                self._count_spec_passes_waiting(-1)
+
+    def _count_spec_passes_waiting(self, change: int) -> None:
+        self._spec_passes_waiting += change
+        if self._spec_passes_waiting:
+            self._no_spec_pass_waiting.clear()
+        else:
+            self._no_spec_pass_waiting.set()
 
     def request(self, namespace: str, name: str, trigger: Trigger = Trigger.CHILD) -> None:
         """Ask for a pass of SD `namespace/name` without waiting for it (for watch events). While one is
@@ -178,6 +206,11 @@ class Reconciler:
         task.add_done_callback(self._tasks.discard)
 
     async def _requested_pass(self, key: tuple[str, str]) -> None:
+        # Passes after a spec change go first: they create what the cluster then starts (a thousand SDs
+        # applied at once were planned in ~250 s instead of ~60 s while their rollouts' events took the
+        # slots: docs/performance.md); a child's pass only follows a rollout. Waited for outside the SD's
+        # lock, which a spec pass may be waiting for.
+        await self._no_spec_pass_waiting.wait()
         async with self._locks[key], self._slots:
             trigger = self._requested.pop(key, None)
             if trigger is None:   # a pass that began meanwhile did it
@@ -189,8 +222,9 @@ class Reconciler:
 
     async def _pass(self, namespace: str, name: str, trigger: Trigger | None, sample: DeploymentSample | None) -> None:
         self.metrics.pass_begun(trigger.value if trigger is not None else "sample")
-        # A sample decides on the watched SD when nothing changed it since the operator's last read or write.
-        watched = self.watched.unchanged(SD, namespace, name) if trigger is None else None
+        # A sample or a child's pass decides on the watched SD when the watch has caught up with the
+        # operator's last read or write of it; after the SD changed, and on the resync, it is read.
+        watched = self.watched.current(SD, namespace, name) if _uses_watched(trigger) else None
         body = dict(watched) if watched is not None else await kube.get_resource(self.client, namespace, name)
         if body is None:
             self._locks.pop((namespace, name), None)
@@ -208,7 +242,8 @@ class Reconciler:
         changed also the Deployments in full and the pods; after the SD changed and on the resync also the
         other children in full."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        previous = SpeculativeDeploymentStatus.model_validate(body.get("status") or {})
+        held = self.watched.held(body)   # a sample's status not written yet, decided on this version
+        previous = SpeculativeDeploymentStatus.model_validate(held if held is not None else body.get("status") or {})
         try:
             resource = SpeculativeDeployment.model_validate({**body, "status": None})
         except ValidationError as error:
@@ -221,7 +256,8 @@ class Reconciler:
         # Both Deployments' names unless the pass reads only what an accepted plan runs (an unwanted one is
         # pruned by a pass that reads everything).
         wanted = variants(resource.spec) if planned.accepted and not everything else tuple(Variant)
-        bodies = await self._deployments(namespace, [deployment_name(name, v) for v in wanted], sample=trigger is None)
+        bodies = await self._deployments(namespace, [deployment_name(name, v) for v in wanted],
+                                         watched=_uses_watched(trigger))
         deployments = [state for body in bodies.values() if (state := kube.deployment_state(body, name)) is not None]
         live: dict[tuple[str, str], dict[str, Any]] = {("Deployment", child): body for child, body in bodies.items()
                                                        if "Deployment" in kinds}
@@ -233,19 +269,19 @@ class Reconciler:
                         notice_posted=self._noticed.get((namespace, name)) == rollbacks,
                         pod_monitors=self.pod_monitors)
 
-    async def _deployments(self, namespace: str, names: list[str], sample: bool) -> dict[str, dict[str, Any]]:
-        """The Deployments named `names` that exist, as JSON by name, in `names`' order: on a sample the
-        watched copy of each one nothing changed since the operator last read it, the others read."""
-        watched = {}
-        for child in names if sample else ():
-            body = self.watched.unchanged(DEPLOYMENT, namespace, child)
+    async def _deployments(self, namespace: str, names: list[str], watched: bool) -> dict[str, dict[str, Any]]:
+        """The Deployments named `names` that exist, as JSON by name, in `names`' order: with `watched` the
+        watched copy of each one the watch has caught up with, the others read."""
+        found_watched = {}
+        for child in names if watched else ():
+            body = self.watched.current(DEPLOYMENT, namespace, child)
             if body is not None:
-                watched[child] = body
-        read = await kube.read_deployments(self.client, namespace, [n for n in names if n not in watched])
+                found_watched[child] = body
+        read = await kube.read_deployments(self.client, namespace, [n for n in names if n not in found_watched])
         for child in names:
-            if child not in watched:
+            if child not in found_watched:
                 self.watched.confirm(DEPLOYMENT, namespace, child, resource_version(read[child]) if child in read else None)
-        found = {**watched, **read}
+        found = {**found_watched, **read}
         return {child: dict(found[child]) for child in names if child in found}
 
     async def _act(self, observed: Observed, actions: Actions, now: datetime.datetime) -> None:
@@ -266,9 +302,13 @@ class Reconciler:
         if actions.children is not None:
             existing = list(observed.deployments)
             try:
-                applied += await kube.apply_children(self.client, actions.children, observed.generation, existing)
-                applied += await kube.prune_children(self.client, namespace, name, actions.children, existing,
-                                                     self.pod_monitors)
+                # What the applies and deletes return: the watched copies stand in again once the watch has it.
+                applied += await kube.apply_children(
+                    self.client, actions.children, observed.generation, existing,
+                    applied_version=lambda child, version: self.watched.confirm(DEPLOYMENT, namespace, child, version))
+                applied += await kube.prune_children(
+                    self.client, namespace, name, actions.children, existing, self.pod_monitors,
+                    deleted=lambda child: self.watched.confirm(DEPLOYMENT, namespace, child, None))
             except ApiError as error:
                 if error.status.code not in REFUSED_CODES:
                     raise
@@ -279,7 +319,7 @@ class Reconciler:
                 self._noticed[(namespace, name)] = actions.notice.rollbacks   # the next pass marks it
             else:
                 actions = noticed(actions)
-        await self._write_status(observed, written, actions.status)
+        await self._write_status(observed, written, actions.status, may_wait=not actions.write_first)
         for event in [*applied, *actions.events]:
             logger.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
             await kube.post_event(self.client, observed.body, event)
@@ -288,12 +328,19 @@ class Reconciler:
         self._record_metrics(namespace, name, actions)
 
     async def _write_status(self, observed: Observed, written: dict[str, Any],
-                            status: SpeculativeDeploymentStatus) -> dict[str, Any]:
-        """Write `status` unless it is what the apiserver holds (`written`); the status it holds after."""
+                            status: SpeculativeDeploymentStatus, may_wait: bool = False) -> dict[str, Any]:
+        """Write `status` unless it is what the apiserver holds (`written`), or (`may_wait`) it differs only
+        in a sample's time and inconclusive count for less than STATUS_REFRESH_SECONDS: then it is held for
+        the next pass on this version of the SD (`Watched.hold`). Returns the status the apiserver holds."""
+        namespace, name = observed.namespace, observed.name
         new = status.to_wire()
+        if may_wait and new != written and deferrable_sample_write(written, new):
+            self.watched.hold(namespace, name, resource_version(observed.body), new)
+            return written
+        self.watched.release(namespace, name)
         if new != written:
-            version = await kube.write_status(self.client, observed.namespace, observed.name, written, new)
-            self.watched.confirm(SD, observed.namespace, observed.name, version)
+            version = await kube.write_status(self.client, namespace, name, written, new)
+            self.watched.confirm(SD, namespace, name, version)
         return new
 
     async def _plan(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus) -> Planned:

@@ -3,7 +3,9 @@ the previous status and the clock. The reconciler is its only caller and the sta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import (
@@ -28,6 +30,32 @@ from specdeploy.planning.plan import Plan
 from specdeploy.reconcile.children import Variant, variants
 from specdeploy.reconcile.conditions import ConditionType, Reason, condition
 from specdeploy.reconcile.observed import StuckPod
+
+STATUS_REFRESH_SECONDS = 60.0
+"""How stale `status.analysis.lastSampleAt` may be while samples change nothing else: a sample whose status
+differs from the written one only in that time and the inconclusive count is written once this long has
+passed since the written sample (with a thousand SDs every sample's write was the whole analysis cycle's
+cost: docs/performance.md)."""
+QUIET_ANALYSIS_FIELDS = frozenset({"lastSampleAt", "consecutiveInconclusive"})
+
+
+def deferrable_sample_write(written: Mapping[str, Any], new: Mapping[str, Any],
+                            refresh_seconds: float = STATUS_REFRESH_SECONDS) -> bool:
+    """Whether a sample's status `new` (wire form) may wait instead of being written over `written`: it
+    differs only in QUIET_ANALYSIS_FIELDS, and its sample is less than `refresh_seconds` after the written
+    one. A verdict, a number, a condition or a count of failures that changes is written at once."""
+    old_analysis, new_analysis = written.get("analysis") or {}, new.get("analysis") or {}
+    old_at, new_at = old_analysis.get("lastSampleAt"), new_analysis.get("lastSampleAt")
+    if not old_at or not new_at:
+        return False
+
+    def loud(status: Mapping[str, Any], analysis: Mapping[str, Any]) -> dict[str, Any]:
+        return {**status, "analysis": {k: v for k, v in analysis.items() if k not in QUIET_ANALYSIS_FIELDS}}
+
+    if loud(written, old_analysis) != loud(new, new_analysis):
+        return False
+    elapsed = evidence.parse_rfc3339(new_at) - evidence.parse_rfc3339(old_at)
+    return elapsed.total_seconds() < refresh_seconds
 
 
 @dataclass(frozen=True)
