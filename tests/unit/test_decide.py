@@ -27,6 +27,7 @@ from specdeploy.reconcile.status import (
     DeploymentState,
     Planned,
     deferrable_sample_write,
+    status_refresh_seconds,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -333,3 +334,10 @@ def test_a_sample_that_changes_only_its_time_waits_and_any_figure_or_a_minute_is
     assert not deferrable_sample_write(written["status"], busy.status.to_wire())   # a verdict and figures
     failing = decide(_observed(_after(written, busy), sample=_failing()), T0 + timedelta(seconds=9))
     assert not deferrable_sample_write(_after(written, busy)["status"], failing.status.to_wire())  # a failure counted
+
+
+def test_each_sd_refreshes_an_idle_status_within_a_minute_and_not_all_at_once() -> None:
+    periods = [status_refresh_seconds("bench", f"idle-{i:04d}") for i in range(1000)]
+    assert all(STATUS_REFRESH_SECONDS / 2 <= p < STATUS_REFRESH_SECONDS for p in periods)
+    assert status_refresh_seconds("bench", "idle-0001") == periods[1]                     # fixed by its name
+    assert max(periods) - min(periods) > STATUS_REFRESH_SECONDS / 3                        # spread over the range

@@ -123,7 +123,8 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", backoff=5)
 @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", backoff=5)
 @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", backoff=5)
-async def reconcile_sd(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+async def reconcile_sd(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    memo.reconciler.watched.seen(SD, dict(body))   # the version this handler is for: the pass decides on it
     await memo.reconciler.reconcile(namespace or "", name)
 
 

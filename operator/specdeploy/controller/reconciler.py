@@ -64,7 +64,12 @@ from specdeploy.reconcile.children import LABEL_VARIANT, Variant, deployment_nam
 from specdeploy.reconcile.conditions import Event, Reason
 from specdeploy.reconcile.decide import Actions, Notice, Observed, decide, noticed, refused
 from specdeploy.reconcile.observed import PodsObserved, observe_pods
-from specdeploy.reconcile.status import Planned, deferrable_sample_write, pinned_to_record
+from specdeploy.reconcile.status import (
+    Planned,
+    deferrable_sample_write,
+    pinned_to_record,
+    status_refresh_seconds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +108,15 @@ class Trigger(enum.Enum):
         return other if other is not None and other.reads_everything and not self.reads_everything else self
 
 
-def _uses_watched(trigger: Trigger | None) -> bool:
-    """Whether a pass decides on the watched SD and Deployments (`Watched.current`): an analysis sample and
-    a child's pass do; a pass after the SD changed, and the resync, read everything from the apiserver."""
+def _watched_sd(trigger: Trigger | None) -> bool:
+    """Whether a pass decides on the watched SD (`Watched.current`; the handler of a spec change records the
+    body kopf hands it first): every pass but the resync, which reads it in case a watch event was missed."""
+    return trigger is not Trigger.RESYNC
+
+
+def _watched_deployments(trigger: Trigger | None) -> bool:
+    """Whether a pass decides on the watched Deployments: an analysis sample and a child's pass do; a pass
+    after the SD changed, and the resync, read every child from the apiserver."""
     return trigger is None or trigger is Trigger.CHILD
 
 
@@ -222,9 +233,8 @@ class Reconciler:
 
     async def _pass(self, namespace: str, name: str, trigger: Trigger | None, sample: DeploymentSample | None) -> None:
         self.metrics.pass_begun(trigger.value if trigger is not None else "sample")
-        # A sample or a child's pass decides on the watched SD when the watch has caught up with the
-        # operator's last read or write of it; after the SD changed, and on the resync, it is read.
-        watched = self.watched.current(SD, namespace, name) if _uses_watched(trigger) else None
+        # The watched SD when the watch has caught up with the operator's last read or write of it.
+        watched = self.watched.current(SD, namespace, name) if _watched_sd(trigger) else None
         body = dict(watched) if watched is not None else await kube.get_resource(self.client, namespace, name)
         if body is None:
             self._locks.pop((namespace, name), None)
@@ -257,7 +267,7 @@ class Reconciler:
         # pruned by a pass that reads everything).
         wanted = variants(resource.spec) if planned.accepted and not everything else tuple(Variant)
         bodies = await self._deployments(namespace, [deployment_name(name, v) for v in wanted],
-                                         watched=_uses_watched(trigger))
+                                         watched=_watched_deployments(trigger))
         deployments = [state for body in bodies.values() if (state := kube.deployment_state(body, name)) is not None]
         live: dict[tuple[str, str], dict[str, Any]] = {("Deployment", child): body for child, body in bodies.items()
                                                        if "Deployment" in kinds}
@@ -330,11 +340,11 @@ class Reconciler:
     async def _write_status(self, observed: Observed, written: dict[str, Any],
                             status: SpeculativeDeploymentStatus, may_wait: bool = False) -> dict[str, Any]:
         """Write `status` unless it is what the apiserver holds (`written`), or (`may_wait`) it differs only
-        in a sample's time and inconclusive count for less than STATUS_REFRESH_SECONDS: then it is held for
+        in a sample's time and inconclusive count for less than the SD's refresh period: then it is held for
         the next pass on this version of the SD (`Watched.hold`). Returns the status the apiserver holds."""
         namespace, name = observed.namespace, observed.name
         new = status.to_wire()
-        if may_wait and new != written and deferrable_sample_write(written, new):
+        if may_wait and new != written and deferrable_sample_write(written, new, status_refresh_seconds(namespace, name)):
             self.watched.hold(namespace, name, resource_version(observed.body), new)
             return written
         self.watched.release(namespace, name)
