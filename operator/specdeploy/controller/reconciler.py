@@ -272,7 +272,8 @@ class Reconciler:
         live: dict[tuple[str, str], dict[str, Any]] = {("Deployment", child): body for child, body in bodies.items()
                                                        if "Deployment" in kinds}
         live |= await kube.read_children(self.client, namespace, name, kinds=kinds, pod_monitors=self.pod_monitors)
-        pods = await self._pods(resource, planned) if trigger is not None else None
+        pods = await self._pods(resource, planned, created=bool(deployments) or previous.speculation is not None
+                                ) if trigger is not None else None
         rollbacks = previous.speculation.rollbacks if previous.speculation is not None else None
         return Observed(body, previous, resource, planned=planned, deployments=tuple(deployments),
                         live=live, live_kinds=kinds, pods=pods, sample=sample,
@@ -418,10 +419,14 @@ class Reconciler:
         return target, await supplied("spec.speculation.draft", draft.config_map_ref, draft.config_path,
                                       draft.token_secret_ref)
 
-    async def _pods(self, resource: SpeculativeDeployment, planned: Planned) -> PodsObserved | None:
-        """The engine pods, listed on every trigger but an analysis sample (reconcile/decide.py `_step`)."""
+    async def _pods(self, resource: SpeculativeDeployment, planned: Planned, created: bool) -> PodsObserved | None:
+        """The engine pods, listed on every trigger but an analysis sample (reconcile/decide.py `_step`).
+        `created`: the SD has a Deployment or a status; a new one's first pass has no pods to list (a
+        thousand SDs applied at once made a thousand pod lists that could find nothing)."""
         if not planned.accepted:
             return None
+        if not created:
+            return observe_pods([], [], LABEL_VARIANT, Variant.SPECULATIVE.value)
         namespace, name = resource.metadata.namespace or "", resource.metadata.name
         pods = await kube.engine_pods(self.client, namespace, name)
         replica_sets = await kube.speculative_replica_sets(self.client, namespace, name) if pods else []
