@@ -9,7 +9,7 @@ as one process reading the dev Prometheus every analysis interval. At each count
 1. SDs are added until there are that many: idle ones (`replicas: 0`, baseline None: no pods, the same
    engine and window, so they all share one query group) and one served SD whose two pods (Control
    baseline) run engine simulators.
-2. Cost: after every SD has been sampled once, `--cycles` full cycles are timed one by one from the
+2. Cost: after every SD has been sampled once and is Ready, `--cycles` full cycles are timed one by one from the
    operator's own /metrics (`specdeploy_analysis_query_seconds`, `specdeploy_analysis_cycle_seconds`),
    the queries also counted on Prometheus' side (`prometheus_http_requests_total{handler="/api/v1/query"}`),
    the CPU of the operator, kube-apiserver and etcd over those cycles read from /proc, and the apiserver's
@@ -114,6 +114,11 @@ def _sampled_after(item: dict[str, Any], moment: float) -> bool:
     return bool(at) and datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp() >= moment
 
 
+def _ready(item: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (item.get("status") or {}).get("conditions") or [])
+
+
 def detection_latency(cluster: DevCluster, served: str) -> tuple[float, float, str]:
     """Collapse acceptance on SD `served`; (seconds to seen rolled back, seconds to lastRollback.at, reason)."""
     sd = f"{NAMESPACE}/{served}"
@@ -162,6 +167,9 @@ def measure(cluster: DevCluster, metrics_url: str, operator: int, count: int, cy
     moment = time.time()
     wait_for(lambda: (items := _sds(cluster)) and len(items) >= count and all(_sampled_after(i, moment) for i in items),
              1800, f"all {count} SDs sampled", interval=2.0)
+    # And their rollouts done (Ready): the cycles timed are those of SDs at rest, not of the creation's tail
+    # (the controller-manager's Deployment updates, each a pass of its SD).
+    wait_for(lambda: all(_ready(i) for i in _sds(cluster)), 1800, f"all {count} SDs Ready", interval=2.0)
     pids = {"operator": operator, **_cluster_pids(cluster)}
     start = _after_cycle(metrics_url, cluster.prometheus_url, Counters(metrics_url, cluster.prometheus_url).cycles)
     marks = {name: Mark.of(pid) for name, pid in pids.items()}
