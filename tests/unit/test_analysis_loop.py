@@ -17,6 +17,7 @@ from specdeploy.controller.logs import WATCH_HANDLERS, QuietWatchHandlers
 from specdeploy.controller.watched import SD, Watched
 
 NOW = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC).timestamp()
+PROMETHEUS = "http://prometheus.monitoring:9090"
 
 
 def _listed(interval: str, last_sample_at: str | None) -> dict[str, object]:
@@ -81,19 +82,28 @@ def test_the_loop_reads_the_sds_as_the_watch_last_delivered_them() -> None:
     known.seen(SD, _sd("prod", "a"))
     known.seen(SD, _sd("prod", "b", "2026-11-29T12:00:20Z"))              # sampled 10 s ago
     known.seen(SD, _sd("dev", "c"))
-    assert [r.metadata.name for r in _validated_due(known, ["prod"], NOW)] == ["a"]
+    assert [r.metadata.name for r in _validated_due(known, ["prod"], NOW, PROMETHEUS)] == ["a"]
     known.seen(SD, _sd("prod", "a", "2026-11-29T12:00:25Z"))              # its status write, seen by the watch
     known.seen(SD, _sd("prod", "b", "2026-11-29T11:59:50Z"))
-    assert [r.metadata.name for r in _validated_due(known, ["prod"], NOW)] == ["b"]
+    assert [r.metadata.name for r in _validated_due(known, ["prod"], NOW, PROMETHEUS)] == ["b"]
     known.gone(SD, "prod", "b")
-    assert _validated_due(known, ["prod"], NOW) == []
+    assert _validated_due(known, ["prod"], NOW, PROMETHEUS) == []
     # A sample's status held unwritten (only its time changed) says when it was sampled, not the object.
     a = _sd("prod", "a", "2026-11-29T11:59:50Z") | {"metadata": {"name": "a", "namespace": "prod", "resourceVersion": "7"}}
     known.seen(SD, a)
-    assert [r.metadata.name for r in _validated_due(known, ["prod"], NOW)] == ["a"]
+    assert [r.metadata.name for r in _validated_due(known, ["prod"], NOW, PROMETHEUS)] == ["a"]
     known.hold("prod", "a", "7", {"analysis": {"lastSampleAt": "2026-11-29T12:00:25Z"}})
-    assert _validated_due(known, ["prod"], NOW) == []
-    assert sorted(r.metadata.name for r in _validated_due(known, [ALL_NS], NOW)) == ["c"]
+    assert _validated_due(known, ["prod"], NOW, PROMETHEUS) == []
+    assert sorted(r.metadata.name for r in _validated_due(known, [ALL_NS], NOW, PROMETHEUS)) == ["c"]
+
+
+def test_without_a_prometheus_url_only_an_sd_naming_its_own_is_due() -> None:
+    known = Watched()
+    known.seen(SD, _sd("prod", "a"))
+    own = _sd("prod", "b")
+    own["spec"]["analysis"]["prometheus"] = {"url": PROMETHEUS}   # type: ignore[index]
+    known.seen(SD, own)
+    assert [r.metadata.name for r in _validated_due(known, ["prod"], NOW, None)] == ["b"]
 
 
 def test_an_sd_that_does_not_validate_is_skipped_and_the_others_are_sampled(caplog: pytest.LogCaptureFixture) -> None:
@@ -103,7 +113,7 @@ def test_an_sd_that_does_not_validate_is_skipped_and_the_others_are_sampled(capl
     known.seen(SD, broken)
     known.seen(SD, _sd("prod", "fine"))
     with caplog.at_level(logging.WARNING):
-        due_now = _validated_due(known, ["prod"], NOW)
+        due_now = _validated_due(known, ["prod"], NOW, PROMETHEUS)
     assert [r.metadata.name for r in due_now] == ["fine"]
     assert "skipping broken in analysis" in caplog.text
 
