@@ -22,6 +22,7 @@ from specdeploy.api.reference import reference_markdown
 from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, load_resource
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.devcluster.cli import dev_cluster, sim_admin_cmd
+from specdeploy.judgment.verdict import objective_checks
 from specdeploy.modelsource import ModelSourceError
 from specdeploy.modelsource.local import is_true, resolve_here
 from specdeploy.modelsource.resolve import Origin, ResolvedModels
@@ -108,6 +109,9 @@ def plan(file: str, output: str, offline: bool) -> None:
             "command": list(command.command), "args": list(command.args), "configFiles": dict(command.config_files)})
         floor = acceptance_floor(resource.spec)
         document["acceptanceFloor"] = floor.to_wire() if floor is not None else None
+        analysis = resource.spec.analysis
+        document["analysis"] = {"objective": analysis.objective.value,
+                                "checks": objective_checks(analysis.objective, analysis.checks)}
         click.echo(json.dumps(document, indent=2))
     else:
         render_plan(resource.metadata.name, the_plan, command, Console(highlight=False))

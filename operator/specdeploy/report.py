@@ -14,6 +14,7 @@ from rich.text import Text
 from specdeploy.api.status import Finding, Severity, Verdict
 from specdeploy.engines.base import EngineCommand
 from specdeploy.judgment.probe import ProbeCell, not_paying
+from specdeploy.judgment.verdict import OBJECTIVE_MEANING, objective_checks
 from specdeploy.modelsource.resolve import ArchitectureSource, Origin
 from specdeploy.planning.acceptance_floor import AUTO, AcceptanceFloor, acceptance_floor
 from specdeploy.planning.plan import Plan
@@ -147,6 +148,18 @@ def _acceptance_floor(plan: Plan) -> str | None:
     return f"{floor.describe()}; {at_max.rate:.2f} at maxNumSeqs {max_batch}"
 
 
+def _analysis(plan: Plan) -> Text:
+    """The objective and the limits that decide under it."""
+    analysis = plan.spec.analysis
+    text = Text()
+    text.append(f" objective {analysis.objective.value}", style="bold")
+    text.append(f" — {OBJECTIVE_MEANING[analysis.objective]}\n")
+    limits = ", ".join(f"{name} {'unset' if value is None else f'{value:g}'}"
+                       for name, value in objective_checks(analysis.objective, analysis.checks).items())
+    text.append(f" checks: {limits}; baseline {analysis.baseline.mode.value}")
+    return text
+
+
 def _command_lines(argv: list[str]) -> str:
     """The program and its positional words on the first line, then one flag (with its value) per line."""
     lines: list[str] = [""]
@@ -179,6 +192,7 @@ def render_plan(name: str, plan: Plan, command: EngineCommand | None, console: C
     speedup = _speedup(plan)
     if speedup is not None:
         console.print(Panel(speedup, title="predicted speedup", title_align="left"))
+    console.print(Panel(_analysis(plan), title="analysis", title_align="left"))
     if command is not None:
         console.print(Panel(Text(_command_lines(command.argv())), title="engine command", title_align="left"))
         for file_name, content in sorted(command.config_files.items()):

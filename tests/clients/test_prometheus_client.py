@@ -304,10 +304,10 @@ def test_query_all_records_errors_per_signal_and_keeps_the_rest() -> None:
 def test_query_all_when_prometheus_is_down_reports_every_signal() -> None:
     samples = run_all(raising(httpx.ConnectError("refused")),
                       [QueryGroup(EngineKind.VLLM, 300.0), QueryGroup(EngineKind.SGLANG, 60.0)])
-    assert samples.query_count == 2 * len(Signal)
-    for group in samples.groups.values():
-        assert set(group.errors) == set(Signal)
-        assert group.values == {}
+    assert samples.query_count == len(queries_for(EngineKind.VLLM, 300.0)) + len(queries_for(EngineKind.SGLANG, 60.0))
+    for group, answers in samples.groups.items():
+        assert set(answers.errors) == {q.signal for q in queries_for(group.engine, group.window_seconds)}
+        assert answers.values == {}
 
 
 def test_query_all_sends_the_queries_concurrently() -> None:
@@ -327,7 +327,7 @@ def test_query_all_sends_the_queries_concurrently() -> None:
         async with PrometheusClient(BASE, transport=httpx.MockTransport(handler)) as prometheus:
             await query_all(prometheus, [QueryGroup(EngineKind.VLLM, 300.0), QueryGroup(EngineKind.TRTLLM, 300.0)])
     asyncio.run(go())
-    assert most == 2 * len(Signal)
+    assert most == len(queries_for(EngineKind.VLLM, 300.0)) + len(queries_for(EngineKind.TRTLLM, 300.0))
 
 
 def test_vector_payload_shape_matches_the_documented_envelope() -> None:

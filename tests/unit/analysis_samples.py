@@ -44,17 +44,42 @@ def cumulative(mean: float, requests: float, jitter: Sequence[float]) -> tuple[P
     return tuple(sums), tuple(counts)
 
 
-def variant(itl: float, requests: float, jitter: Sequence[float], ttft: float = 0.2, **values: Any) -> SignalValues:
-    """One variant's signals: mean per-token latency `itl`, 200 output tokens a request, the slice series of all
-    three latencies and, for display, P99s and the means."""
-    e2e = ttft + 200 * itl
+_ENGINE_PAIRS = (
+    (Signal.INFERENCE_TIME_SUM_SERIES, Signal.INFERENCE_TIME_COUNT_SERIES),
+    (Signal.PREFILL_TIME_SUM_SERIES, Signal.PREFILL_TIME_COUNT_SERIES),
+    (Signal.QUEUE_TIME_SUM_SERIES, Signal.QUEUE_TIME_COUNT_SERIES),
+)
+OUTPUT_TOKENS = 200
+
+
+def token_counter(per_second: float, jitter: Sequence[float]) -> Points:
+    """A generation-tokens counter at the slice instants: `per_second` tokens a second, slice i × (1 + jitter[i])."""
+    total, points = 1e6, [(START, 1e6)]
+    for i, wobble in enumerate(jitter):
+        total += per_second * SLICE_SECONDS * (1 + wobble)
+        points.append((START + SLICE_SECONDS * (i + 1), total))
+    return tuple(points)
+
+
+def variant(itl: float, requests: float, jitter: Sequence[float], ttft: float = 0.2, queue: float = 0.01,
+            pods: float = 1.0, waiting: float = 0.0, tokens_per_second: float | None = None,
+            **values: Any) -> SignalValues:
+    """One variant's signals: mean per-token latency `itl`, OUTPUT_TOKENS output tokens a request, mean queue time
+    `queue` (inside `ttft`), the slice series of every latency (with and without the queue), the generation-tokens
+    counter (by default what `requests` over the window make) and, for display, P99s and the means."""
+    e2e = ttft + OUTPUT_TOKENS * itl
     series: dict[Signal, Points] = {}
     for (sums, counts), mean in zip(_PAIRS, (itl, e2e, ttft), strict=True):
         series[sums], series[counts] = cumulative(mean, requests, jitter)
+    for (sums, counts), mean in zip(_ENGINE_PAIRS, (e2e - queue, ttft - queue, queue), strict=True):
+        series[sums], series[counts] = cumulative(mean, requests, jitter)
+    rate = tokens_per_second if tokens_per_second is not None else requests * OUTPUT_TOKENS / (SLICES * SLICE_SECONDS)
+    series[Signal.OUTPUT_TOKENS_SERIES] = token_counter(rate, jitter)
     return SignalValues(
         mean_inter_token_latency_seconds=itl, mean_e2e_latency_seconds=e2e, mean_time_to_first_token_seconds=ttft,
-        mean_queue_time_seconds=0.01, p99_inter_token_latency_seconds=2 * itl, p99_e2e_latency_seconds=2 * e2e,
-        p99_time_to_first_token_seconds=2 * ttft, requests=requests, series=series, **values)
+        mean_queue_time_seconds=queue, p99_inter_token_latency_seconds=2 * itl, p99_e2e_latency_seconds=2 * e2e,
+        p99_time_to_first_token_seconds=2 * ttft, requests=requests, pods=pods, waiting=waiting,
+        output_tokens_per_second=rate, series=series, **values)
 
 
 def sample(acceptance: float, requests: float = 500, itl: float = 0.02, control_itl: float = 0.02,

@@ -105,7 +105,8 @@ def test_state_shows_the_last_sample_without_nans_and_the_speedup_against_the_co
         speedup=Speedup(value=0.85, low=0.79, high=0.92, baseline="control", requests=900.0, baseline_requests=300.0),
         diagnosis=Diagnosis(speculative="Decode-bound", control=None,
                             message="speculative: queue 50 ms, prefill 150 ms, decode 1.8 s per request"),
-        requests=900.0, verdict="Failing", verdict_reason="AcceptanceBelowMinimum", message=F.evidence,
+        requests=900.0, objective="Latency", mean_queue_time_seconds=0.05,
+        verdict="Failing", verdict_reason="AcceptanceBelowMinimum", message=F.evidence,
         consecutive_failures=1, consecutive_inconclusive=0,
     )
 

@@ -52,6 +52,8 @@ _SERIES = {
     "e2e": (Signal.E2E_LATENCY_SUM_SERIES, Signal.E2E_LATENCY_COUNT_SERIES, Signal.MEAN_E2E_LATENCY),
     "ttft": (Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES, Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES,
              Signal.MEAN_TIME_TO_FIRST_TOKEN),
+    # Without prefill / inference series the Latency objective judges TTFT and E2E less the queue, slice by slice.
+    "queue": (Signal.QUEUE_TIME_SUM_SERIES, Signal.QUEUE_TIME_COUNT_SERIES, Signal.MEAN_QUEUE_TIME),
 }
 
 
@@ -62,7 +64,7 @@ def variant(tpot: float, *, requests: float = 600.0, jitter: float = 0.02, seed:
     per_slice = requests / slices
     series: dict[Signal, tuple[tuple[float, float], ...]] = {}
     means: dict[Signal, float] = {}
-    for name, mean in (("tpot", tpot), ("e2e", e2e), ("ttft", ttft)):
+    for name, mean in (("tpot", tpot), ("e2e", e2e), ("ttft", ttft), ("queue", queue)):
         sums_signal, counts_signal, mean_signal = _SERIES[name]
         total = count = 0.0
         sums, counts = [(1000.0, 0.0)], [(1000.0, 0.0)]

@@ -116,12 +116,24 @@ class VllmMetrics(EngineMetrics):
         assert names.request_queue_time is not None
         self.queue = r.histogram(names.request_queue_time, "Histogram of time spent in WAITING phase for request.",
                                  labels, VLLM_REQUEST_LATENCY_BUCKETS)
+        # The phases after the queue (vllm/v1/metrics/stats.py FinishedRequestStats, observed at finish):
+        # prefill = first token − scheduled, decode = last token − first token, inference = last token − scheduled.
+        assert names.request_prefill_time and names.request_inference_time
+        self.prefill = r.histogram(names.request_prefill_time, "Histogram of time spent in PREFILL phase for request.",
+                                   labels, VLLM_REQUEST_LATENCY_BUCKETS)
+        self.decode = r.histogram("vllm:request_decode_time_seconds",
+                                  "Histogram of time spent in DECODE phase for request.", labels,
+                                  VLLM_REQUEST_LATENCY_BUCKETS)
+        self.inference = r.histogram(names.request_inference_time,
+                                     "Histogram of time spent in RUNNING phase for request.", labels,
+                                     VLLM_REQUEST_LATENCY_BUCKETS)
         for family in (self.running, self.waiting, self.kv_usage, self.preemptions, self.prompt_tokens,
                        self.generation_tokens):
             family.touch(self.labels)
         for reason in VLLM_FINISH_REASONS:
             self.success.touch((*self.labels, reason))
-        for histogram in (self.ttft, self.itl, self.tpot, self.e2e, self.queue):
+        for histogram in (self.ttft, self.itl, self.tpot, self.e2e, self.queue, self.prefill, self.decode,
+                          self.inference):
             histogram.touch(self.labels)
         self.speculating = served.k > 0
         if self.speculating:
@@ -159,7 +171,12 @@ class VllmMetrics(EngineMetrics):
         if request.aborted:
             return
         self.e2e.observe(self.labels, now - request.arrival)
-        self.queue.observe(self.labels, (request.scheduled_at or now) - request.arrival)
+        scheduled = request.scheduled_at if request.scheduled_at is not None else now
+        first = request.first_token_at if request.first_token_at is not None else now
+        self.queue.observe(self.labels, scheduled - request.arrival)
+        self.prefill.observe(self.labels, first - scheduled)
+        self.decode.observe(self.labels, now - first)
+        self.inference.observe(self.labels, now - scheduled)
         tpot = _tpot(request)
         if tpot is not None:
             self.tpot.observe(self.labels, tpot)

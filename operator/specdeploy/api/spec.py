@@ -67,6 +67,14 @@ class BaselineMode(StrEnum):
     NONE = "None"
 
 
+class Objective(StrEnum):
+    """What the analysis judges speculation by (docs/analysis.md "Objectives")."""
+
+    LATENCY = "Latency"          # time in the engine per request and per token, against the control
+    THROUGHPUT = "Throughput"    # the load a variant sustains: its queueing and output tokens per GPU
+    BOTH = "Both"
+
+
 class OnInconclusive(StrEnum):
     HOLD = "Hold"
     ROLLBACK = "Rollback"
@@ -427,16 +435,39 @@ class Checks(WireModel):
         "plus a margin",
     )
     max_p99_inter_token_latency_ratio: float = Field(
-        1.10, gt=0, le=1000, description="Highest P99 inter-token latency, speculative ÷ baseline"
+        1.10, gt=0, le=1000,
+        description="Highest per-token latency (time per output token), speculative ÷ baseline; objectives "
+        "Latency and Both",
     )
     max_p99_e2e_latency_ratio: float = Field(
-        1.20, gt=0, le=1000, description="Highest P99 end-to-end latency, speculative ÷ baseline"
+        1.20, gt=0, le=1000,
+        description="Highest end-to-end latency without the queue (vLLM's request_inference_time: scheduled to "
+        "last token), speculative ÷ baseline; objectives Latency and Both. Queueing is the Throughput objective's",
     )
     max_p99_time_to_first_token_ratio: float = Field(
-        1.50, gt=0, le=1000, description="Highest P99 time to first token, speculative ÷ baseline"
+        1.50, gt=0, le=1000,
+        description="Highest time to first token without the queue (vLLM's request_prefill_time: scheduled to "
+        "first token), speculative ÷ baseline; objectives Latency and Both",
     )
     max_p99_e2e_latency_seconds: float | None = Field(
-        None, gt=0, le=86400, description="Absolute P99 end-to-end latency SLO in seconds"
+        None, gt=0, le=86400,
+        description="Absolute P99 end-to-end latency SLO in seconds, queue included (what clients see); every "
+        "objective",
+    )
+    max_queue_time_ratio: float = Field(
+        2.0, gt=0, le=1000,
+        description="Highest mean queue time, speculative ÷ control, each at least queueTimeFloorSeconds; "
+        "objectives Throughput and Both",
+    )
+    queue_time_floor_seconds: float = Field(
+        0.05, ge=0, le=3600,
+        description="Mean queue time counted as this much when it is less: queueing below it is noise, so two "
+        "variants that both queue less never fail maxQueueTimeRatio",
+    )
+    min_output_tokens_per_gpu_ratio: float = Field(
+        0.90, ge=0, le=1000,
+        description="Lowest output tokens per second per GPU, speculative ÷ control, at the same offered load; "
+        "objectives Throughput and Both",
     )
     rollback_on_oom: bool = Field(True, alias="rollbackOnOOM", description="Roll back at once when a speculative pod runs out of memory")
 
@@ -456,6 +487,12 @@ class Analysis(WireModel):
     )
     inconclusive_limit: int = Field(20, ge=1, le=100_000, description="Consecutive inconclusive samples tolerated")
     baseline: Baseline = Field(default_factory=Baseline, description="What speculation is compared with")
+    objective: Objective = Field(
+        Objective.LATENCY,
+        description="What speculation is judged by. Latency: per-token latency and the time a request spends in "
+        "the engine (queue left out), against the baseline. Throughput: the load it sustains, queue time and "
+        "output tokens per second per GPU against the control, per-token latency not counted. Both: both sets",
+    )
     checks: Checks = Field(default_factory=Checks, description="Limits of a healthy sample")
     cooldown: Duration = Field(1800.0, description="Wait after a rollback before Auto re-enables, e.g. 30m")
     reenable: Reenable = Field(
@@ -472,6 +509,13 @@ class Analysis(WireModel):
             "duration(self.window) >= duration(self.interval)",
             "`spec.analysis.window` must not be shorter than `spec.analysis.interval`",
             lambda a: a.window >= a.interval,
+        ),
+        CelRule(
+            "self.objective == 'Latency' || self.baseline.mode == 'Control'",
+            "`spec.analysis.objective` Throughput and Both compare queueing and tokens per GPU with the control "
+            "pods at the same load, so they need `spec.analysis.baseline.mode` Control; set it, or use objective "
+            "Latency",
+            lambda a: a.objective == Objective.LATENCY or a.baseline.mode == BaselineMode.CONTROL,
         ),
     )
 

@@ -169,6 +169,8 @@ class PreviousBaselineStatus(StatusModel):
     inter_token_latency: MeanLatency | None = None
     e2e_latency: MeanLatency | None = None
     time_to_first_token: MeanLatency | None = None
+    inference_time: MeanLatency | None = Field(None, description="End-to-end latency without the queue")
+    prefill_time: MeanLatency | None = Field(None, description="Time to first token without the queue")
     p99_inter_token_latency_seconds: float | None = None
     p99_e2e_latency_seconds: float | None = None
     p99_time_to_first_token_seconds: float | None = None
@@ -208,6 +210,15 @@ class AnalysisStatus(StatusModel):
     speedup: Speedup | None = None
     diagnosis: Diagnosis | None = None
     requests: float | None = None
+    objective: str | None = Field(
+        None, description="The spec.analysis.objective that judged the last sample: Latency, Throughput or Both")
+    mean_queue_time_seconds: float | None = Field(None, description="Speculative pods' mean queue time")
+    baseline_mean_queue_time_seconds: float | None = None
+    queue_time_ratio: float | None = Field(
+        None, description="Speculative ÷ control mean queue time, each at least queueTimeFloorSeconds")
+    output_tokens_per_second_per_gpu: float | None = Field(
+        None, description="Speculative pods' output tokens per second ÷ pods ÷ GPUs per pod")
+    baseline_output_tokens_per_second_per_gpu: float | None = None
     verdict: VerdictKind | None = Field(None, description="Healthy, Failing or Inconclusive")
     verdict_reason: str | None = Field(
         None, description="Why, for Failing and Inconclusive: e.g. InterTokenLatencyRegressed, NotEnoughEvidence")

@@ -61,6 +61,11 @@ class MetricNames:
     request_success_total: str
     model_label: str = "model_name"
     position_label: str | None = None    # label of accepted_tokens_per_pos_total that holds the position
+    generation_tokens_total: str | None = None   # output tokens: the Throughput objective's tokens per GPU
+    # Time in the engine without the queue (scheduled → first token, scheduled → last token): the Latency
+    # objective's TTFT and end-to-end sources. None: the analysis derives them as TTFT (E2E) − queue time.
+    request_prefill_time: str | None = None
+    request_inference_time: str | None = None
 
     def names(self) -> tuple[str, ...]:
         """Every metric name in the table (for checks that a simulator exports them all)."""
@@ -70,7 +75,8 @@ class MetricNames:
             self.time_to_first_token, self.inter_token_latency, self.time_per_output_token,
             self.e2e_request_latency,
             self.request_queue_time, self.requests_running, self.requests_waiting, self.kv_cache_usage,
-            self.request_success_total,
+            self.request_success_total, self.generation_tokens_total, self.request_prefill_time,
+            self.request_inference_time,
         )
         return tuple(v for v in values if v is not None)
 

@@ -39,6 +39,7 @@ METRICS = MetricNames(
     kv_cache_usage="sglang:token_usage",
     request_success_total="sglang:num_requests_total",
     model_label="model_name",
+    generation_tokens_total="sglang:generation_tokens_total",
 )
 
 COMMAND = ("python3", "-m", "sglang.launch_server")

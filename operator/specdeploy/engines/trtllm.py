@@ -52,6 +52,7 @@ METRICS = MetricNames(
     request_success_total="trtllm_request_success_total",
     model_label="model_name",
     position_label="token_position",
+    generation_tokens_total="trtllm_generation_tokens_total",
 )
 
 COMMAND = ("trtllm-serve",)

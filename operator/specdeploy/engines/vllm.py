@@ -47,6 +47,11 @@ METRICS = MetricNames(
     request_success_total="vllm:request_success_total",
     model_label="model_name",
     position_label="position",
+    generation_tokens_total="vllm:generation_tokens_total",
+    # vllm/v1/metrics/stats.py (FinishedRequestStats): prefill = first token − scheduled, inference = last token
+    # − scheduled; both leave out the WAITING phase that request_queue_time_seconds measures.
+    request_prefill_time="vllm:request_prefill_time_seconds",
+    request_inference_time="vllm:request_inference_time_seconds",
 )
 
 COMMAND = ("vllm", "serve")    # the console script of the vllm/vllm-openai image; the model is the first argument

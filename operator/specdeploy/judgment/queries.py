@@ -68,6 +68,8 @@ CUMULATIVE_SERIES = "sum by ($by, pod) (${counter}${selector})[$range:$step]"
 PODS_FROM_GAUGE = "count by ($by) (${gauge}${selector})"
 # Finished requests in the window (extrapolated by increase(), so not always a whole number).
 REQUESTS_FROM_COUNTER = "sum by ($by) (increase(${counter}${selector}[$window]))"
+# Output tokens per second of a variant, summed over its pods (÷ pods ÷ GPUs per pod: tokens per GPU).
+OUTPUT_RATE_FROM_COUNTER = "sum by ($by) (rate(${counter}${selector}[$window]))"
 
 _FIXED = {"by": GROUP_LABELS, "selector": SELECTOR}
 _DURATIONS = ("window", "range", "step")
@@ -156,6 +158,10 @@ def _series(histogram: str, part: str, window_seconds: float) -> str:
                   step=promql_duration(step))
 
 
+def _part(signal: Signal) -> str:
+    return "sum" if signal.value.endswith("_sum") else "count"
+
+
 def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | None:
     """The query for `signal` on `engine`'s metric names; None when the engine exports nothing for it."""
     names = metric_names(engine)
@@ -194,6 +200,28 @@ def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | N
             return _series(names.time_to_first_token, "sum", window_seconds)
         case Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES:
             return _series(names.time_to_first_token, "count", window_seconds)
+        case Signal.PREFILL_TIME_SUM_SERIES | Signal.PREFILL_TIME_COUNT_SERIES:
+            if names.request_prefill_time is None:
+                return None     # judged on TTFT − queue time (judgment/verdict.py)
+            return _series(names.request_prefill_time, _part(signal), window_seconds)
+        case Signal.INFERENCE_TIME_SUM_SERIES | Signal.INFERENCE_TIME_COUNT_SERIES:
+            if names.request_inference_time is None:
+                return None     # judged on end-to-end − queue time
+            return _series(names.request_inference_time, _part(signal), window_seconds)
+        case Signal.QUEUE_TIME_SUM_SERIES | Signal.QUEUE_TIME_COUNT_SERIES:
+            if names.request_queue_time is None:
+                return None
+            return _series(names.request_queue_time, _part(signal), window_seconds)
+        case Signal.OUTPUT_TOKENS_SERIES:
+            if names.generation_tokens_total is None:
+                return None
+            step = slice_seconds(window_seconds)
+            return render(CUMULATIVE_SERIES, counter=names.generation_tokens_total,
+                          range=promql_duration(window_seconds + step), step=promql_duration(step))
+        case Signal.OUTPUT_TOKENS_PER_SECOND:
+            if names.generation_tokens_total is None:
+                return None
+            return render(OUTPUT_RATE_FROM_COUNTER, counter=names.generation_tokens_total, window=window)
         case Signal.PODS:
             return render(PODS_FROM_GAUGE, gauge=names.requests_running)
         case Signal.REQUESTS:

@@ -18,6 +18,8 @@ class FailureReason(StrEnum):
     E2E_LATENCY_REGRESSED = "E2ELatencyRegressed"
     TIME_TO_FIRST_TOKEN_REGRESSED = "TimeToFirstTokenRegressed"
     E2E_LATENCY_ABOVE_SLO = "E2ELatencyAboveSLO"
+    QUEUE_TIME_REGRESSED = "QueueTimeRegressed"                        # objective Throughput / Both
+    OUTPUT_THROUGHPUT_REGRESSED = "OutputThroughputRegressed"          # tokens per second per GPU
 
 
 class InconclusiveReason(StrEnum):
@@ -46,6 +48,8 @@ class RollbackReason(StrEnum):
     E2E_LATENCY_REGRESSED = FailureReason.E2E_LATENCY_REGRESSED.value
     TIME_TO_FIRST_TOKEN_REGRESSED = FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED.value
     E2E_LATENCY_ABOVE_SLO = FailureReason.E2E_LATENCY_ABOVE_SLO.value
+    QUEUE_TIME_REGRESSED = FailureReason.QUEUE_TIME_REGRESSED.value
+    OUTPUT_THROUGHPUT_REGRESSED = FailureReason.OUTPUT_THROUGHPUT_REGRESSED.value
     SPECULATIVE_POD_OUT_OF_MEMORY = "SpeculativePodOutOfMemory"
     INCONCLUSIVE_TOO_LONG = "InconclusiveTooLong"
 

@@ -32,7 +32,7 @@ from specdeploy.api.status import Rollback as RollbackRecord
 from specdeploy.judgment import evidence
 from specdeploy.judgment.oom import OutOfMemory
 from specdeploy.judgment.reasons import InconclusiveReason, ReenableReason, RollbackReason
-from specdeploy.judgment.samples import DeploymentSample
+from specdeploy.judgment.samples import DeploymentSample, SignalValues
 from specdeploy.judgment.verdict import (
     Assessment,
     Failing,
@@ -129,6 +129,13 @@ def next_analysis_state(previous: AnalysisStatus | None, sample: DeploymentSampl
     if spec_mean is not None:
         per_token = evidence.seconds(spec_mean) + (
             f" vs {evidence.seconds(baseline_mean)}" if baseline_mean is not None else "")
+    gpus = max(assessment.gpus_per_pod, 1)
+
+    def per_gpu(variant: SignalValues) -> float | None:
+        per_pod = variant.per_pod(variant.output_tokens_per_second)
+        return None if per_pod is None else round(per_pod / gpus, 1)
+
+    control = sample.control if assessment.baseline == "control" else None
     return AnalysisStatus(
         last_sample_at=evidence.rfc3339(now),
         acceptance_rate=_round(_finite(values.acceptance_rate), 3),
@@ -143,6 +150,12 @@ def next_analysis_state(previous: AnalysisStatus | None, sample: DeploymentSampl
         speedup=_speedup(assessment),
         diagnosis=_diagnosis(assessment, sample),
         requests=_round(_finite(values.requests), 1),
+        objective=assessment.objective.value,
+        mean_queue_time_seconds=_round(_finite(values.mean_queue_time_seconds), 6),
+        baseline_mean_queue_time_seconds=_round(_finite(control.mean_queue_time_seconds), 6) if control else None,
+        queue_time_ratio=round(assessment.queue.ratio, 2) if assessment.queue else None,
+        output_tokens_per_second_per_gpu=per_gpu(values),
+        baseline_output_tokens_per_second_per_gpu=per_gpu(control) if control else None,
         verdict=kind(result),
         verdict_reason=verdict_reason(result),
         message=message(result),

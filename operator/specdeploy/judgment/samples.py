@@ -34,6 +34,7 @@ class Signal(StrEnum):
     MEAN_TIME_TO_FIRST_TOKEN = "mean_time_to_first_token_seconds"
     MEAN_QUEUE_TIME = "mean_queue_time_seconds"
     REQUESTS = "requests"
+    OUTPUT_TOKENS_PER_SECOND = "output_tokens_per_second"
     RUNNING = "running"
     WAITING = "waiting"
     PODS = "pods"
@@ -44,6 +45,15 @@ class Signal(StrEnum):
     E2E_LATENCY_COUNT_SERIES = "e2e_latency_count"
     TIME_TO_FIRST_TOKEN_SUM_SERIES = "time_to_first_token_sum"
     TIME_TO_FIRST_TOKEN_COUNT_SERIES = "time_to_first_token_count"
+    # Time in the engine without the queue (vLLM's prefill and inference histograms): the Latency objective's
+    # TTFT and end-to-end sources; engines without them are judged on TTFT (E2E) − queue time, slice by slice.
+    PREFILL_TIME_SUM_SERIES = "prefill_time_sum"
+    PREFILL_TIME_COUNT_SERIES = "prefill_time_count"
+    INFERENCE_TIME_SUM_SERIES = "inference_time_sum"
+    INFERENCE_TIME_COUNT_SERIES = "inference_time_count"
+    QUEUE_TIME_SUM_SERIES = "queue_time_sum"
+    QUEUE_TIME_COUNT_SERIES = "queue_time_count"
+    OUTPUT_TOKENS_SERIES = "output_tokens_count"      # the generation-tokens counter: a count of tokens
 
     @property
     def is_series(self) -> bool:
@@ -91,6 +101,7 @@ class SignalValues:
     mean_time_to_first_token_seconds: float | None = None
     mean_queue_time_seconds: float | None = None
     requests: float | None = None
+    output_tokens_per_second: float | None = None
     running: float | None = None
     waiting: float | None = None
     pods: float | None = None
@@ -116,6 +127,13 @@ class SignalValues:
         if running is None or pods is None or not math.isfinite(running) or not pods or not math.isfinite(pods):
             return None
         return running / pods
+
+    def per_pod(self, value: float | None) -> float | None:
+        """`value` (a variant's total: waiting requests, tokens per second) divided by its pods."""
+        pods = self.pods
+        if value is None or pods is None or not math.isfinite(value) or not pods or not math.isfinite(pods):
+            return None
+        return value / pods
 
 
 class QueryErrorKind(StrEnum):

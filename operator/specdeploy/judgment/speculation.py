@@ -58,7 +58,8 @@ def _floor(spec: SpeculativeDeploymentSpec, sample: DeploymentSample) -> Floor |
 
 def _policy(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, analysis: AnalysisStatus | None) -> Policy:
     return Policy(spec.analysis.checks, spec.analysis.baseline.mode, spec.analysis.min_requests,
-                  _floor(spec, sample), analysis.previous_baseline if analysis is not None else None)
+                  _floor(spec, sample), analysis.previous_baseline if analysis is not None else None,
+                  objective=spec.analysis.objective, gpus_per_pod=spec.resources.gpu_count)
 
 
 def _normalised(spec: SpeculativeDeploymentSpec, sample: DeploymentSample) -> DeploymentSample:

@@ -17,6 +17,15 @@ bucket) and decides nothing. Acceptance explains; it decides alone only where th
 compare with (mode None, or Previous without a snapshot at matched load), against `minAcceptanceRate` or,
 unset, the break-even floor of the cost model (planning/acceptance_floor.py).
 
+Which checks count is the objective's (`spec.analysis.objective`, docs/analysis.md "Objectives"). Latency
+(the default): per-token latency, and time to first token and end-to-end latency *without the queue* (vLLM's
+prefill and inference histograms; elsewhere TTFT / E2E − queue time, slice by slice) — queueing is a matter of
+load, which Latency does not judge. Throughput: the load a variant sustains at the same offered load, its mean
+queue time (each variant counted at least `queueTimeFloorSeconds`) and its output tokens per second per GPU
+against the control's; the per-token checks are computed for status and named as not counting. Both: both
+sets. The acceptance floor and the absolute SLO (`maxP99E2ELatencySeconds`, queue included) count under every
+objective.
+
 What cannot be measured is never a failure — no series, NaN, fewer than `minRequests` requests, a
 Prometheus error: Inconclusive, with the reason. Failing wins over Inconclusive, which wins over
 NotDrafting (counters that stopped because the engine drafts nothing at the current batch size), which
@@ -25,15 +34,16 @@ wins over Healthy.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from specdeploy.api.spec import BaselineMode, Checks
+from specdeploy.api.spec import BaselineMode, Checks, Objective
 from specdeploy.api.status import MeanLatency, PreviousBaselineStatus, VerdictKind
 from specdeploy.judgment import evidence
-from specdeploy.judgment.comparison import Comparison, estimate, paired_ratio, slices, unpaired_ratio
+from specdeploy.judgment.comparison import Comparison, Slice, estimate, paired_ratio, slices, unpaired_ratio
 from specdeploy.judgment.comparison import Estimate as _Estimate
 from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
 from specdeploy.judgment.samples import DeploymentSample, QueryErrorKind, Signal, SignalValues
@@ -123,6 +133,8 @@ class Policy:
     min_requests: int = 20
     floor: Floor | None = None
     previous: PreviousBaselineStatus | None = None
+    objective: Objective = Objective.LATENCY
+    gpus_per_pod: int = 1          # spec.resources.gpu.count: output tokens per GPU = per pod ÷ this
 
 
 @dataclass(frozen=True)
@@ -134,6 +146,10 @@ class Assessment:
     baseline: str | None = None               # "control" / "Previous"
     diagnosis: dict[str, str] = field(default_factory=dict)   # variant → Queue-bound / Prefill-bound / Decode-bound
     floor: Floor | None = None
+    objective: Objective = Objective.LATENCY
+    queue: Comparison | None = None             # speculative ÷ control mean queue time, each floored
+    output_per_gpu: Comparison | None = None    # speculative ÷ control output tokens per second per GPU
+    gpus_per_pod: int = 1
 
 
 # -- one check's outcome ---------------------------------------------------------------------------
@@ -171,6 +187,7 @@ _WHAT = {
     Signal.MEAN_INTER_TOKEN_LATENCY: "per-token latency",
     Signal.MEAN_E2E_LATENCY: "end-to-end latency",
     Signal.MEAN_TIME_TO_FIRST_TOKEN: "time to first token",
+    Signal.PODS: "pod count",
 }
 
 
@@ -207,30 +224,81 @@ def _request_gate(sample: DeploymentSample, values: SignalValues, min_requests: 
 
 @dataclass(frozen=True)
 class _LatencyCheck:
-    mean: Signal
-    p99: Signal
+    what: str
+    mean: Signal | None      # the query's mean, for display; None: the mean of the check's slices
+    p99: Signal | None       # for display only
     sums: Signal
     counts: Signal
     limit: Callable[[Checks], float]
     limit_name: str
     reason: FailureReason
-    stored: str          # the PreviousBaselineStatus field of its snapshot
+    stored: str              # the PreviousBaselineStatus field of its snapshot
+    with_queue: tuple[Signal, Signal] | None = None
+    """The series that include the queue: where the engine has no histogram of its own for `sums` (SGLang,
+    TensorRT-LLM), each slice's mean queue time is subtracted from them instead."""
 
 
 _PER_TOKEN = _LatencyCheck(
-    Signal.MEAN_INTER_TOKEN_LATENCY, Signal.P99_INTER_TOKEN_LATENCY, Signal.INTER_TOKEN_LATENCY_SUM_SERIES,
-    Signal.INTER_TOKEN_LATENCY_COUNT_SERIES, lambda c: c.max_p99_inter_token_latency_ratio,
-    "maxP99InterTokenLatencyRatio", FailureReason.INTER_TOKEN_LATENCY_REGRESSED, "inter_token_latency")
-_LATENCY_CHECKS = (
-    _PER_TOKEN,
-    _LatencyCheck(Signal.MEAN_E2E_LATENCY, Signal.P99_E2E_LATENCY, Signal.E2E_LATENCY_SUM_SERIES,
-                  Signal.E2E_LATENCY_COUNT_SERIES, lambda c: c.max_p99_e2e_latency_ratio,
-                  "maxP99E2ELatencyRatio", FailureReason.E2E_LATENCY_REGRESSED, "e2e_latency"),
-    _LatencyCheck(Signal.MEAN_TIME_TO_FIRST_TOKEN, Signal.P99_TIME_TO_FIRST_TOKEN,
-                  Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES, Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES,
-                  lambda c: c.max_p99_time_to_first_token_ratio, "maxP99TimeToFirstTokenRatio",
-                  FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED, "time_to_first_token"),
-)
+    "per-token latency", Signal.MEAN_INTER_TOKEN_LATENCY, Signal.P99_INTER_TOKEN_LATENCY,
+    Signal.INTER_TOKEN_LATENCY_SUM_SERIES, Signal.INTER_TOKEN_LATENCY_COUNT_SERIES,
+    lambda c: c.max_p99_inter_token_latency_ratio, "maxP99InterTokenLatencyRatio",
+    FailureReason.INTER_TOKEN_LATENCY_REGRESSED, "inter_token_latency")
+_E2E = _LatencyCheck(
+    "end-to-end latency", Signal.MEAN_E2E_LATENCY, Signal.P99_E2E_LATENCY, Signal.E2E_LATENCY_SUM_SERIES,
+    Signal.E2E_LATENCY_COUNT_SERIES, lambda c: c.max_p99_e2e_latency_ratio, "maxP99E2ELatencyRatio",
+    FailureReason.E2E_LATENCY_REGRESSED, "e2e_latency")
+_TTFT = _LatencyCheck(
+    "time to first token", Signal.MEAN_TIME_TO_FIRST_TOKEN, Signal.P99_TIME_TO_FIRST_TOKEN,
+    Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES, Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES,
+    lambda c: c.max_p99_time_to_first_token_ratio, "maxP99TimeToFirstTokenRatio",
+    FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED, "time_to_first_token")
+# What the Latency objective judges: vLLM's TTFT and E2E include the time a request waits for a slot in the
+# batch, which is load, not speed — a speculative variant with less KV cache queues first while each of its
+# tokens is faster. So the ratio checks keep their names and limits but read the engine's time without the
+# queue: vllm:request_prefill_time_seconds (scheduled → first token) and vllm:request_inference_time_seconds
+# (scheduled → last token) (vllm/v1/metrics/stats.py).
+_ENGINE_E2E = _LatencyCheck(
+    "end-to-end latency without the queue", None, None, Signal.INFERENCE_TIME_SUM_SERIES,
+    Signal.INFERENCE_TIME_COUNT_SERIES, lambda c: c.max_p99_e2e_latency_ratio, "maxP99E2ELatencyRatio",
+    FailureReason.E2E_LATENCY_REGRESSED, "inference_time",
+    (Signal.E2E_LATENCY_SUM_SERIES, Signal.E2E_LATENCY_COUNT_SERIES))
+_ENGINE_TTFT = _LatencyCheck(
+    "time to first token without the queue", None, None, Signal.PREFILL_TIME_SUM_SERIES,
+    Signal.PREFILL_TIME_COUNT_SERIES, lambda c: c.max_p99_time_to_first_token_ratio, "maxP99TimeToFirstTokenRatio",
+    FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED, "prefill_time",
+    (Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES, Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES))
+_LATENCY_CHECKS = (_PER_TOKEN, _ENGINE_E2E, _ENGINE_TTFT)
+_QUEUE_SERIES = (Signal.QUEUE_TIME_SUM_SERIES, Signal.QUEUE_TIME_COUNT_SERIES)
+
+
+def _check_slices(values: SignalValues, check: _LatencyCheck) -> list[Slice]:
+    """The slices a check compares: its own histogram's, else (engine time) the queue-inclusive histogram's with
+    each slice's mean queue time taken off every request of it."""
+    own = slices(values.points(check.sums), values.points(check.counts))
+    if own or check.with_queue is None or values.points(check.sums):
+        return own
+    whole = slices(values.points(check.with_queue[0]), values.points(check.with_queue[1]))
+    queue = {part.end: part for part in slices(values.points(_QUEUE_SERIES[0]), values.points(_QUEUE_SERIES[1]))}
+    result = []
+    for part in whole:
+        waited = queue.get(part.end)
+        if waited is None:
+            continue
+        mean_wait = waited.total / waited.count if waited.count > 0 else 0.0
+        result.append(Slice(part.end, max(0.0, part.total - mean_wait * part.count), part.count))
+    return result
+
+
+def _slices_mean(parts: list[Slice]) -> float | None:
+    count = sum(part.count for part in parts)
+    return sum(part.total for part in parts) / count if count > 0 else None
+
+
+def _check_signals(check: _LatencyCheck, sample: DeploymentSample) -> tuple[Signal, ...]:
+    """The queries a check's slices come from in this sample (a failed one makes it Unknown)."""
+    if check.with_queue is None or sample.speculative.points(check.sums) or sample.errors.get(check.sums):
+        return check.sums, check.counts
+    return check.sums, check.counts, *check.with_queue, *_QUEUE_SERIES
 
 
 def p99_shown(value: float | None, signal: Signal = Signal.P99_INTER_TOKEN_LATENCY) -> str | None:
@@ -257,7 +325,7 @@ def interval(comparison: Comparison) -> str:
 
 
 def _mean_latency(values: SignalValues, check: _LatencyCheck) -> MeanLatency | None:
-    found = estimate(slices(values.points(check.sums), values.points(check.counts)))
+    found = estimate(_check_slices(values, check))
     if found is None:
         return None
     return MeanLatency(mean_seconds=found.mean, log_standard_error=found.log_standard_error, slices=found.slices,
@@ -276,12 +344,11 @@ class _Baseline:
 def _compare(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline) -> Comparison | str:
     spec = sample.speculative
     if baseline.values is not None:
-        return paired_ratio(slices(spec.points(check.sums), spec.points(check.counts)),
-                            slices(baseline.values.points(check.sums), baseline.values.points(check.counts)))
-    stored: MeanLatency | None = getattr(baseline.snapshot, check.stored)
+        return paired_ratio(_check_slices(spec, check), _check_slices(baseline.values, check))
+    stored: MeanLatency | None = getattr(baseline.snapshot, check.stored, None)
     if stored is None:
         return "the Previous baseline has no mean of it"
-    now = estimate(slices(spec.points(check.sums), spec.points(check.counts)))
+    now = estimate(_check_slices(spec, check))
     if now is None:
         return "too few of the window's slices hold requests"
     then = _Estimate(stored.mean_seconds, stored.log_standard_error, stored.slices, stored.requests)
@@ -290,8 +357,8 @@ def _compare(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline
 
 def _latency(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline,
              checks: Checks) -> tuple[_Outcome, Comparison | None]:
-    what = _WHAT[check.mean]
-    error = sample.errors.get(check.sums) or sample.errors.get(check.counts)
+    what = check.what
+    error = next((failed for signal in _check_signals(check, sample) if (failed := sample.errors.get(signal))), None)
     if error is not None:
         return _Unknown(_ERROR_REASONS[error.kind], f"the {what} query failed: {error.message}"), None
     found = _compare(sample, check, baseline)
@@ -313,18 +380,26 @@ def _latency(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline
 
 def _detail(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline, found: Comparison) -> str:
     """"; mean 5.9 ms vs 5.0 ms, P99 < 10 ms vs < 10 ms; 412 vs 198 requests in 10 slices"."""
-    spec_mean = _finite(sample.speculative.get(check.mean))
+    def mean_of(values: SignalValues) -> float | None:
+        if check.mean is not None:
+            return _finite(values.get(check.mean))
+        return _slices_mean(_check_slices(values, check))
+
+    spec_mean = mean_of(sample.speculative)
+    base_p99: str | None = None
     if baseline.values is not None:
-        base_mean = _finite(baseline.values.get(check.mean))
-        base_p99 = p99_shown(baseline.values.get(check.p99), check.p99)
+        base_mean = mean_of(baseline.values)
+        if check.p99 is not None:
+            base_p99 = p99_shown(baseline.values.get(check.p99), check.p99)
     else:
-        stored: MeanLatency | None = getattr(baseline.snapshot, check.stored)
+        stored: MeanLatency | None = getattr(baseline.snapshot, check.stored, None)
         base_mean = stored.mean_seconds if stored is not None else None
-        base_p99 = p99_shown(getattr(baseline.snapshot, check.p99.value), check.p99)
+        if check.p99 is not None:
+            base_p99 = p99_shown(getattr(baseline.snapshot, check.p99.value), check.p99)
     parts = []
     if spec_mean is not None and base_mean is not None:
         parts.append(f"mean {evidence.seconds(spec_mean)} vs {evidence.seconds(base_mean)}")
-    spec_p99 = p99_shown(sample.speculative.get(check.p99), check.p99)
+    spec_p99 = p99_shown(sample.speculative.get(check.p99), check.p99) if check.p99 is not None else None
     if spec_p99 and base_p99:
         parts.append(f"P99 {spec_p99} vs {base_p99}")
     counts = (f"{evidence.count(found.requests)} vs {evidence.count(found.baseline_requests)} requests "
@@ -400,6 +475,136 @@ def _slo(sample: DeploymentSample, checks: Checks) -> _Outcome | None:
     return _Pass(f"P99 end-to-end latency {evidence.seconds(value)} within the SLO")
 
 
+# -- the throughput checks (objectives Throughput and Both) ------------------------------------------
+
+def times(comparison: Comparison) -> str:
+    """A ratio with its interval as multiples: "5.87× (95% interval 4.10×…8.31×)"."""
+    return (f"{evidence.number(comparison.ratio)}× (95% interval {evidence.number(comparison.low)}×…"
+            f"{evidence.number(comparison.high)}×)")
+
+
+def _floored(parts: list[Slice], floor: float) -> list[Slice]:
+    """Each slice's mean queue time counted as at least `floor`: waits below it are noise (a step or two of
+    scheduling), so two variants that both wait less compare as equal, and a control that never waits does not
+    make any wait of the speculative pods an infinite ratio."""
+    return [Slice(part.end, max(part.total, floor * part.count), part.count) for part in parts]
+
+
+def _series_error(sample: DeploymentSample, signals: tuple[Signal, ...], what: str) -> _Unknown | None:
+    error = next((failed for signal in signals if (failed := sample.errors.get(signal))), None)
+    if error is None:
+        return None
+    return _Unknown(_ERROR_REASONS[error.kind], f"the {what} query failed: {error.message}")
+
+
+def _decided(what: str, found: Comparison, limit: float, limit_name: str, reason: FailureReason, detail: str,
+             higher_is_better: bool = False) -> _Outcome:
+    """Fail when the whole interval is on the wrong side of `limit`, pass when it is wholly on the right side,
+    else say how many requests would tell."""
+    shown = f"{what} {times(found)} the control's"
+    wrong = found.high < limit if higher_is_better else found.low > limit
+    right = found.low >= limit if higher_is_better else found.high <= limit
+    side = "below" if higher_is_better else "above"
+    if wrong:
+        return _Fail(reason, f"{shown}, {side} {limit_name} {evidence.number(limit)}{detail}")
+    if right:
+        return _Pass(f"{shown}{detail}")
+    needed = found.requests_to_decide(limit)
+    more = f"; about {evidence.count(needed)} requests per variant would tell" if needed else ""
+    return _Unknown(InconclusiveReason.NOT_ENOUGH_EVIDENCE,
+                    f"{shown}: the interval holds {limit_name} {evidence.number(limit)}{more}{detail}")
+
+
+def _per_pod_text(values: SignalValues, value: float | None, digits: int) -> str | None:
+    shown = values.per_pod(value)
+    return None if shown is None else f"{shown:.{digits}f}"
+
+
+def _queue_check(sample: DeploymentSample, control: SignalValues, checks: Checks) -> tuple[_Outcome, Comparison | None]:
+    """Speculative ÷ control mean queue time over the window's slices, each variant at least the floor."""
+    what = "queue time"
+    failed = _series_error(sample, _QUEUE_SERIES, what)
+    if failed is not None:
+        return failed, None
+    floor = checks.queue_time_floor_seconds
+    spec_parts = slices(sample.speculative.points(_QUEUE_SERIES[0]), sample.speculative.points(_QUEUE_SERIES[1]))
+    base_parts = slices(control.points(_QUEUE_SERIES[0]), control.points(_QUEUE_SERIES[1]))
+    found = paired_ratio(_floored(spec_parts, floor), _floored(base_parts, floor))
+    if isinstance(found, str):
+        return _Unknown(InconclusiveReason.NOT_ENOUGH_EVIDENCE, f"{what} vs the control: {found}"), None
+    spec_mean = _finite(sample.speculative.mean_queue_time_seconds) or _slices_mean(spec_parts)
+    base_mean = _finite(control.mean_queue_time_seconds) or _slices_mean(base_parts)
+    parts = []
+    if spec_mean is not None and base_mean is not None:
+        parts.append(f"mean {evidence.seconds(spec_mean)} vs {evidence.seconds(base_mean)} "
+                     f"(each counted as at least queueTimeFloorSeconds {evidence.seconds(floor)})")
+    waiting = (_per_pod_text(sample.speculative, sample.speculative.waiting, 1),
+               _per_pod_text(control, control.waiting, 1))
+    if waiting[0] is not None and waiting[1] is not None:
+        parts.append(f"{waiting[0]} vs {waiting[1]} requests waiting per pod")
+    counts = f"{evidence.count(found.requests)} vs {evidence.count(found.baseline_requests)} requests in " \
+             f"{found.slices} slices"
+    detail = "; " + ", ".join([*parts, counts])
+    outcome = _decided(what, found, checks.max_queue_time_ratio, "maxQueueTimeRatio",
+                       FailureReason.QUEUE_TIME_REGRESSED, detail)
+    if isinstance(outcome, _Fail):
+        outcome = _Fail(outcome.reason, outcome.text + ": the speculative pods queue first at the same load "
+                        "(fewer sequences fit beside the draft, or each takes longer)")
+    return outcome, found
+
+
+def _gpu_seconds(points: tuple[tuple[float, float], ...], gpus: float) -> tuple[tuple[float, float], ...]:
+    """Cumulative GPU-seconds at the instants of `points`: the denominator that makes a token count a rate."""
+    start = points[0][0] if points else 0.0
+    return tuple((at, (at - start) * gpus) for at, _ in points)
+
+
+def _output_check(sample: DeploymentSample, control: SignalValues, checks: Checks,
+                  gpus_per_pod: int) -> tuple[_Outcome, Comparison | None]:
+    """Speculative ÷ control output tokens per second per GPU, paired by slice (generation tokens ÷ pods ÷ GPUs
+    per pod): at the same offered load a variant that sustains it serves the same tokens per GPU."""
+    what = "output tokens per second per GPU"
+    failed = _series_error(sample, (Signal.OUTPUT_TOKENS_SERIES, Signal.PODS), what)
+    if failed is not None:
+        return failed, None
+    spec, gpus = sample.speculative, max(gpus_per_pod, 1)
+    for values, whose in ((spec, "speculative pods"), (control, "control pods")):
+        pods = _finite(values.pods)
+        if not pods:
+            return _Unknown(InconclusiveReason.NO_DATA, f"Prometheus has no pod count of the {whose}"), None
+    assert spec.pods and control.pods
+    spec_points, base_points = spec.points(Signal.OUTPUT_TOKENS_SERIES), control.points(Signal.OUTPUT_TOKENS_SERIES)
+    found = paired_ratio(slices(spec_points, _gpu_seconds(spec_points, spec.pods * gpus)),
+                         slices(base_points, _gpu_seconds(base_points, control.pods * gpus)))
+    if isinstance(found, str):
+        return _Unknown(InconclusiveReason.NOT_ENOUGH_EVIDENCE,
+                        f"{what} vs the control: {found.replace('hold requests', 'hold output tokens')}"), None
+    found = dataclasses.replace(found, requests=_finite(spec.requests) or 0.0,
+                                baseline_requests=_finite(control.requests) or 0.0)
+    rates = (spec.per_pod(spec.output_tokens_per_second), control.per_pod(control.output_tokens_per_second))
+    parts = []
+    if rates[0] is not None and rates[1] is not None:
+        parts.append(f"{rates[0] / gpus:,.0f} vs {rates[1] / gpus:,.0f} tokens/s per GPU")
+    parts.append(f"{evidence.count(spec.pods)} vs {evidence.count(control.pods)} pods of {gpus} GPU"
+                 f"{'s' if gpus > 1 else ''}")
+    detail = "; " + ", ".join(parts)
+    return _decided(what, found, checks.min_output_tokens_per_gpu_ratio, "minOutputTokensPerGpuRatio",
+                    FailureReason.OUTPUT_THROUGHPUT_REGRESSED, detail, higher_is_better=True), found
+
+
+def _kept_up(output: _Outcome, queue: _Outcome) -> _Outcome:
+    """An undecided tokens-per-GPU interval beside a passed queue check passes. Below saturation both variants
+    serve what arrives, so their token rates differ only by the arrival noise of each pod's share (at low load
+    the interval stays wide however long one waits); a variant that does not queue more than the control keeps
+    up with the offered load, which is what the tokens check asks."""
+    if (isinstance(output, _Unknown) and output.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE
+            and isinstance(queue, _Pass) and "interval holds" in output.text):
+        undecided = output.text.split(": the interval holds", 1)[0]
+        return _Pass(f"{undecided}, undecided, but the speculative pods queue no more than the control: they keep "
+                     "up with the offered load")
+    return output
+
+
 # -- where the time goes ---------------------------------------------------------------------------
 
 def diagnose(values: SignalValues) -> str | None:
@@ -422,30 +627,70 @@ def _queue_note(values: SignalValues) -> str:
 
 # -- the verdict -----------------------------------------------------------------------------------
 
-def _context(sample: DeploymentSample, requests: float, baseline: _Baseline | None) -> str:
+def _context(sample: DeploymentSample, requests: float, baseline: _Baseline | None, objective: Objective) -> str:
     extra = f"; control {evidence.count(baseline.requests)}" if baseline and baseline.requests is not None else ""
-    return f"over {evidence.window(sample.window_seconds)} ({evidence.count(requests)} requests{extra})"
+    return f"over {evidence.window(sample.window_seconds)} ({evidence.count(requests)} requests{extra}), " \
+           f"objective {objective.value}"
+
+
+LATENCY_OBJECTIVES = (Objective.LATENCY, Objective.BOTH)
+THROUGHPUT_OBJECTIVES = (Objective.THROUGHPUT, Objective.BOTH)
+
+
+def _not_counted(outcomes: list[_Outcome], objective: Objective, what: str) -> str:
+    """The checks another objective would judge, shown as information: "; not counted under objective …: …"."""
+    texts = [o.text for o in outcomes if not isinstance(o, _Unknown)]
+    if not texts:
+        return ""
+    return f"; not counted under objective {objective.value} ({what}): " + "; ".join(texts)
 
 
 def assess(sample: DeploymentSample, policy: Policy) -> Assessment:
     """The verdict on `sample` under `policy`, with the per-token comparison and the diagnosis."""
+    objective = policy.objective
     diagnosis = {name: bound for name, values in (("speculative", sample.speculative), ("control", sample.control))
                  if (bound := diagnose(values)) is not None}
     requests = _request_gate(sample, sample.speculative, policy.min_requests, "speculative pods",
                              InconclusiveReason.TOO_FEW_REQUESTS)
     if isinstance(requests, _Unknown):
-        return Assessment(Inconclusive(requests.reason, requests.text), diagnosis=diagnosis, floor=policy.floor)
+        return Assessment(Inconclusive(requests.reason, requests.text + f", objective {objective.value}"),
+                          diagnosis=diagnosis, floor=policy.floor, objective=objective,
+                          gpus_per_pod=policy.gpus_per_pod)
     outcomes: list[_Outcome] = []
+    informative: list[_Outcome] = []     # computed, shown, not counted under this objective
     baseline = _baseline(sample, policy)
     per_token: Comparison | None = None
+    queue: Comparison | None = None
+    output: Comparison | None = None
     if isinstance(baseline, _Baseline):
+        latency: list[_Outcome] = []
         for check in _LATENCY_CHECKS:
             outcome, found = _latency(sample, check, baseline, policy.checks)
             if check is _PER_TOKEN:
                 per_token = found
-            outcomes.append(outcome)
+            latency.append(outcome)
+        throughput: list[_Outcome] = []
+        if baseline.values is not None:
+            queue_outcome, queue = _queue_check(sample, baseline.values, policy.checks)
+            output_outcome, output = _output_check(sample, baseline.values, policy.checks, policy.gpus_per_pod)
+            throughput = [queue_outcome, _kept_up(output_outcome, queue_outcome)]
+        elif objective in THROUGHPUT_OBJECTIVES:
+            throughput = [_Unknown(InconclusiveReason.NO_CONTROL_DATA,
+                                   f"objective {objective.value} compares queueing and tokens per GPU with the "
+                                   "control pods; the Previous baseline has none (set baseline mode Control)")]
+        outcomes += latency if objective in LATENCY_OBJECTIVES else []
+        outcomes += throughput if objective in THROUGHPUT_OBJECTIVES else []
+        if objective not in LATENCY_OBJECTIVES:
+            informative.append(_Pass(_not_counted(latency, objective, "latency checks")))
+        if objective not in THROUGHPUT_OBJECTIVES:
+            informative.append(_Pass(_not_counted([o for o in throughput if isinstance(o, _Fail)], objective,
+                                                  "queueing and throughput: objective Throughput or Both judges them")))
     elif baseline is not None:
         outcomes.append(baseline)
+    elif objective in THROUGHPUT_OBJECTIVES:
+        outcomes.append(_Unknown(InconclusiveReason.NO_CONTROL_DATA,
+                                 f"objective {objective.value} compares queueing and tokens per GPU with the control "
+                                 "pods; baseline mode None has none (set baseline mode Control)"))
     acceptance = _acceptance(sample, policy.floor)
     compared = isinstance(baseline, _Baseline) or (
         isinstance(baseline, _Unknown) and baseline.reason in (InconclusiveReason.NO_CONTROL_DATA,
@@ -459,23 +704,30 @@ def assess(sample: DeploymentSample, policy: Policy) -> Assessment:
     slo = _slo(sample, policy.checks)
     if slo is not None:
         outcomes.append(slo)
-    context = _context(sample, requests, baseline if isinstance(baseline, _Baseline) else None)
+    context = _context(sample, requests, baseline if isinstance(baseline, _Baseline) else None, objective)
+    explanation += "".join(o.text for o in informative)
     name = baseline.name if isinstance(baseline, _Baseline) else None
+
+    def assessment(result: Verdict) -> Assessment:
+        return Assessment(result, per_token, name, diagnosis, policy.floor, objective, queue, output,
+                          policy.gpus_per_pod)
+
     failures = [o for o in outcomes if isinstance(o, _Fail)]
     if failures:
-        queued = _queue_note(sample.speculative) if diagnosis.get("speculative") == "Queue-bound" else ""
+        queued = ""
+        if diagnosis.get("speculative") == "Queue-bound" and objective not in THROUGHPUT_OBJECTIVES:
+            queued = _queue_note(sample.speculative)
         text = "; ".join(f.text for f in failures) + f" {context}" + explanation + queued
-        return Assessment(Failing(failures[0].reason, text), per_token, name, diagnosis, policy.floor)
+        return assessment(Failing(failures[0].reason, text))
     unknowns = [o for o in outcomes if isinstance(o, _Unknown)]
     if unknowns:
         text = "; ".join(u.text for u in unknowns) + f" {context}" + explanation
-        return Assessment(Inconclusive(unknowns[0].reason, text), per_token, name, diagnosis, policy.floor)
+        return assessment(Inconclusive(unknowns[0].reason, text))
     passed = "; ".join(o.text for o in outcomes if isinstance(o, _Pass))
     if isinstance(acceptance, _NotDrafting):
         text = acceptance.text + (f"; {passed}" if passed else "") + f" {context}"
-        return Assessment(Inconclusive(InconclusiveReason.NOT_DRAFTING, text), per_token, name, diagnosis,
-                          policy.floor)
-    return Assessment(Healthy(passed + f" {context}" + explanation), per_token, name, diagnosis, policy.floor)
+        return assessment(Inconclusive(InconclusiveReason.NOT_DRAFTING, text))
+    return assessment(Healthy(passed + f" {context}" + explanation))
 
 
 def verdict(sample: DeploymentSample, policy: Policy) -> Verdict:
@@ -490,13 +742,41 @@ def previous_baseline(sample: DeploymentSample, min_requests: int, now: datetime
     if requests is None or rate is None or requests < max(min_requests, 1):
         return None
     values = sample.speculative
-    itl, e2e, ttft = (_mean_latency(values, check) for check in _LATENCY_CHECKS)
+    itl, e2e, ttft, inference, prefill = (_mean_latency(values, check)
+                                          for check in (_PER_TOKEN, _E2E, _TTFT, _ENGINE_E2E, _ENGINE_TTFT))
     return PreviousBaselineStatus(
         taken_at=evidence.rfc3339(now),
         requests_per_second=rate,
         running_per_pod=values.running_per_pod,
         inter_token_latency=itl, e2e_latency=e2e, time_to_first_token=ttft,
+        inference_time=inference, prefill_time=prefill,
         p99_inter_token_latency_seconds=_finite(values.p99_inter_token_latency_seconds),
         p99_e2e_latency_seconds=_finite(values.p99_e2e_latency_seconds),
         p99_time_to_first_token_seconds=_finite(values.p99_time_to_first_token_seconds),
     )
+
+
+def objective_checks(objective: Objective, checks: Checks) -> dict[str, float | None]:
+    """The limits that decide under `objective`, by their spec names (for `specdeploy plan`); the acceptance
+    floor and rollbackOnOOM count under every objective and are shown elsewhere."""
+    counted: dict[str, float | None] = {}
+    if objective in LATENCY_OBJECTIVES:
+        counted.update(maxP99InterTokenLatencyRatio=checks.max_p99_inter_token_latency_ratio,
+                       maxP99TimeToFirstTokenRatio=checks.max_p99_time_to_first_token_ratio,
+                       maxP99E2ELatencyRatio=checks.max_p99_e2e_latency_ratio)
+    if objective in THROUGHPUT_OBJECTIVES:
+        counted.update(maxQueueTimeRatio=checks.max_queue_time_ratio,
+                       queueTimeFloorSeconds=checks.queue_time_floor_seconds,
+                       minOutputTokensPerGpuRatio=checks.min_output_tokens_per_gpu_ratio)
+    counted["maxP99E2ELatencySeconds"] = checks.max_p99_e2e_latency_seconds
+    return counted
+
+
+OBJECTIVE_MEANING = {
+    Objective.LATENCY: "per-token latency, and time to first token and end-to-end latency without the queue, "
+                       "against the baseline; queueing is not judged",
+    Objective.THROUGHPUT: "the load the speculative pods sustain beside the control: queue time and output tokens "
+                          "per second per GPU; per-token latency is shown, not counted",
+    Objective.BOTH: "the Latency checks and the Throughput checks together",
+}
+"""What each objective judges, in words (plan output, docs)."""
