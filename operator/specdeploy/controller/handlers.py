@@ -4,22 +4,22 @@ Triggers: the SD was created, its spec changed, or it was found at start-up (res
 `specdeploy.io/retry-speculation` annotation; a child Deployment changed (so Ready follows the rollout);
 a speculative pod restarted or went away; and a periodic resync of every SD (drift, missed events). The
 watch events other than the SD's own create, update and resume ask for a pass (`Reconciler.request`) and
-return: passes asked for while one waits are coalesced into it. kopf's record of
-the last handled spec (an annotation) leaves out the SD's labels and annotations: they are the user's,
-as large as the user makes them, and a copy of them could push the object past the apiserver's 256 KiB
-limit on annotations, after which kopf could record nothing. There are no
-timers or daemons per object, so kopf puts no finalizer on SpeculativeDeployments: deleting one never
-waits for the operator, and owner references garbage-collect the children.
+return: passes asked for while one waits are coalesced into it. kopf's record of the last handled spec,
+which tells an update from a status change, is kept in memory (`HandledSpecs`), not in an annotation: the
+operator writes nothing to an SD but its status. There are no timers or daemons per object, so kopf puts
+no finalizer on SpeculativeDeployments: deleting one never waits for the operator, and owner references
+garbage-collect the children.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import signal
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from lightkube import ALL_NS, AsyncClient
@@ -42,13 +42,52 @@ ANNOTATION_PREFIX = "specdeploy.io"
 logger = logging.getLogger(__name__)
 
 
+class HandledSpecs(kopf.DiffBaseStorage):
+    """kopf's record of the spec each SD was last handled at, in memory and by uid.
+
+    kopf keeps it in an annotation by default: one PATCH of the whole SD after each create and update
+    (1,000 of them, each validated with the CRD's CEL rules, when a thousand SDs are created), a copy of
+    the spec in every SD, and a deep copy of every SD body, status included, per event to build it. In
+    memory, an operator that restarts has no record: every SD is a create to kopf, and the reconcile is
+    the same pass resume gave it. Only the spec is compared: labels and annotations are the user's (the
+    retry annotation has its own handler), and status is the operator's.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._specs: dict[str, kopf.BodyEssence] = {}
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return cast(kopf.BodyEssence, {"spec": copy.deepcopy(dict(body.spec))})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return self._specs.get(body.metadata.uid or "")
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        self._specs[body.metadata.uid or ""] = essence
+
+    def forget(self, uid: str) -> None:
+        self._specs.pop(uid, None)
+
+
+class RetriesOnly(kopf.AnnotationsProgressStorage):
+    """kopf's per-handler progress in annotations, written only while a handler is being retried.
+
+    kopf stores a handler's success and purges it in the same patch, which leaves its marker annotation
+    (`specdeploy.io/kopf-managed`) behind: one PATCH of every new SD for a record no one reads. A failed
+    handler's retry count and delay are still written, as kopf's backoff needs them.
+    """
+
+    def store(self, *, key: Any, record: Any, body: kopf.Body, patch: kopf.Patch) -> None:
+        if record.get("success") and self.fetch(key=key, body=body) is None:
+            return
+        super().store(key=key, record=record, body=body, patch=patch)
+
+
 def configure(settings: kopf.OperatorSettings) -> None:
     """Production settings: own annotation prefix, no kopf peering CRDs, bounded API calls."""
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration",
-        ignored_fields=["metadata.labels", "metadata.annotations"],
-    )
+    settings.persistence.progress_storage = RetriesOnly(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = HandledSpecs()
     settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
     settings.peering.standalone = True          # one active instance comes from the Lease instead
     settings.posting.enabled = False            # the reconciler posts its own, specific Events
@@ -68,6 +107,7 @@ def _lost_lease() -> None:
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure(settings)
+    memo.handled_specs = settings.persistence.diffbase_storage
     options: OperatorSettings = memo.get("settings") or OperatorSettings.from_environment(os.environ)
     namespaces = list(options.namespaces) or [ALL_NS]
     client = AsyncClient(field_manager=kube.FIELD_MANAGER)
@@ -129,11 +169,13 @@ async def reconcile_sd(body: kopf.Body, namespace: str | None, name: str, memo: 
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def sd_seen(event: Mapping[str, Any], namespace: str | None, name: str, memo: Any, type: str, **_: Any) -> None:
+async def sd_seen(event: Mapping[str, Any], namespace: str | None, name: str, uid: str, memo: Any, type: str,
+                  **_: Any) -> None:
     """Keep the operator's picture of every SD (`Reconciler.watched`) current: the analysis loop finds the
     SDs due for a sample there, and a sample decides on it when nothing changed it since the last read."""
     if type == "DELETED":
         memo.reconciler.watched.gone(SD, namespace or "", name)
+        memo.handled_specs.forget(uid)
     else:
         memo.reconciler.watched.seen(SD, event["object"])
 
