@@ -1,6 +1,6 @@
 """Reconcile throughput: create N SpeculativeDeployments at once and time the operator.
 
-    python benchmarks/reconcile.py [--count 200] [--nodes N] [--steady-seconds 30]
+    python benchmarks/reconcile.py [--count 200] [--nodes N] [--steady-seconds 30] [--without-operator]
 
 Starts its own dev cluster (enough kwok GPU nodes for one pod per SD unless `--nodes` says otherwise),
 the operator as a process, creates `--count` SDs in one `kubectl create`, and prints: the time until
@@ -136,6 +136,38 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float, poll_seco
           f"{steady_from.cpu_per_wall(steady_to):.3f} at rest over {steady_seconds:.0f} s")
 
 
+def create_only(count: int, nodes: int) -> None:
+    """The same `kubectl create` with no operator running: what the apiserver's admission and validation of
+    the SDs (schema and CEL rules) cost by themselves, the floor under the reconciled time."""
+    load_before = load_average()
+    with tempfile.TemporaryDirectory(prefix="specdeploy-bench-") as state:
+        cluster = DevCluster(Path(state) / "cluster", nodes=nodes, progress=lambda m: print(m, file=sys.stderr))
+        cluster.up(timeout=600)
+        try:
+            cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+            cluster.kubectl("wait", "--for", "condition=established", "crd/speculativedeployments.specdeploy.io")
+            cluster.kubectl("create", "namespace", NAMESPACE)
+            documents = yaml.safe_dump_all([_resource(i) for i in range(count)])
+            components = {c.name: c.pid for c in cluster.status().components if c.pid}
+            began = {name: Mark.of(pid) for name, pid in components.items()}
+            with cluster.api_client() as api:
+                requests_before = apiserver_requests(api)
+            start = time.monotonic()
+            cluster.kubectl("create", "-f", "-", input=documents, timeout=1800)
+            created = time.monotonic() - start
+            ended = {name: Mark.of(pid) for name, pid in components.items()}
+            with cluster.api_client() as api:
+                requests_after = apiserver_requests(api)
+        finally:
+            cluster.down()
+    print(f"machine: {machine()}; load average before {load_before}, after {load_average()}")
+    print(f"no operator: {count} SDs created in one kubectl create in {created:.1f} s ({count / created:.1f} SDs/s)")
+    busy = ", ".join(f"{name} {began[name].cpu_per_wall(ended[name]):.2f}"
+                     for name in sorted(components, key=lambda n: -began[n].cpu_per_wall(ended[n])))
+    print(f"control plane CPU (cores busy) during the create: {busy}")
+    print(f"apiserver requests (all clients) during the create:\n{request_deltas(requests_before, requests_after)}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--count", type=int, default=200)
@@ -144,6 +176,11 @@ if __name__ == "__main__":
     parser.add_argument("--steady-seconds", type=float, default=30)
     parser.add_argument("--poll-seconds", type=float, default=1.0,
                         help="how often the SDs are listed to see which are reconciled and Ready (a list of every SD)")
+    parser.add_argument("--without-operator", action="store_true",
+                        help="time only the create, with no operator running (the apiserver's own cost)")
     arguments = parser.parse_args()
     nodes = arguments.nodes or -(-arguments.count // GPUS_PER_NODE) + 2
-    run(arguments.count, nodes, arguments.timeout, arguments.steady_seconds, arguments.poll_seconds)
+    if arguments.without_operator:
+        create_only(arguments.count, nodes)
+    else:
+        run(arguments.count, nodes, arguments.timeout, arguments.steady_seconds, arguments.poll_seconds)
