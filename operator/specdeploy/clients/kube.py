@@ -143,8 +143,8 @@ def _annotated(manifest: dict[str, Any], generation: int, fingerprint: str) -> d
 
 
 async def apply_children(
-    client: AsyncClient, children: Children, generation: int, existing: list[DeploymentState],
-    applied_version: Callable[[str, str | None], None] = lambda name, version: None,
+    client: AsyncClient, children: Children, generation: int, existing: list[DeploymentState], *,
+    applied_version: Callable[[str, str | None], None],
 ) -> list[SdEvent]:
     """Server-side apply every child; Events for Deployments created or changed. `applied_version` is told
     each Deployment's name and the resourceVersion the apply returned."""
@@ -174,7 +174,7 @@ async def apply_children(
 
 async def prune_children(
     client: AsyncClient, namespace: str, name: str, children: Children, existing: list[DeploymentState],
-    pod_monitors: bool, deleted: Callable[[str], None] = lambda name: None,
+    pod_monitors: bool, *, deleted: Callable[[str], None],
 ) -> list[SdEvent]:
     """Delete child Deployments (and a PodMonitor) that `children` no longer has, e.g. Control after the
     baseline changed; `deleted` is told each Deployment's name."""

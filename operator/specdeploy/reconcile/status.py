@@ -33,10 +33,10 @@ from specdeploy.reconcile.conditions import ConditionType, Reason, condition
 from specdeploy.reconcile.observed import StuckPod
 
 STATUS_REFRESH_SECONDS = 60.0
-"""How stale `status.analysis.lastSampleAt` may be while samples change nothing else: a sample whose status
-differs from the written one only in that time and the inconclusive count is written once this long has
-passed since the written sample (with a thousand SDs every sample's write was the whole analysis cycle's
-cost: docs/performance.md)."""
+"""The most `status.analysis.lastSampleAt` may lag while samples change nothing else: a sample whose status
+differs from the written one only in that time and the inconclusive count waits until the SD's own refresh
+period (`status_refresh_seconds`: between half this and this) has passed since the written sample (with a
+thousand SDs every sample's write was the whole analysis cycle's cost: docs/performance.md)."""
 QUIET_ANALYSIS_FIELDS = frozenset({"lastSampleAt", "consecutiveInconclusive"})
 
 
