@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from specdeploy.engines import vllm as vllm_engine
 from specdeploy.planning.gpus import GpuProduct
 from specdeploy_engine.sim import flag_tables
 from specdeploy_engine.sim.options import OptionError, scan, table
+from specdeploy_engine.sim.schedule import AdaptiveTiers, KSteps, trtllm_k_steps, vllm_k_steps
 
 
 class EngineArgvError(ValueError):
@@ -57,6 +58,10 @@ class SpeculationConfig:
     draft_model: str | None = None
     draft_tensor_parallel_size: int | None = None
     draft_quantization: Quantization = Quantization.NONE
+    # k by batch size (vLLM num_speculative_tokens_per_batch_size, TensorRT-LLM draft_len_schedule or
+    # max_concurrency) as (first batch size, k) steps; empty: always k. sim/schedule.py applies them.
+    k_steps: KSteps = ()
+    adaptive: AdaptiveTiers | None = None    # SGLang --speculative-adaptive; k is then its largest tier
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,7 @@ class EngineConfig:
     # vLLM --per-request-spec-decode-metrics: none, summary or detailed (metrics.speculative_decoding in
     # each response); "none" for the other engines
     per_request_spec_decode_metrics: str = "none"
+    notes: tuple[str, ...] = ()          # warnings the engine prints while reading its configuration
 
 
 def parse_engine_argv(
@@ -99,7 +105,7 @@ def parse_engine_argv(
     if program.startswith("python") and args[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
         return _vllm(args[3:], gpu)
     if program.startswith("python") and args[1:3] == ["-m", "sglang.launch_server"]:
-        return _sglang(args[3:])
+        return _sglang(args[3:], config_dir)
     if program == "trtllm-serve":
         rest = args[2:] if args[1:2] == ["serve"] else args[1:]
         return _trtllm(rest, config_dir)
@@ -192,6 +198,14 @@ def _vllm(args: list[str], gpu: GpuProduct | None) -> EngineConfig:
     served = values.get("served_model_name") or [model]
     seqs_default, tokens_default = _vllm_batch_defaults(gpu)
     speculation = _vllm_speculation(values)
+    notes: tuple[str, ...] = ()
+    if speculation is not None and speculation.k_steps and (values.get("data_parallel_size") or 1) > 1:
+        # vllm/config/vllm.py (_maybe_disable_dynamic_sd_for_data_parallel): a warning, then a fixed k.
+        notes = ("Dynamic speculative decoding is not supported with data parallelism because data-parallel "
+                 "ranks can select different speculative-token counts, causing DP divergence and deadlocks. "
+                 "Disabling num_speculative_tokens_per_batch_size and falling back to static "
+                 f"num_speculative_tokens={speculation.num_speculative_tokens}.",)
+        speculation = replace(speculation, k_steps=())
     spec_metrics = values.get("per_request_spec_decode_metrics") or "none"
     if spec_metrics != "none" and speculation is None:
         # vllm/config/vllm.py (VllmConfig.__post_init__) refuses the flag without a speculative config.
@@ -218,6 +232,7 @@ def _vllm(args: list[str], gpu: GpuProduct | None) -> EngineConfig:
         metrics_path=vllm_engine.METRICS_PATH,
         kv_cache_memory_bytes=values.get("kv_cache_memory_bytes"),
         per_request_spec_decode_metrics=spec_metrics,
+        notes=notes,
     )
 
 
@@ -292,7 +307,31 @@ def _vllm_speculation(values: dict[str, Any]) -> SpeculationConfig | None:
         draft_model=model if spec_method in (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3) else None,
         draft_tensor_parallel_size=config.get("draft_tensor_parallel_size"),
         draft_quantization=_quantization(config.get("quantization")),
+        k_steps=_vllm_k_steps(config.get("num_speculative_tokens_per_batch_size")),
     )
+
+
+def _vllm_k_steps(table: Any) -> KSteps:
+    """num_speculative_tokens_per_batch_size: pydantic checks the type (list[tuple[int, int, int]] in
+    vllm/config/speculative.py), then the scheduler's lookup refuses a bad table while the engine starts
+    (vllm/v1/spec_decode/dynamic/utils.py): a traceback and exit 1 either way."""
+    if table is None:
+        return ()
+    if not isinstance(table, list):
+        raise EngineArgvError(_traceback(_pydantic_error(
+            "SpeculativeConfig", "num_speculative_tokens_per_batch_size", "Input should be a valid list",
+            "list_type", table), "vllm"), 1)
+    for index, entry in enumerate(table):
+        items = entry if isinstance(entry, list) else []
+        for position, item in enumerate(items[:3]):
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise EngineArgvError(_traceback(_pydantic_error(
+                    "SpeculativeConfig", f"num_speculative_tokens_per_batch_size.{index}.{position}",
+                    "Input should be a valid integer", "int_type", item), "vllm"), 1)
+    try:
+        return vllm_k_steps(table)
+    except ValueError as error:
+        raise EngineArgvError(_traceback(f"ValueError: {error}", "vllm"), 1) from None
 
 
 # --- SGLang -----------------------------------------------------------------------------------------------
@@ -313,7 +352,7 @@ SGLANG_DEFAULT_CHUNKED_PREFILL_SIZE = 8192
 SGLANG_DEFAULT_SPECULATIVE = (3, 1, 4)
 
 
-def _sglang(args: list[str]) -> EngineConfig:
+def _sglang(args: list[str], config_dir: Path | None) -> EngineConfig:
     try:
         found = scan(args, table("sglang"))
     except OptionError as error:
@@ -326,6 +365,7 @@ def _sglang(args: list[str]) -> EngineConfig:
     if not model:
         raise _argparse_error(_SGLANG_USAGE, _SGLANG_PROG, "the following arguments are required: --model-path/--model")
     chunk = values.get("chunked_prefill_size") or SGLANG_DEFAULT_CHUNKED_PREFILL_SIZE
+    speculation, notes = _sglang_adaptive(values, _sglang_speculation(values), config_dir)
     return EngineConfig(
         kind=EngineKind.SGLANG,
         model=model,
@@ -340,9 +380,10 @@ def _sglang(args: list[str]) -> EngineConfig:
         gpu_memory_utilization=values.get("mem_fraction_static") or 0.9,
         quantization=_quantization(values.get("quantization")),
         kv_cache_dtype=_KV_CACHE_DTYPES.get(str(values.get("kv_cache_dtype")), KvCacheDtype.AUTO),
-        speculation=_sglang_speculation(values),
+        speculation=speculation,
         health_path=sglang_engine.HEALTH_PATH,
         metrics_path=sglang_engine.METRICS_PATH if values.get("enable_metrics") else None,
+        notes=notes,
     )
 
 
@@ -376,6 +417,81 @@ def _sglang_speculation(values: dict[str, Any]) -> SpeculationConfig | None:
         draft_model=draft_model,
         draft_quantization=_quantization(values.get("speculative_draft_model_quantization")),
     )
+
+
+# sglang/srt/speculative/adaptive_spec_params.py (AdaptiveSpeculativeParams): tiers when the config names none.
+SGLANG_DEFAULT_CANDIDATE_STEPS = (1, 3, 7)
+
+
+def _sglang_unsupported_adaptive(values: dict[str, Any]) -> str | None:
+    """Why SGLang turns --speculative-adaptive off (adaptive_unsupported_reason), or None."""
+    algorithm = values.get("speculative_algorithm")
+    if algorithm not in ("EAGLE", "EAGLE3"):
+        return f"speculative_algorithm={algorithm} (only EAGLE/EAGLE3 are supported)"
+    topk = values.get("speculative_eagle_topk")
+    if topk is not None and topk != 1:
+        return f"speculative_eagle_topk={topk} (only topk=1 is supported)"
+    for flag, why in (("enable_dp_attention", "adaptive tier decisions are not synchronized across DP ranks"),
+                      ("enable_two_batch_overlap", "adaptive state swap would discard the TboAttnBackend wrapper"),
+                      ("enable_pdmux", "adaptive state swap does not update decode_attn_backend_group")):
+        if values.get(flag):
+            return f"{flag}=True is not supported ({why})"
+    return None
+
+
+def _sglang_adaptive(values: dict[str, Any], speculation: SpeculationConfig | None,
+                     config_dir: Path | None) -> tuple[SpeculationConfig | None, tuple[str, ...]]:
+    """--speculative-adaptive with --speculative-adaptive-config PATH (a JSON file, read as
+    load_adaptive_config reads it). Where adaptive cannot run SGLang warns and keeps the static steps
+    (_maybe_disable_adaptive); a --speculative-num-steps outside the tiers is refused, and without it the
+    middle tier is the start (_init_adaptive_speculative_params). k is then the largest tier, which the
+    drafter, CUDA graphs and memory are sized for."""
+    if not values.get("speculative_adaptive"):
+        return speculation, ()
+    reason = _sglang_unsupported_adaptive(values)
+    if reason is not None or speculation is None:
+        return speculation, (f"speculative_adaptive disabled: {reason}. Falling back to static speculative params.",)
+    program = "sglang.launch_server"
+    path = values.get("speculative_adaptive_config")
+    document: Any = {}
+    if path:
+        try:
+            document = json.loads(_local_path(path, config_dir).read_text())
+        except FileNotFoundError:
+            raise EngineArgvError(_traceback(
+                f"FileNotFoundError: [Errno 2] No such file or directory: {path!r}", program), 1) from None
+        except json.JSONDecodeError as error:
+            raise EngineArgvError(_traceback(f"json.decoder.JSONDecodeError: {error}", program), 1) from None
+        if not isinstance(document, dict):
+            raise EngineArgvError(_traceback(
+                f"ValueError: speculative_adaptive_config must be a JSON object, got {type(document).__name__}",
+                program), 1)
+    candidates = document.get("candidate_steps", list(SGLANG_DEFAULT_CANDIDATE_STEPS))
+    if not isinstance(candidates, list) or any(isinstance(step, bool) or not isinstance(step, int) or step < 0
+                                               for step in candidates):
+        raise EngineArgvError(_traceback(
+            f"ValueError: candidate_steps must be a list of step counts, got {candidates!r}", program), 1)
+    steps = tuple(sorted(set(candidates)))
+    if int(document.get("update_interval", 5)) < 1:
+        raise EngineArgvError(_traceback("ZeroDivisionError: integer modulo by zero", program), 1)
+    if len(steps) < 2:
+        raise EngineArgvError(_traceback(
+            "AssertionError: candidate_steps must have at least 2 distinct values", program), 1)
+    initial = values.get("speculative_num_steps")
+    if initial is None:
+        initial = steps[len(steps) // 2]
+    if initial not in steps:
+        raise EngineArgvError(_traceback(
+            f"ValueError: --speculative-num-steps={initial} is not in the adaptive config candidate_steps "
+            f"{list(steps)}. Pass one of those values.", program), 1)
+    tiers = AdaptiveTiers(
+        candidate_steps=steps, initial_steps=initial,
+        ema_alpha=float(document.get("ema_alpha", 0.2)), update_interval=int(document.get("update_interval", 5)),
+        warmup_batches=int(document.get("warmup_batches", 10)),
+        down_hysteresis=float(document.get("down_hysteresis", -0.25)),
+        up_hysteresis=float(document.get("up_hysteresis", 0.0)),
+    )
+    return replace(speculation, num_speculative_tokens=steps[-1], verify_tokens=steps[-1] + 1, adaptive=tiers), ()
 
 
 # --- TensorRT-LLM -----------------------------------------------------------------------------------------
@@ -512,4 +628,41 @@ def _trtllm_speculation(config: Any) -> SpeculationConfig | None:
         num_speculative_tokens=int(k),
         verify_tokens=int(k) + 1,
         draft_model=str(draft) if draft else None,
+        k_steps=_trtllm_k_steps(config, canonical, int(k)),
     )
+
+
+def _trtllm_k_steps(config: dict[str, Any], canonical: str, k: int) -> KSteps:
+    """draft_len_schedule, or max_concurrency (DecodingBaseConfig turns `max_concurrency: N` into the
+    schedule {N: max_draft_len}; the two together are refused), validated as tensorrt_llm/llmapi/llm_args.py
+    validates them."""
+    model = f"{canonical}DecodingConfig"
+    schedule = config.get("draft_len_schedule")
+    concurrency = config.get("max_concurrency")
+
+    def refused(field: str | None, message: str, kind: str = "value_error") -> EngineArgvError:
+        where = f"{field}\n" if field else ""
+        value = config.get(field) if field else config
+        return EngineArgvError(_traceback(
+            f"pydantic_core._pydantic_core.ValidationError: 1 validation error for {model}\n{where}"
+            f"  {message} [type={kind}, input_value={value!r}, input_type={type(value).__name__}]",
+            "trtllm-serve"), 1)
+
+    if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                    or concurrency < 1):
+        raise refused("max_concurrency", "Input should be greater than 0", "greater_than")
+    if schedule is None:
+        return ((1, k), (concurrency + 1, 0)) if concurrency is not None else ()
+    try:
+        table = {int(batch): int(length) for batch, length in schedule.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise refused("draft_len_schedule", "Input should be a valid dictionary of integers", "dict_type") from None
+    try:
+        steps = trtllm_k_steps(table, k)     # an empty schedule fails there too (min() of nothing)
+    except ValueError as error:
+        raise refused("draft_len_schedule", f"Value error, {error}") from None
+    if concurrency is not None:
+        raise refused(None, "Value error, max_concurrency and draft_len_schedule are mutually exclusive. Use "
+                      "max_concurrency for a simple speculation cutoff, or draft_len_schedule for dynamic "
+                      "draft-length control.")
+    return steps

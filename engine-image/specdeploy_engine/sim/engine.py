@@ -10,7 +10,9 @@ sim/virtual.py, asyncio.sleep in sim/server.py) and calls `complete_step(step, n
 vLLM V1: running sequences first (each decoding one takes 1 + k tokens of the step's budget, a
 prefilling one the next chunk of its prompt), then waiting requests in arrival order while there are
 sequence slots, KV cache and token budget. When the KV cache runs out the newest running request is
-preempted and recomputed later, as vLLM does.
+preempted and recomputed later, as vLLM does. How many tokens a step verifies and drafts is the engine's
+k schedule's (sim/schedule.py): k itself, or what vLLM's and TensorRT-LLM's tables by batch size or SGLang's
+adaptive tiers give.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from specdeploy.api.spec import EngineKind
 from specdeploy_engine.sim.knobs import Knobs
 from specdeploy_engine.sim.model import ServedModel, StepShape, alpha_at
+from specdeploy_engine.sim.schedule import draft_schedule
 
 BLOCK_TOKENS = 16   # KV cache page size (vLLM's default block_size)
 
@@ -128,6 +132,8 @@ class Step:
     shape: StepShape
     seconds: float
     started_at: float
+    verify_k: int = 0           # drafts each decoding sequence verifies in this step
+    draft_k: int = 0            # drafts proposed per sequence in this step (k schedules move it)
 
 
 class Engine:
@@ -147,6 +153,7 @@ class Engine:
         self.num_preemptions = 0
         self._admitted = 0
         self._window = served.timing.target.window if served.timing.target.window_kv_bytes_per_token else 0
+        self.schedule = draft_schedule(served.config)
 
     # --- requests ---------------------------------------------------------------------------------------
 
@@ -210,10 +217,11 @@ class Engine:
         return rate if request.workload_rate is None else request.workload_rate
 
     def _accepted(self, request: SimRequest, rate: float, k: int) -> int:
-        """Drafted tokens accepted this step: a run of successes with probability α, cut at k (drawn by
-        inverting the geometric distribution: one random number per step)."""
+        """Drafted tokens accepted this step: a run of successes with probability α, cut at the k drafted
+        (drawn by inverting the geometric distribution: one random number per step). α is that of the rate
+        at the engine's k (its largest), so a schedule that drafts fewer tokens keeps each position's odds."""
         if request.alpha_for_rate != rate:      # the knob moved, or the request's first draft
-            alpha = alpha_at(rate + request.acceptance_offset, k, request.temperature)
+            alpha = alpha_at(rate + request.acceptance_offset, self.served.k, request.temperature)
             request.alpha_for_rate = rate
             request.log_alpha = math.log(alpha) if 0.0 < alpha < 1.0 else (0.0 if alpha >= 1.0 else -math.inf)
         log_alpha = request.log_alpha
@@ -228,10 +236,11 @@ class Engine:
     def plan_step(self, now: float) -> Step | None:
         """Choose what the next step computes (admitting waiting requests) and time it; None when idle."""
         budget = self.config.max_num_batched_tokens
-        verify = self.served.verify_tokens
         decode: list[SimRequest] = []
         prefill: list[tuple[SimRequest, int]] = []
         used = self._make_room()
+        verify_k = self.schedule.verify_k(self.running)
+        verify = self._verify_tokens(verify_k)
         for request in self.running:
             if request.prefilled < request.prefill_target:
                 chunk = min(request.prefill_target - request.prefilled, budget)
@@ -244,6 +253,7 @@ class Engine:
         self._admit(now, budget, prefill, used)
         if not decode and not prefill:
             return None
+        draft_k = self.schedule.draft_k(len(decode) + len(prefill), verify_k)
         window = self._window
         shape = StepShape(
             decode_seqs=len(decode),
@@ -254,9 +264,20 @@ class Engine:
             prefill_kv_tokens=sum(request.prefilled for request, _ in prefill),
             drafting_seqs=len(decode) + sum(
                 1 for request, chunk in prefill if request.prefilled + chunk >= request.prefill_target),
+            draft_passes=draft_k,
         )
-        seconds = self.served.timing.step_seconds(shape) + max(0.0, self.knobs.extra_latency_seconds)
-        return Step(decode, prefill, shape, seconds, now)
+        seconds = self.served.timing.step_seconds(shape)
+        if draft_k == 0 and self.served.k and self.config.kind == EngineKind.VLLM:
+            # vLLM's k = 0 still runs the drafter's forward (vllm#49548) and costs 20-31% over no speculation
+            # (vllm#49986): the zeroDraftOverhead knob.
+            seconds *= 1.0 + self.knobs.zero_draft_overhead
+        seconds += max(0.0, self.knobs.extra_latency_seconds)
+        return Step(decode, prefill, shape, seconds, now, verify_k, draft_k)
+
+    def _verify_tokens(self, verify_k: int) -> int:
+        """Tokens a decoding sequence feeds the target: the engine's own count at its k (a tree verifies
+        more than k + 1), else k + 1 (schedules run chains)."""
+        return self.served.verify_tokens if verify_k == self.served.k else verify_k + 1
 
     def _admit(self, now: float, budget: int, prefill: list[tuple[SimRequest, int]], used: int) -> None:
         capacity = self.kv_capacity_blocks
@@ -314,17 +335,16 @@ class Engine:
                 if observer is not None:
                     observer.on_first_token(request, now)
                 self._emit(request, 1, now, finished)
-        k = self.served.k
+        k = step.verify_k
         rate = self.acceptance_rate() if k else None
-        drafted = accepted_total = 0
+        accepted_each: list[int] = []
         for request in step.decode:
             if request.finished:
                 continue
             count = 1
             if rate is not None:
                 accepted = self._accepted(request, self.request_rate(request, rate), k)
-                drafted += k
-                accepted_total += accepted
+                accepted_each.append(accepted)
                 count = accepted + 1
                 if request.spec_stats is not None:
                     request.spec_stats.observe(k, accepted)
@@ -336,6 +356,7 @@ class Engine:
             if observer is not None:
                 observer.on_tokens(request, count, interval, now)
             self._emit(request, count, now, finished)
+        self.schedule.observe(accepted_each)
         if finished:
             done = set(map(id, finished))
             self.running = [request for request in self.running if id(request) not in done]

@@ -1,5 +1,5 @@
-"""Run-time knobs of the simulator: base acceptance (per workload too), noise, extra latency, and a CUDA
-OOM crash.
+"""Run-time knobs of the simulator: base acceptance (per workload too), noise, extra latency, the cost of
+a vLLM step that drafts nothing, and a CUDA OOM crash.
 
     knobs = Knobs.from_env(os.environ)            # SPECDEPLOY_SIM_KNOBS='{"acceptance": 0.8}'
     knobs.update({"acceptance": 0.3, "extraLatencySeconds": 0.05})
@@ -31,7 +31,12 @@ WIRE_NAMES = {
     "exitCode": "exit_code",
     "noise": "noise",
     "workloadAcceptance": "workload_acceptance",
+    "zeroDraftOverhead": "zero_draft_overhead",
 }
+# A vLLM step that drafts nothing under num_speculative_tokens_per_batch_size costs this much more than the
+# same step without speculation: vllm#49986 measures 20-31% at k = 0 (the drafter's forward still runs,
+# vllm#49548). 0.25 is the middle of that range, not a measurement of ours.
+ZERO_DRAFT_OVERHEAD = 0.25
 MAX_WORKLOADS = 32              # markers in workloadAcceptance
 MAX_MARKER_CHARS = 200
 
@@ -48,7 +53,8 @@ class Knobs:
     with exit_code. workload_acceptance: marker -> acceptance rate, in order; a request whose prompt text
     contains a marker (the first one found, in this order) has that rate instead of `acceptance` (noise and
     temperature still apply). update() replaces the mapping, never changes it in place (the engine keys a
-    request's lookup on the mapping's identity)."""
+    request's lookup on the mapping's identity). zero_draft_overhead: the extra cost of a vLLM step whose k
+    schedule drafts nothing, as a fraction of the step without speculation."""
 
     acceptance: float | None = None
     extra_latency_seconds: float = 0.0
@@ -56,6 +62,7 @@ class Knobs:
     exit_code: int = 1
     noise: float = 0.0
     workload_acceptance: dict[str, float] = field(default_factory=dict)
+    zero_draft_overhead: float = ZERO_DRAFT_OVERHEAD
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Knobs:
@@ -148,7 +155,7 @@ def _checked(name: str, value: Any) -> Any:
         return _workloads(value)
     if name == "acceptance":
         return None if value is None else _number(name, value, 0.0, 1.0)
-    if name == "noise":
+    if name in ("noise", "zeroDraftOverhead"):
         return _number(name, value, 0.0, 1.0)
     if name == "extraLatencySeconds":
         return _number(name, value, 0.0, 60.0)

@@ -251,6 +251,12 @@ class SglangMetrics(EngineMetrics):
         self._drafted += drafted
         self._accepted += accepted
 
+    def recent_accept_length(self) -> float | None:
+        """The accept length over the last decode batches (what sglang:spec_accept_length shows), for
+        /server_info's avg_spec_accept_length; None before any verify."""
+        verifies = sum(item[0] for item in self._window)
+        return 1.0 + sum(item[1] for item in self._window) / verifies if verifies else None
+
     def on_finished(self, request: SimRequest, now: float) -> None:
         if request.aborted:
             self.aborted.inc(self.labels)

@@ -60,6 +60,7 @@ class StepShape:
     prefill_tokens: int = 0           # prompt tokens of the prefill chunks in the same pass
     prefill_kv_tokens: int = 0        # cached tokens those chunks attend to (earlier chunks)
     drafting_seqs: int = 0            # sequences the drafter proposes for (decoding + finishing prefill)
+    draft_passes: int | None = None   # drafting passes (tokens proposed per sequence); None: the model's k
 
 
 def pass_seconds(cost: ForwardCost, gpu: GpuProduct, *, tokens: int, kv_tokens: int = 0,
@@ -90,7 +91,8 @@ class TimingModel:
 
     def step_seconds(self, shape: StepShape) -> float:
         """The target pass over decode and prefill tokens, then k drafting passes (the first one also
-        reads the prefill chunks, as a draft model or EAGLE head must see the prompt)."""
+        reads the prefill chunks, as a draft model or EAGLE head must see the prompt); a k schedule gives
+        the step's own number of passes (shape.draft_passes)."""
         tokens = shape.decode_seqs * shape.verify_tokens + shape.prefill_tokens
         if tokens == 0:
             return 0.0
@@ -98,7 +100,7 @@ class TimingModel:
             self.target, self.gpu, tokens=tokens, kv_tokens=shape.decode_kv_tokens + shape.prefill_kv_tokens,
             window_kv_tokens=shape.decode_window_kv_tokens,
         ) + ENGINE_STEP_OVERHEAD_S
-        k = self.num_speculative_tokens
+        k = self.num_speculative_tokens if shape.draft_passes is None else shape.draft_passes
         if k and shape.drafting_seqs and self.draft is not None:
             one = pass_seconds(self.draft, self.gpu, tokens=shape.drafting_seqs, kv_tokens=shape.decode_kv_tokens)
             first = pass_seconds(self.draft, self.gpu, tokens=shape.drafting_seqs + shape.prefill_tokens,
@@ -272,5 +274,6 @@ def served_model(config: EngineConfig, gpu: GpuProduct) -> ServedModel:
         rate = acceptance_rate_from_alpha(alpha, k)
     return ServedModel(
         config=config, target=target, draft=draft, gpu=gpu, timing=timing, max_model_len=max_model_len,
-        kv_cache_tokens=kv_tokens, default_acceptance_rate=rate, startup_error=startup_error, notes=tuple(notes),
+        kv_cache_tokens=kv_tokens, default_acceptance_rate=rate, startup_error=startup_error,
+        notes=config.notes + tuple(notes),
     )

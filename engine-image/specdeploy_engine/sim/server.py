@@ -6,7 +6,8 @@ the engine core running on the real clock.
 
 Endpoints: POST /v1/completions and /v1/chat/completions (streamed as server-sent events or not, with
 usage), GET /v1/models, GET /health, GET the engine's metrics path (vLLM and SGLang /metrics, TensorRT-LLM
-/prometheus/metrics; /metrics as well), GET and POST /admin/knobs, GET /admin/info.
+/prometheus/metrics; /metrics as well), GET and POST /admin/knobs, GET /admin/info (with the k in use),
+GET /server_info (SGLang only: its adaptive tier).
 
 Time: each engine step lasts its model seconds × time_scale of wall-clock time; latencies in the metrics
 are wall-clock seconds. Steps are scheduled on a timeline (a step starts when the previous one was due
@@ -32,7 +33,7 @@ from specdeploy_engine.sim.console import oom_message
 from specdeploy_engine.sim.engine import Engine, SimRequest
 from specdeploy_engine.sim.exposition import CONTENT_TYPE
 from specdeploy_engine.sim.knobs import KnobError, Knobs
-from specdeploy_engine.sim.metrics import EngineMetrics, engine_metrics
+from specdeploy_engine.sim.metrics import EngineMetrics, SglangMetrics, engine_metrics
 from specdeploy_engine.sim.model import ServedModel
 from specdeploy_engine.sim.openai_api import (
     ApiError,
@@ -166,6 +167,8 @@ class SimServer:
         app.router.add_get("/admin/knobs", self._get_knobs)
         app.router.add_post("/admin/knobs", self._post_knobs)
         app.router.add_get("/admin/info", self._info)
+        if config.kind == EngineKind.SGLANG:
+            app.router.add_get("/server_info", self._server_info)
         return app
 
     async def start(self, host: str, port: int) -> web.AppRunner:
@@ -220,10 +223,32 @@ class SimServer:
             "engine": config.kind.value, "model": config.model, "servedModelName": config.served_model_name,
             "gpu": served.gpu.name, "tensorParallelSize": config.tensor_parallel_size,
             "method": speculation.engine_method if speculation else None, "k": served.k,
+            "kInUse": self.engine.schedule.k_now, "kSchedule": self.engine.schedule.describe(),
             "defaultAcceptance": served.default_acceptance_rate, "acceptance": self.engine.acceptance_rate(),
             "kvCacheTokens": served.kv_cache_tokens, "maxModelLen": served.max_model_len,
             "maxNumSeqs": config.max_num_seqs, "running": len(self.engine.running),
             "waiting": len(self.engine.waiting), "notes": list(served.notes),
+        })
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        """SGLang's GET /server_info, as far as speculation goes: the server args that set it, and in
+        internal_states[0] the steps now in use (the adaptive tier) and the recent accept length."""
+        config, speculation = self.served.config, self.served.config.speculation
+        adaptive = speculation.adaptive if speculation else None
+        steps = self.engine.schedule.k_now if speculation else None
+        return web.json_response({
+            "model_path": config.model, "served_model_name": config.served_model_name,
+            "max_running_requests": config.max_num_seqs,
+            "speculative_algorithm": speculation.engine_method if speculation else None,
+            "speculative_num_steps": adaptive.initial_steps if adaptive else steps,
+            "speculative_adaptive": adaptive is not None,
+            "internal_states": [{
+                "speculative_num_steps": steps,
+                "speculative_num_draft_tokens": (self.engine.schedule.k_now + 1 if adaptive
+                                                 else speculation.verify_tokens if speculation else None),
+                "avg_spec_accept_length": (self.metrics.recent_accept_length()
+                                           if isinstance(self.metrics, SglangMetrics) else None),
+            }],
         })
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
