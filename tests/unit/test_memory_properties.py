@@ -114,7 +114,13 @@ def test_a_larger_tensor_parallel_size_never_turns_a_fit_into_a_rejection(
 @given(deployments())
 def test_adding_a_draft_never_increases_kv_tokens(document: dict[str, Any]) -> None:
     with_draft = plan(document)
-    assert with_draft.kv_cache_tokens <= plan(document, speculate=False).kv_cache_tokens
+    plain = plan(document, speculate=False)
+    # Rounding capture sizes up to multiples of 1 + k merges some of them, so speculation can capture a few
+    # CUDA graphs fewer than plain decoding (vLLM CudaGraphManager); only that memory may come back as KV
+    # cache (0.001: the status rounds GiB to 3 decimals; 16: one block).
+    freed = plain.per_gpu.cuda_graph_gib - with_draft.per_gpu.cuda_graph_gib
+    slack = (freed + 0.001) * GIB / with_draft.kv_bytes_per_token + 16 if freed > 0 else 0
+    assert with_draft.kv_cache_tokens <= plain.kv_cache_tokens + slack
     if "draft" in document["speculation"] or document["speculation"]["method"] == "mtp":
         ngram = changed(document, "speculation", method="ngram")
         ngram["speculation"].pop("draft", None)

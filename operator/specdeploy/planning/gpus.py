@@ -1,9 +1,12 @@
 """GPU products: memory as the engine sees it, bandwidth and compute for the roofline, node labels.
 
 Memory is what `torch.cuda.mem_get_info` / vLLM report as total (a little under the marketing figure);
-bandwidth and dense bf16 FLOP/s are the vendors' datasheet numbers (NVIDIA H100/H200/A100/L40S/L4/B200
-datasheets). The node label value is what NVIDIA's GPU feature discovery writes to
-`nvidia.com/gpu.product`.
+bandwidth and dense (not 2:4-sparse) bf16 and FP8 FLOP/s are the vendors' datasheet numbers (NVIDIA
+H100/H200/A100/L40S/L4/B200 datasheets; each datasheet prints the sparse figure, twice the dense one).
+The compute capability is NVIDIA's (developer.nvidia.com/cuda-gpus): FP8 tensor cores from 8.9 (Ada,
+Hopper, Blackwell), where vLLM runs `--quantization fp8` as FP8 × FP8 GEMMs; an A100 (8.0) has none
+and runs FP8 weight-only with bf16 compute. The node label value is what NVIDIA's GPU feature
+discovery writes to `nvidia.com/gpu.product`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ class GpuProduct:
     memory_gib: float
     hbm_bandwidth_gb_s: float
     bf16_tflops: float
+    fp8_tflops: float | None  # None: no FP8 tensor cores
+    compute_capability: tuple[int, int]
     node_label: str
 
 
@@ -24,13 +29,19 @@ GPU_PRODUCTS: dict[str, GpuProduct] = {
     product.name: product
     for product in (
         # 79.19 GiB is what vLLM reports for an H100 80GB (vLLM memory-profiling logs).
-        GpuProduct("H100-80GB", 79.19, 3350.0, 989.0, "NVIDIA-H100-80GB-HBM3"),
-        GpuProduct("H200", 139.8, 4800.0, 989.0, "NVIDIA-H200"),
-        GpuProduct("A100-80GB", 79.15, 2039.0, 312.0, "NVIDIA-A100-SXM4-80GB"),
-        GpuProduct("A100-40GB", 39.39, 1555.0, 312.0, "NVIDIA-A100-SXM4-40GB"),
-        GpuProduct("L40S", 44.39, 864.0, 362.0, "NVIDIA-L40S"),
-        GpuProduct("L4", 22.03, 300.0, 121.0, "NVIDIA-L4"),
-        GpuProduct("B200", 178.36, 8000.0, 2250.0, "NVIDIA-B200"),
+        # H100 SXM datasheet: bf16 1,979 and FP8 3,958 TFLOPS with sparsity.
+        GpuProduct("H100-80GB", 79.19, 3350.0, 989.0, 1979.0, (9, 0), "NVIDIA-H100-80GB-HBM3"),
+        # H200 datasheet: the same tensor cores as the H100 SXM (FP8 3,958 TFLOPS with sparsity).
+        GpuProduct("H200", 139.8, 4800.0, 989.0, 1979.0, (9, 0), "NVIDIA-H200"),
+        # A100 datasheet: bf16 312 TFLOPS dense; no FP8 tensor cores.
+        GpuProduct("A100-80GB", 79.15, 2039.0, 312.0, None, (8, 0), "NVIDIA-A100-SXM4-80GB"),
+        GpuProduct("A100-40GB", 39.39, 1555.0, 312.0, None, (8, 0), "NVIDIA-A100-SXM4-40GB"),
+        # L40S datasheet: bf16 733 and FP8 1,466 TFLOPS with sparsity.
+        GpuProduct("L40S", 44.39, 864.0, 362.0, 733.0, (8, 9), "NVIDIA-L40S"),
+        # L4 datasheet: bf16 242 and FP8 485 TFLOPS with sparsity.
+        GpuProduct("L4", 22.03, 300.0, 121.0, 242.5, (8, 9), "NVIDIA-L4"),
+        # HGX B200 datasheet, per GPU: bf16 4.5 and FP8 9 PFLOPS with sparsity.
+        GpuProduct("B200", 178.36, 8000.0, 2250.0, 4500.0, (10, 0), "NVIDIA-B200"),
     )
 }
 

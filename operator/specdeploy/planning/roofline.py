@@ -1,4 +1,4 @@
-"""How long one forward pass takes on one GPU: a roofline over HBM bandwidth and bf16 FLOP/s.
+"""How long one forward pass takes on one GPU: a roofline over HBM bandwidth and tensor-core FLOP/s.
 
     cost = model_forward_cost(llama_8b, tensor_parallel_size=1)
     seconds = forward_seconds(cost, find_gpu("H100-80GB"), batch=64, tokens_per_sequence=4)
@@ -6,8 +6,9 @@
 A decode pass reads every weight once and each sequence's KV cache once, and does 2 FLOPs per active
 parameter per token. Few tokens leave it memory-bound (the time does not grow with the tokens: this is
 why verifying k+1 drafted tokens costs about as much as decoding one); many tokens make it
-compute-bound (the time grows with every token: this is where speculation stops paying). Kernel launch
-gaps and tensor-parallel all-reduces add a fixed time per layer.
+compute-bound (the time grows with every token: this is where speculation stops paying). The compute
+ceiling is the GPU's FP8 rate for FP8 weights on a GPU with FP8 tensor cores, else its bf16 rate. Kernel
+launch gaps and tensor-parallel all-reduces add a fixed time per layer.
 
 Constants are calibrated in docs/speedup-model.md and tests/unit/test_speedup.py against published
 measurements; GPU numbers come from planning/gpus.py (vendor datasheets).
@@ -24,9 +25,9 @@ from specdeploy.planning.modelinfo import ModelInfo
 # Share of datasheet HBM bandwidth a decode pass reaches (H100 GEMV/attention kernels reach ~80-90%);
 # 0.8 with the overheads below gives SGLang's published 158 tok/s for Llama-3.1-8B on one H100.
 BANDWIDTH_EFFICIENCY = 0.8
-# Share of dense bf16 peak that decode/verify GEMMs of a few hundred tokens reach. 0.5 reproduces the
-# high-load slowdowns of vLLM's 2024-10-17 blog (1.4x with a draft model, 1.8x with ngram, Llama3-70B on
-# 4xH100); see docs/speedup-model.md.
+# Share of the dense tensor-core peak that decode/verify GEMMs of a few hundred tokens reach. 0.5
+# reproduces the high-load slowdowns of vLLM's 2024-10-17 blog (1.4x with a draft model, 1.8x with
+# ngram, Llama3-70B on 4xH100); see docs/speedup-model.md.
 COMPUTE_EFFICIENCY = 0.5
 # Launch gap per layer per pass under CUDA graphs (norms, rotary, residual kernels between the GEMMs).
 LAYER_OVERHEAD_S = 8e-6
@@ -65,6 +66,7 @@ class ForwardCost:
     window: int = 0
     layers: int = 1
     tensor_parallel_size: int = 1
+    fp8_weights: bool = False           # FP8 GEMMs where the GPU has FP8 tensor cores
 
     def scaled(self, factor: float) -> ForwardCost:
         """The same pass with `factor` times the weights and FLOPs (a larger model of the same shape)."""
@@ -93,9 +95,17 @@ def forward_seconds(
     )
     moved = cost.dense_weight_bytes + cost.expert_weight_bytes * touched + kv_read
     memory_s = moved / (gpu.hbm_bandwidth_gb_s * 1e9 * BANDWIDTH_EFFICIENCY)
-    compute_s = cost.flops_per_token * tokens / (gpu.bf16_tflops * 1e12 * COMPUTE_EFFICIENCY)
+    compute_s = cost.flops_per_token * tokens / (peak_flops(cost, gpu) * COMPUTE_EFFICIENCY)
     allreduce_s = 2 * cost.layers * ALLREDUCE_S if cost.tensor_parallel_size > 1 else 0.0
     return max(memory_s, compute_s) + cost.layers * LAYER_OVERHEAD_S + allreduce_s
+
+
+def peak_flops(cost: ForwardCost, gpu: GpuProduct) -> float:
+    """The pass's dense tensor-core peak in FLOP/s: FP8 for FP8 weights on a GPU with FP8 tensor cores
+    (vLLM's fp8 runs W8A8 there, FACTS.md), else bf16 (an A100 runs FP8 weight-only, computing in bf16)."""
+    if cost.fp8_weights and gpu.fp8_tflops is not None:
+        return gpu.fp8_tflops * 1e12
+    return gpu.bf16_tflops * 1e12
 
 
 def _embedding_parameters(arch: Architecture) -> int:
@@ -124,6 +134,7 @@ def _cost_from_parameters(
     tensor_parallel_size: int,
     weight_bytes: float,
     kv_element_bytes: float,
+    fp8_weights: bool,
 ) -> ForwardCost:
     expert_share = EXPERT_PARAMETER_SHARE if arch.num_experts and arch.num_experts_per_token else 0.0
     fraction = arch.num_experts_per_token / arch.num_experts if arch.num_experts and arch.num_experts_per_token else 0.0
@@ -139,6 +150,7 @@ def _cost_from_parameters(
         window=arch.sliding_window or 0,
         layers=layers,
         tensor_parallel_size=tensor_parallel_size,
+        fp8_weights=fp8_weights,
     )
 
 
@@ -168,6 +180,7 @@ def model_forward_cost(
         tensor_parallel_size=tensor_parallel_size,
         weight_bytes=weight_bytes_per_parameter(model, quantization),
         kv_element_bytes=kv_element_bytes,
+        fp8_weights=has_fp8_weights(model, quantization),
     )
 
 
@@ -178,6 +191,15 @@ def weight_bytes_per_parameter(model: ModelInfo, quantization: Quantization) -> 
     if quantization == Quantization.NONE and isinstance(stored, int | float):
         return float(stored)
     return WEIGHT_BYTES[quantization]
+
+
+def has_fp8_weights(model: ModelInfo, quantization: Quantization) -> bool:
+    """Whether the model's Linear weights are FP8: `quantization: fp8`, or `none` on a checkpoint stored
+    at one byte per weight. The catalog records bytes, not formats; its one such checkpoint is
+    DeepSeek-V3's FP8 e4m3 with block scales (1.003 bytes), while gpt-oss's MXFP4 stores 0.6–0.7."""
+    if quantization == Quantization.FP8:
+        return True
+    return quantization == Quantization.NONE and abs(weight_bytes_per_parameter(model, quantization) - 1.0) < 0.01
 
 
 def mtp_forward_cost(
@@ -198,6 +220,7 @@ def mtp_forward_cost(
         tensor_parallel_size=tensor_parallel_size,
         weight_bytes=weight_bytes_per_parameter(target, quantization),
         kv_element_bytes=kv_element_bytes,
+        fp8_weights=has_fp8_weights(target, quantization),
     )
 
 
