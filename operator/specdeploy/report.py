@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import shlex
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from specdeploy.api.spec import ScheduleMode
 from specdeploy.api.status import Finding, Severity, Verdict
 from specdeploy.engines.base import EngineCommand
 from specdeploy.judgment.probe import ProbeCell, not_paying
@@ -29,8 +30,10 @@ def _headline(name: str, plan: Plan) -> Text:
     method = speculation.enabled_method.value if speculation.enabled else "off"
     if speculation.enabled and speculation.draft is not None:
         method += f" ({speculation.draft.name})"
-    if speculation.enabled:
+    if speculation.enabled and speculation.schedule_mode == ScheduleMode.FIXED:
         method += f", k={speculation.num_speculative_tokens}"
+    elif speculation.enabled:
+        method += f", k≤{speculation.num_speculative_tokens} by batch ({speculation.schedule_mode.value})"
     gpus = f"{spec.resources.gpu_count}× {spec.resources.gpu.product}, TP {spec.resources.tensor_parallel_size}"
     quantization = "" if spec.model.quantization.value == "none" else f" [{spec.model.quantization.value}]"
     text = Text()
@@ -131,6 +134,34 @@ def _speedup(plan: Plan) -> Text | None:
     return text
 
 
+_SCHEDULE_MEANING = {
+    ScheduleMode.FIXED: "numSpeculativeTokens at every batch size",
+    ScheduleMode.AUTO: "derived from the speedup model",
+    ScheduleMode.TABLE: "as written",
+}
+
+
+def _schedule(plan: Plan) -> Group | None:
+    """k per batch range and the predicted speedup at each end of the range (planning.schedule)."""
+    schedule = plan.schedule
+    if schedule is None:
+        return None
+    source = "measured" if schedule.acceptance_measured else "assumed for the method"
+    heading = Text()
+    heading.append(f" {schedule.mode.value}", style="bold")
+    heading.append(f": {_SCHEDULE_MEANING[schedule.mode]} (acceptance {source}); speedup against no speculation")
+    table = Table(box=None, pad_edge=True)
+    table.add_column("BATCH")
+    table.add_column("K", justify="right")
+    table.add_column("PREDICTED SPEEDUP")
+    for entry in schedule.ranges:
+        batches = f"{entry.min_batch}–{entry.max_batch}" if entry.max_batch > entry.min_batch else str(entry.min_batch)
+        speedups = (f"{entry.speedup_at_min_batch:.2f}×" if entry.max_batch == entry.min_batch
+                    else f"{entry.speedup_at_min_batch:.2f}× → {entry.speedup_at_max_batch:.2f}×")
+        table.add_row(batches, str(entry.k), speedups)
+    return Group(heading, table)
+
+
 def _acceptance_floor(plan: Plan) -> str | None:
     """The acceptance rate below which the analysis loop counts speculation as failing: Auto at batch 1
     and at maxNumSeqs, or Fixed with the model's break-even beside it."""
@@ -192,6 +223,9 @@ def render_plan(name: str, plan: Plan, command: EngineCommand | None, console: C
     speedup = _speedup(plan)
     if speedup is not None:
         console.print(Panel(speedup, title="predicted speedup", title_align="left"))
+    schedule = _schedule(plan)
+    if schedule is not None:
+        console.print(Panel(schedule, title="speculation schedule", title_align="left"))
     console.print(Panel(_analysis(plan), title="analysis", title_align="left"))
     if command is not None:
         console.print(Panel(Text(_command_lines(command.argv())), title="engine command", title_align="left"))

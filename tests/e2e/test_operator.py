@@ -138,6 +138,12 @@ def test_rejected_resource_gets_reasons_and_suggestions_and_no_deployment(
         ("model: {name: x}\n  speculation: {method: ngram}\n  engine: {kind: tgi}", ["spec.engine.kind", "tgi"]),
         ("model: {name: x}\n  speculation: {numSpeculativeTokens: 3}",
          ["`spec.speculation.method` is required while `spec.speculation.enabled` is true"]),
+        ("model: {name: x}\n  speculation: {method: ngram, numSpeculativeTokens: 3, schedule: {mode: Table, table: "
+         "[{minBatch: 1, maxBatch: 8, k: 4}, {minBatch: 10, maxBatch: 64, k: 0}]}}",
+         ["must list its ranges in ascending order without gaps or overlaps",
+          "`spec.speculation.schedule.table[].k` must not be greater than `spec.speculation.numSpeculativeTokens`"]),
+        ("model: {name: x}\n  speculation: {method: ngram, schedule: {mode: Auto, table: [{minBatch: 1, maxBatch: 8, k: 2}]}}",
+         ["`spec.speculation.schedule.table` must not be set unless `spec.speculation.schedule.mode` is Table"]),
     ],
 )
 def test_malformed_resources_are_refused_at_apply(
@@ -150,11 +156,18 @@ def test_malformed_resources_are_refused_at_apply(
         assert message in result.stderr
 
 
-def test_speculation_disabled_without_a_method_is_accepted_at_apply(
-    dev_cluster: DevCluster, crds: None, namespace: str
+@pytest.mark.parametrize("speculation", [
+    "{enabled: false}",
+    "{method: ngram, numSpeculativeTokens: 4, schedule: {mode: Table, table: [{minBatch: 1, maxBatch: 8, k: 4}, "
+    "{minBatch: 9, maxBatch: 32, k: 2}, {minBatch: 33, maxBatch: 256, k: 0}]}}",
+    "{method: ngram, schedule: {mode: Auto}}",
+])
+def test_what_the_schema_allows_is_accepted_at_apply(
+    dev_cluster: DevCluster, crds: None, namespace: str, speculation: str
 ) -> None:
+    """Speculation off needs no method; a contiguous schedule table and mode Auto pass every CEL rule."""
     text = ("apiVersion: specdeploy.io/v1alpha1\nkind: SpeculativeDeployment\nmetadata: {name: plain}\n"
-            "spec:\n  model: {name: meta-llama/Llama-3.1-8B-Instruct}\n  speculation: {enabled: false}\n")
+            f"spec:\n  model: {{name: meta-llama/Llama-3.1-8B-Instruct}}\n  speculation: {speculation}\n")
     result = dev_cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=text, check=False)
     assert result.returncode == 0, result.stderr
 

@@ -126,6 +126,23 @@ def _document(**spec_overrides: Any) -> dict[str, Any]:
         ({"engine": {"kind": "sglang"}, "serving": {"kvCacheMemoryGiB": 10}}, "kvCacheMemoryGiB` is a vLLM setting"),
         ({"serving": {"maxNumSeqs": 512, "maxNumBatchedTokens": 256}}, "maxNumBatchedTokens` must be at least"),
         ({"analysis": {"interval": "1m", "window": "30s"}}, "window` must not be shorter"),
+        ({"speculation": {"method": "ngram", "schedule": {"mode": "Table"}}}, "`spec.speculation.schedule.table` is required"),
+        ({"speculation": {"method": "ngram", "schedule": {"mode": "Auto", "table": [
+            {"minBatch": 1, "maxBatch": 8, "k": 2}]}}}, "`spec.speculation.schedule.table` must not be set unless"),
+        ({"speculation": {"method": "ngram", "schedule": {"mode": "Table", "table": [
+            {"minBatch": 2, "maxBatch": 8, "k": 2}]}}}, "must list its ranges in ascending order without gaps"),
+        ({"speculation": {"method": "ngram", "schedule": {"mode": "Table", "table": [
+            {"minBatch": 1, "maxBatch": 8, "k": 2}, {"minBatch": 5, "maxBatch": 64, "k": 1}]}}},
+         "must list its ranges in ascending order without gaps"),
+        ({"speculation": {"method": "ngram", "schedule": {"mode": "Table", "table": [
+            {"minBatch": 9, "maxBatch": 64, "k": 1}, {"minBatch": 1, "maxBatch": 8, "k": 2}]}}},
+         "must list its ranges in ascending order without gaps"),
+        ({"speculation": {"method": "ngram", "schedule": {"mode": "Table", "table": [
+            {"minBatch": 8, "maxBatch": 1, "k": 2}]}}}, "minBatch` must not be greater than its `maxBatch"),
+        ({"speculation": {"method": "ngram", "schedule": {"mode": "Table", "table": [
+            {"minBatch": 1, "maxBatch": 8, "k": 0}]}}}, "must draft in at least one range"),
+        ({"speculation": {"method": "ngram", "numSpeculativeTokens": 3, "schedule": {"mode": "Table", "table": [
+            {"minBatch": 1, "maxBatch": 8, "k": 4}]}}}, "table\\[\\].k` must not be greater than"),
     ],
 )
 def test_python_validation_gives_the_cel_message(overrides: dict[str, Any], message: str) -> None:
@@ -145,3 +162,20 @@ def test_committed_configuration_reference_is_current() -> None:
 
     committed = ROOT / "docs" / "configuration.md"
     assert committed.read_text() == reference_markdown(), "run `specdeploy reference > docs/configuration.md`"
+
+
+def test_schedule_rules_are_in_the_crd() -> None:
+    speculation = _root()["properties"]["spec"]["properties"]["speculation"]
+    schedule = speculation["properties"]["schedule"]
+    assert schedule["properties"]["table"]["maxItems"] == 64
+    assert schedule["properties"]["mode"]["enum"] == ["Fixed", "Auto", "Table"]
+    assert len(schedule["x-kubernetes-validations"]) == 4
+    assert any("self.schedule.table.all" in rule["rule"] for rule in speculation["x-kubernetes-validations"])
+
+
+def test_a_valid_table_parses() -> None:
+    table = [{"minBatch": 1, "maxBatch": 8, "k": 3}, {"minBatch": 9, "maxBatch": 64, "k": 1},
+             {"minBatch": 65, "maxBatch": 256, "k": 0}]
+    resource = parse_resource(_document(speculation={"method": "ngram", "schedule": {"mode": "Table", "table": table}}))
+    schedule = resource.spec.speculation.schedule
+    assert schedule is not None and [r.k for r in schedule.table or []] == [3, 1, 0]

@@ -61,6 +61,14 @@ METHODS_WITH_DRAFT = (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3)
 METHODS_WITHOUT_DRAFT = (Method.MTP, Method.NGRAM, Method.SUFFIX)
 
 
+class ScheduleMode(StrEnum):
+    """How k follows the batch size (docs/schedules.md)."""
+
+    FIXED = "Fixed"    # numSpeculativeTokens at every batch size: no table rendered
+    AUTO = "Auto"      # derived from the roofline and the acceptance per draft position
+    TABLE = "Table"    # the ranges in `table`
+
+
 class BaselineMode(StrEnum):
     CONTROL = "Control"
     PREVIOUS = "Previous"
@@ -254,6 +262,77 @@ def _managed_key_properties() -> dict[str, Any]:
     return properties
 
 
+MAX_SCHEDULE_RANGES = 64
+"""Ranges of `spec.speculation.schedule.table`: bounds the CRD's CEL cost; a schedule needs a handful."""
+
+
+class ScheduleRange(WireModel):
+    """k drafted tokens for every batch size from minBatch to maxBatch, both included."""
+
+    min_batch: int = Field(ge=1, le=100_000, description="Smallest batch size (running sequences) of the range")
+    max_batch: int = Field(ge=1, le=100_000, description="Largest batch size of the range, included")
+    k: int = Field(ge=0, le=16, description="Tokens drafted per step in this range; 0 drafts nothing")
+
+    cel_rules = (
+        CelRule(
+            "self.minBatch <= self.maxBatch",
+            "`spec.speculation.schedule.table[].minBatch` must not be greater than its `maxBatch`: a range is "
+            "minBatch to maxBatch, both included",
+            lambda r: r.min_batch <= r.max_batch,
+        ),
+    )
+
+
+def _contiguous(table: list[ScheduleRange]) -> bool:
+    """The first range starts at 1 and each one starts right after the one before it."""
+    return all(r.min_batch == (table[i - 1].max_batch + 1 if i else 1) for i, r in enumerate(table))
+
+
+class Schedule(WireModel):
+    """How many tokens are drafted at each batch size, read by the engine every step without a restart."""
+
+    mode: ScheduleMode = Field(
+        ScheduleMode.FIXED,
+        description="Fixed: numSpeculativeTokens at every batch size. Auto: the operator derives k per batch range "
+        "from its speedup model, 0 where speculation stops paying. Table: the ranges in `table`",
+    )
+    table: list[ScheduleRange] | None = Field(
+        None, max_length=MAX_SCHEDULE_RANGES,
+        description="Mode Table only: batch ranges in ascending order, the first from 1, each starting right after "
+        "the one before; the last range's k holds up to `spec.serving.maxNumSeqs`",
+    )
+
+    cel_rules = (
+        CelRule(
+            "self.mode != 'Table' || (has(self.table) && size(self.table) > 0)",
+            "`spec.speculation.schedule.table` is required when `spec.speculation.schedule.mode` is Table: list "
+            "the batch ranges and their k, or use mode Auto",
+            lambda s: s.mode != ScheduleMode.TABLE or bool(s.table),
+        ),
+        CelRule(
+            "self.mode == 'Table' || !has(self.table)",
+            "`spec.speculation.schedule.table` must not be set unless `spec.speculation.schedule.mode` is Table: "
+            "Fixed and Auto do not read it; set mode Table or remove the table",
+            lambda s: s.mode == ScheduleMode.TABLE or s.table is None,
+        ),
+        CelRule(
+            "!has(self.table) || size(self.table) == 0 || (self.table.map(r, r.minBatch).isSorted()"
+            " && self.table.exists(r, r.minBatch == 1)"
+            " && self.table.all(r, self.table.exists_one(o, o.minBatch == r.minBatch))"
+            " && self.table.all(r, r.minBatch == 1 || self.table.exists(o, o.maxBatch + 1 == r.minBatch)))",
+            "`spec.speculation.schedule.table` must list its ranges in ascending order without gaps or overlaps: "
+            "the first minBatch 1, each next minBatch one more than the maxBatch before it",
+            lambda s: not s.table or _contiguous(s.table),
+        ),
+        CelRule(
+            "!has(self.table) || size(self.table) == 0 || self.table.exists(r, r.k > 0)",
+            "`spec.speculation.schedule.table` must draft in at least one range (k greater than 0): a table of "
+            "zeros drafts nothing and still pays for speculation; set `spec.speculation.enabled` to false instead",
+            lambda s: not s.table or any(r.k > 0 for r in s.table),
+        ),
+    )
+
+
 class Speculation(WireModel):
     """How tokens are proposed. Rollback turns it off in status, never here."""
 
@@ -262,7 +341,14 @@ class Speculation(WireModel):
         None, description="draft_model, eagle, eagle3, mtp, ngram or suffix; required unless enabled is false"
     )
     draft: Draft | None = Field(None, description="Required for draft_model, eagle and eagle3; forbidden otherwise")
-    num_speculative_tokens: int = Field(3, description="Tokens proposed per step (k), 1 to 16")
+    num_speculative_tokens: int = Field(
+        3, description="Tokens proposed per step (k), 1 to 16; with a schedule, the most any batch size may draft"
+    )
+    schedule: Schedule | None = Field(
+        None,
+        description="k per batch size: mode Fixed (numSpeculativeTokens always; also when empty), Auto (derived "
+        "by the operator) or Table (docs/schedules.md)",
+    )
     prompt_lookup_min: int = Field(2, ge=1, le=64, description="ngram: shortest n-gram matched in the prompt")
     prompt_lookup_max: int = Field(5, ge=1, le=64, description="ngram: longest n-gram matched in the prompt")
     eagle_topk: int = Field(
@@ -284,6 +370,11 @@ class Speculation(WireModel):
     def _drop_nulls(cls, value: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
         return None if value is None else {key: _without_nulls(item) for key, item in value.items()
                                            if item is not None}
+
+    @property
+    def schedule_mode(self) -> ScheduleMode:
+        """The schedule's mode; Fixed when no schedule is written (so an older resource hashes as before)."""
+        return self.schedule.mode if self.schedule is not None else ScheduleMode.FIXED
 
     @property
     def enabled_method(self) -> Method:
@@ -316,6 +407,13 @@ class Speculation(WireModel):
             "self.numSpeculativeTokens >= 1 && self.numSpeculativeTokens <= 16",
             "`spec.speculation.numSpeculativeTokens` must be at least 1 and at most 16",
             lambda s: 1 <= s.num_speculative_tokens <= 16,
+        ),
+        CelRule(
+            "!has(self.schedule) || !has(self.schedule.table) || "
+            "self.schedule.table.all(r, r.k <= self.numSpeculativeTokens)",
+            "`spec.speculation.schedule.table[].k` must not be greater than `spec.speculation.numSpeculativeTokens`: "
+            "the engine reserves memory for numSpeculativeTokens and drafts no more; raise it or lower the k",
+            lambda s: s.schedule is None or all(r.k <= s.num_speculative_tokens for r in s.schedule.table or ()),
         ),
         CelRule(
             "self.promptLookupMin <= self.promptLookupMax",

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from specdeploy.api.spec import EngineKind, Quantization, SpeculativeDeploymentSpec
 
@@ -81,6 +81,14 @@ class MetricNames:
         return tuple(v for v in values if v is not None)
 
 
+class BatchK(NamedTuple):
+    """k drafted tokens per step at every batch size from min_batch to max_batch, both included."""
+
+    min_batch: int
+    max_batch: int
+    k: int
+
+
 @dataclass(frozen=True)
 class EngineInputs:
     """What a renderer needs beyond the spec, already decided by the planner.
@@ -93,6 +101,8 @@ class EngineInputs:
     trtllm_free_gpu_memory_fraction: TensorRT-LLM's kv_cache_config.free_gpu_memory_fraction, computed
         by the memory planner (TensorRT-LLM takes a fraction of the memory left after weights, not of
         the whole GPU); None leaves TensorRT-LLM's default.
+    schedule: k per batch range covering 1..maxNumSeqs in ascending order (planning.schedule, modes Auto and
+        Table); None drafts spec.speculation.numSpeculativeTokens at every batch size (mode Fixed).
     """
 
     spec: SpeculativeDeploymentSpec
@@ -100,6 +110,14 @@ class EngineInputs:
     max_model_len: int
     speculate: bool = True
     trtllm_free_gpu_memory_fraction: float | None = None
+    schedule: tuple[BatchK, ...] | None = None
+
+    @property
+    def max_k(self) -> int:
+        """The tokens the engine is started to draft at most: the schedule's largest k, else the spec's."""
+        if self.schedule is None:
+            return self.spec.speculation.num_speculative_tokens
+        return max(entry.k for entry in self.schedule)
 
     @property
     def speculating(self) -> bool:

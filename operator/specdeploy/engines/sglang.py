@@ -7,13 +7,19 @@ fields in sglang/srt/arg_groups/fields/). SGLang exposes /metrics only with --en
 
 from __future__ import annotations
 
-from specdeploy.api.spec import KvCacheDtype, Method, SpeculativeDeploymentSpec
+from types import MappingProxyType
+from typing import Any
+
+from specdeploy.api.spec import KvCacheDtype, Method
 from specdeploy.engines.base import (
+    CONFIG_MOUNT_PATH,
     LISTEN_HOST,
+    BatchK,
     EngineCommand,
     EngineInputs,
     EngineRenderError,
     MetricNames,
+    compact_json,
     explicit_quantization,
     user_env,
 )
@@ -45,6 +51,7 @@ METRICS = MetricNames(
 COMMAND = ("python3", "-m", "sglang.launch_server")
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
+ADAPTIVE_CONFIG_FILE = "sglang-adaptive.json"   # --speculative-adaptive-config, mounted at CONFIG_MOUNT_PATH
 
 # spec method -> --speculative-algorithm. NEXTN is SGLang's name for a model's own MTP layers (it runs
 # them as EAGLE); STANDALONE is a separate small draft model (sglang/srt/arg_groups/speculative_hook.py).
@@ -74,8 +81,28 @@ def num_draft_tokens(steps: int, topk: int) -> int:
     return steps + 1 if topk == 1 else 1 + steps * topk
 
 
-def speculative_args(spec: SpeculativeDeploymentSpec) -> list[str]:
-    """The --speculative-* flags for the spec's method."""
+def adaptive_steps(schedule: tuple[BatchK, ...]) -> list[int]:
+    """SGLang's candidate_steps for a schedule: its distinct k above 0, ascending (SGLang's tiers draft at
+    least one token, so the schedule's k = 0 ranges have no tier)."""
+    return sorted({entry.k for entry in schedule if entry.k > 0})
+
+
+def adaptive_config(schedule: tuple[BatchK, ...]) -> dict[str, Any] | None:
+    """The --speculative-adaptive-config file for a schedule of two tiers or more; None for one.
+
+    SGLang's adaptive speculation (`--speculative-adaptive`, EAGLE and EAGLE3 with topk 1 only) reads that flag
+    as the path of a JSON file (sglang/srt/speculative/adaptive_spec_params.py `load_adaptive_config`) and moves
+    between its candidate_steps by the acceptance it measures (an EMA over update_interval batches after
+    warmup_batches, with hysteresis), not by the batch size; it captures CUDA graphs for every tier and refuses
+    fewer than two. Only candidate_steps is written; SGLang's defaults keep the rest.
+    """
+    steps = adaptive_steps(schedule)
+    return {"candidate_steps": steps} if len(steps) > 1 else None
+
+
+def speculative_args(inputs: EngineInputs) -> list[str]:
+    """The --speculative-* flags for the spec's method; with a schedule, --speculative-num-steps is its largest k."""
+    spec = inputs.spec
     speculation = spec.speculation
     method = speculation.enabled_method
     algorithm = SPECULATIVE_ALGORITHMS.get(method)
@@ -91,7 +118,7 @@ def speculative_args(spec: SpeculativeDeploymentSpec) -> list[str]:
             "speculative config object to merge it into (its speculative settings are --speculative-* flags, "
             "which the operator renders from `spec.speculation`); remove it, or use vllm or trtllm"
         )
-    k = speculation.num_speculative_tokens
+    k = inputs.max_k
     args = ["--speculative-algorithm", algorithm]
     if speculation.method == Method.NGRAM:
         # NGRAM sets topk from --speculative-ngram-max-bfs-breadth and steps from the draft tokens.
@@ -105,11 +132,21 @@ def speculative_args(spec: SpeculativeDeploymentSpec) -> list[str]:
         if quantization:
             args += ["--speculative-draft-model-quantization", quantization]
     topk = speculation.eagle_topk
-    return args + [
+    args += [
         "--speculative-num-steps", str(k),
         "--speculative-eagle-topk", str(topk),
         "--speculative-num-draft-tokens", str(num_draft_tokens(k, topk)),
     ]
+    if _adaptive(inputs) is not None:
+        args += ["--speculative-adaptive", "--speculative-adaptive-config", f"{CONFIG_MOUNT_PATH}/{ADAPTIVE_CONFIG_FILE}"]
+    return args
+
+
+def _adaptive(inputs: EngineInputs) -> dict[str, Any] | None:
+    """The adaptive config the speculating command runs with, if any (ngram has none: SGLang refuses it)."""
+    if not inputs.speculating or inputs.schedule is None or inputs.spec.speculation.method == Method.NGRAM:
+        return None
+    return adaptive_config(inputs.schedule)
 
 
 def render(inputs: EngineInputs) -> EngineCommand:
@@ -141,8 +178,9 @@ def render(inputs: EngineInputs) -> EngineCommand:
     if serving.kv_cache_dtype in KV_CACHE_DTYPES:
         args += ["--kv-cache-dtype", KV_CACHE_DTYPES[serving.kv_cache_dtype]]
     if inputs.speculating:
-        args += speculative_args(spec)
+        args += speculative_args(inputs)
     args += spec.engine.extra_args
+    adaptive = _adaptive(inputs)
     return EngineCommand(
         command=COMMAND,
         args=tuple(args),
@@ -151,4 +189,5 @@ def render(inputs: EngineInputs) -> EngineCommand:
         health_path=HEALTH_PATH,
         metrics_path=METRICS_PATH,
         metrics=METRICS,
+        config_files=MappingProxyType({} if adaptive is None else {ADAPTIVE_CONFIG_FILE: compact_json(adaptive) + "\n"}),
     )

@@ -17,10 +17,11 @@ from typing import Any
 
 import yaml
 
-from specdeploy.api.spec import KvCacheDtype, Method, SpeculativeDeploymentSpec
+from specdeploy.api.spec import KvCacheDtype, Method
 from specdeploy.engines.base import (
     CONFIG_MOUNT_PATH,
     LISTEN_HOST,
+    BatchK,
     EngineCommand,
     EngineInputs,
     EngineRenderError,
@@ -72,9 +73,29 @@ DECODING_TYPES = {
 }
 
 
-def speculative_config(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
-    """The YAML speculative_config for the spec's method, then the keys of spec.speculation.extraConfig
-    (fields of the method's decoding config the spec has no field for)."""
+def schedule_config(schedule: tuple[BatchK, ...]) -> dict[str, Any]:
+    """`max_concurrency` or `draft_len_schedule` for a schedule (DecodingBaseConfig, PyTorch backend; read in
+    tensorrt_llm/llmapi/llm_args.py on the main branch, 2026-12).
+
+    draft_len_schedule maps each range's largest batch size to its draft length ({4: 4, 8: 2, 32: 1}: batch
+    sizes 1-4 draft 4, 5-8 draft 2, 9-32 draft 1, 33 and up 0), and its smallest key must map to max_draft_len.
+    max_concurrency N ("speculation will be disabled at batch sizes above this value") is the same as
+    {N: max_draft_len}; the two are mutually exclusive. So a schedule of one k that ends in k = 0 becomes
+    max_concurrency (the largest batch size with k > 0), any other the ranges up to the last with k > 0.
+    """
+    drafting = [entry for entry in schedule if entry.k > 0]
+    kept = [entry for entry in schedule if entry.min_batch <= drafting[-1].min_batch]
+    if len({entry.k for entry in kept}) > 1:
+        return {"draft_len_schedule": {entry.max_batch: entry.k for entry in kept}}
+    if kept[-1].max_batch < schedule[-1].max_batch:
+        return {"max_concurrency": kept[-1].max_batch}
+    return {}
+
+
+def speculative_config(inputs: EngineInputs) -> dict[str, Any]:
+    """The YAML speculative_config for the spec's method (and its schedule), then the keys of
+    spec.speculation.extraConfig (fields of the method's decoding config the spec has no field for)."""
+    spec = inputs.spec
     speculation = spec.speculation
     method = speculation.enabled_method
     if method == Method.EAGLE:
@@ -90,8 +111,10 @@ def speculative_config(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
             f"`spec.speculation.method` {method.value} is not available in TensorRT-LLM; "
             f"use one of {', '.join(m.value for m in DECODING_TYPES)}"
         )
-    k = speculation.num_speculative_tokens
+    k = inputs.max_k
     config: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": k}
+    if inputs.schedule is not None:
+        config.update(schedule_config(inputs.schedule))
     if speculation.draft is not None:
         config["speculative_model"] = speculation.draft.name
     if speculation.method == Method.MTP:
@@ -119,7 +142,7 @@ def llm_args(inputs: EngineInputs) -> dict[str, Any]:
         "enable_iter_perf_stats": True,   # iteration gauges and speculative-decoding counters
     }
     if inputs.speculating:
-        config["speculative_config"] = speculative_config(spec)
+        config["speculative_config"] = speculative_config(inputs)
     return config
 
 

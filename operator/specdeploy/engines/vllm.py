@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdeploy.api.spec import KvCacheDtype, Method, SpeculativeDeploymentSpec
+from specdeploy.api.spec import KvCacheDtype, Method
 from specdeploy.api.units import GIB
 from specdeploy.engines.base import (
     LISTEN_HOST,
@@ -81,14 +81,22 @@ def engine_key(key: str) -> str:
     return key.replace("-", "_")
 
 
-def speculative_config(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
-    """The --speculative-config object: method, k, and the draft's own settings where it has a draft, then the
-    keys of spec.speculation.extraConfig (SpeculativeConfig fields the spec has no field for)."""
+def speculative_config(inputs: EngineInputs) -> dict[str, Any]:
+    """The --speculative-config object: method, k (and the schedule), and the draft's own settings where it has
+    a draft, then the keys of spec.speculation.extraConfig (SpeculativeConfig fields the spec has no field for).
+
+    A schedule becomes `num_speculative_tokens_per_batch_size: [[start, end, k], …]` (vllm/config/speculative.py;
+    validated by vllm/v1/spec_decode/dynamic/utils.py: ranges inclusive, ascending, the first from 1, k ≥ 0) with
+    `num_speculative_tokens` its largest k, the startup maximum vLLM sizes its buffers for.
+    """
+    spec = inputs.spec
     speculation = spec.speculation
     config: dict[str, Any] = {
         "method": SPECULATIVE_METHODS[speculation.enabled_method],
-        "num_speculative_tokens": speculation.num_speculative_tokens,
+        "num_speculative_tokens": inputs.max_k,
     }
+    if inputs.schedule is not None:
+        config["num_speculative_tokens_per_batch_size"] = [list(entry) for entry in inputs.schedule]
     draft = speculation.draft
     if draft is not None:
         config["model"] = draft.name
@@ -132,7 +140,7 @@ def render(inputs: EngineInputs) -> EngineCommand:
     if serving.kv_cache_dtype in KV_CACHE_DTYPES:
         args += ["--kv-cache-dtype", KV_CACHE_DTYPES[serving.kv_cache_dtype]]
     if inputs.speculating:
-        args += ["--speculative-config", compact_json(speculative_config(spec))]
+        args += ["--speculative-config", compact_json(speculative_config(inputs))]
     args += spec.engine.extra_args
     return EngineCommand(
         command=COMMAND,

@@ -17,6 +17,8 @@ which is below α for every k > 1 (α = 0.8, k = 5: rate 0.54). Its mean accepta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from specdeploy.api.spec import Method, Quantization
 
 # α assumed per method when nothing was measured (greedy or low-temperature chat; higher temperature
@@ -118,6 +120,44 @@ def default_alpha(
     if method != Method.NGRAM and method != Method.SUFFIX:
         alpha *= QUANTIZATION_ALPHA_FACTOR[target_quantization] * QUANTIZATION_ALPHA_FACTOR[draft_quantization]
     return alpha
+
+
+def expected_tokens_from_positions(position_acceptance: Sequence[float], k: int) -> float:
+    """E[tokens] of a step drafting `k` tokens, from the acceptance of each draft position.
+
+    `position_acceptance[i]` is the share of drafts whose position i+1 was accepted: vLLM's
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{position=i} ÷ vllm:spec_decode_num_drafts_total, which
+    counts position i+1 only when every position before it was accepted too. So a step yields the one token the
+    target always adds plus the accepted positions: 1 + Σ of the first k entries (Leviathan's α^i is the case
+    of one α for every position).
+    """
+    if not 0 <= k <= len(position_acceptance):
+        raise ValueError(f"k must be between 0 and the {len(position_acceptance)} positions given, got {k!r}")
+    for rate in position_acceptance:
+        _check_alpha(rate)
+    return 1.0 + sum(position_acceptance[:k])
+
+
+def prior_position_acceptance(
+    method: Method,
+    k_max: int,
+    *,
+    target_quantization: Quantization = Quantization.NONE,
+    draft_quantization: Quantization = Quantization.NONE,
+    mtp_layers: int = 1,
+) -> tuple[float, ...]:
+    """The acceptance assumed for draft positions 1..k_max when none was measured.
+
+    Position i is accepted when it and every position before it are: the product of each position's own α,
+    `default_alpha` of a chain that long. For every method but mtp that is α^i; an MTP module reused past the
+    positions it was trained for accepts less from there on (MTP_REUSED_ALPHA).
+    """
+    rates, accepted = [], 1.0
+    for position in range(1, k_max + 1):
+        accepted *= default_alpha(method, position, target_quantization=target_quantization,
+                                  draft_quantization=draft_quantization, mtp_layers=mtp_layers)
+        rates.append(accepted)
+    return tuple(rates)
 
 
 def _check_alpha(alpha: float) -> None:

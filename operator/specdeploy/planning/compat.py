@@ -22,7 +22,7 @@ import difflib
 import json
 from collections.abc import Callable, Iterable
 
-from specdeploy.api.spec import EngineKind, Method, Quantization, SpeculativeDeploymentSpec
+from specdeploy.api.spec import EngineKind, Method, Quantization, ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.speculative_keys import (
     MAX_EXTRA_CONFIG_TEXT,
     TRTLLM_MANAGED_KEYS,
@@ -39,6 +39,7 @@ from specdeploy.engines.trtllm import DECODING_TYPES as TRTLLM_DECODING_TYPES
 from specdeploy.engines.vllm import engine_key as vllm_key
 from specdeploy.planning.managed_flags import MANAGED_FLAGS, find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.schedule import ZERO_K_SPEEDUP, SpeculationSchedule
 
 # MANAGED_FLAGS is re-exported for the renderers; it lives in planning.managed_flags with its parsing.
 __all__ = ["MANAGED_FLAGS", "SUPPORTED_METHODS", "check_compatibility", "draft_size_ratio"]
@@ -391,7 +392,7 @@ _UNMODELLED_KEYS: dict[EngineKind, dict[str, tuple[Severity, str, str]]] = {
             Severity.INFO, "ExtraConfigScheduleNotModelled",
             "the speedup estimate and the acceptance floor assume `spec.speculation.numSpeculativeTokens` at every "
             "batch size, and while a range drafts 0 tokens vLLM's speculative counters stop, so acceptance "
-            "samples are Inconclusive",
+            "samples are Inconclusive; `spec.speculation.schedule` (mode Table) renders the same key and is modelled",
         ),
     },
     EngineKind.TRTLLM: {
@@ -492,6 +493,96 @@ def extra_config(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
                 )
 
 
+# --- schedule ------------------------------------------------------------------------------------------
+
+# SGLang's adaptive speculation (--speculative-adaptive) runs these with eagleTopk 1 only (sglang server_args.py).
+_SGLANG_ADAPTIVE_METHODS = (Method.EAGLE, Method.EAGLE3)
+# The engine keys a typed schedule renders; set in extraConfig as well they would say it twice.
+_SCHEDULE_KEYS = {
+    EngineKind.VLLM: ("num_speculative_tokens_per_batch_size",),
+    EngineKind.TRTLLM: ("draft_len_schedule", "max_concurrency"),
+}
+
+
+def schedule_support(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """A schedule (mode Auto or Table) needs an engine that changes k per step for the spec's method."""
+    speculation = spec.speculation
+    mode, engine = speculation.schedule_mode, spec.engine.kind
+    if mode == ScheduleMode.FIXED:
+        return
+    if engine == EngineKind.SGLANG and (speculation.method not in _SGLANG_ADAPTIVE_METHODS
+                                        or speculation.eagle_topk != 1):
+        yield _error(
+            "ScheduleNotSupportedByEngine",
+            f"`spec.speculation.schedule.mode` {mode.value} must not be used with `spec.engine.kind` sglang and "
+            f"`spec.speculation.method` {speculation.enabled_method.value} at `spec.speculation.eagleTopk` "
+            f"{speculation.eagle_topk}: SGLang changes the draft length only with --speculative-adaptive, which "
+            "runs eagle and eagle3 with eagleTopk 1; use one of those, vllm or trtllm, or mode Fixed",
+        )
+    extra = {vllm_key(key) if engine == EngineKind.VLLM else key for key in speculation.extra_config or {}}
+    for key in _SCHEDULE_KEYS.get(engine, ()):
+        if key in extra:
+            yield _error(
+                "ScheduleSetTwice",
+                f"`spec.speculation.extraConfig.{key}` must not be set with `spec.speculation.schedule.mode` "
+                f"{mode.value}: the operator renders {key} from the schedule; remove the key, or set mode Fixed "
+                "to pass it as written",
+            )
+
+
+def schedule_findings(spec: SpeculativeDeploymentSpec, schedule: SpeculationSchedule) -> Iterable[Finding]:
+    """What the derived (or written) schedule means on the spec's engine: where it cannot be rendered, and
+    what it costs where it drafts 0."""
+    mode, engine = spec.speculation.schedule_mode, spec.engine.kind
+    if mode == ScheduleMode.FIXED:
+        return
+    first, largest = schedule.ranges[0], schedule.largest_k
+    if largest == 0:
+        yield _error(
+            "ScheduleNeverPays",
+            "`spec.speculation.schedule.mode` Auto finds no batch size at which drafting pays: the best k is "
+            f"predicted at no more than the {ZERO_K_SPEEDUP:.2f}× of a step drafting 0 tokens, even at batch 1; "
+            "set `spec.speculation.enabled` to false, or a Table if measurements disagree with the model",
+        )
+        return
+    zero = [r for r in schedule.ranges if r.k == 0]
+    if engine == EngineKind.TRTLLM and first.k != largest:
+        yield _error(
+            "ScheduleNotExpressible",
+            f"`spec.speculation.schedule` drafts {first.k} at batch size 1 but {largest} at a larger batch: "
+            "TensorRT-LLM's draft_len_schedule must give its smallest batch sizes max_draft_len, the most "
+            "drafted anywhere; draft the most at the smallest batch, or use vllm",
+        )
+    if engine == EngineKind.SGLANG:
+        steps = sorted({r.k for r in schedule.ranges if r.k > 0})
+        rendered = (f"--speculative-adaptive with candidate_steps {steps}" if len(steps) > 1
+                    else f"a fixed {steps[0]} tokens per step")
+        yield _info(
+            "ScheduleFollowsAcceptance",
+            f"`spec.speculation.schedule` becomes {rendered}: SGLang moves between its tiers by the acceptance "
+            "it measures, not by the batch size, so the batch ranges are not enforced"
+            + (" and the ranges that draft 0 have no tier (SGLang drafts at least 1)" if zero else ""),
+        )
+    if engine == EngineKind.VLLM and len(schedule.ranges) > 1:
+        # vllm#49548: aggregate throughput collapsed under concurrency at a table threshold (MTP, piecewise
+        # CUDA graphs), from prefills counted in the batch size the lookup uses.
+        edges = ", ".join(str(r.min_batch) for r in schedule.ranges[1:])
+        yield _info(
+            "ScheduleThresholds",
+            f"`spec.speculation.schedule` changes k at batch sizes {edges}: vLLM has been seen to lose throughput "
+            "when the load hovers at such a threshold (vllm#49548); watch the tokens per second there",
+        )
+    if zero and engine != EngineKind.SGLANG:
+        cost = ("a step drafting 0 tokens still runs the drafter and costs 20–31% against no speculation "
+                "(vllm#49986); " if engine == EngineKind.VLLM else "")
+        yield _info(
+            "ScheduleDraftsZero",
+            f"`spec.speculation.schedule` drafts 0 tokens from batch size {zero[0].min_batch}: {cost}the "
+            "speculative counters stop there, so acceptance samples are Inconclusive while the load stays in "
+            "those ranges",
+        )
+
+
 # --- extraArgs -----------------------------------------------------------------------------------------
 
 
@@ -533,18 +624,20 @@ SPECULATION_RULES: tuple[Rule, ...] = (
     sglang_topk,
     quantization,
     extra_config,
+    schedule_support,
 )
 ALWAYS_RULES: tuple[Rule, ...] = (extra_args,)
 
 
 def check_compatibility(
     spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None,
-    head_findings: Iterable[Finding] = (),
+    head_findings: Iterable[Finding] = (), schedule: SpeculationSchedule | None = None,
 ) -> Compatibility:
     """Every finding about `spec` with its resolved target and draft; compatible when none is an Error.
 
     `head_findings` (planning.pairing, from the head's config.json) stand in for this module's findings
     of the same codes; like every speculation rule they apply only while speculation is enabled.
+    `schedule`: the spec's schedule as planning.schedule derived it, judged for the engine (`schedule_findings`).
     """
     findings: list[Finding] = []
     if spec.speculation.enabled:
@@ -553,6 +646,8 @@ def check_compatibility(
         findings += [finding for rule in SPECULATION_RULES for finding in rule(spec, target, draft)
                      if finding.code not in replaced]
         findings += from_head
+        if schedule is not None:
+            findings += schedule_findings(spec, schedule)
     findings += [finding for rule in ALWAYS_RULES for finding in rule(spec, target, draft)]
     return Compatibility(
         compatible=not any(f.severity == Severity.ERROR for f in findings),

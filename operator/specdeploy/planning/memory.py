@@ -10,6 +10,8 @@ messages in `memory_findings`, the fixes in `suggestions`; docs/memory-model.md 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
 from specdeploy.api.status import DraftCost, Finding, MemoryPlan, PerGpuMemory, Severity, Verdict
 from specdeploy.planning import memory_findings as findings
@@ -92,11 +94,18 @@ def _unknown_memory_plan(spec: SpeculativeDeploymentSpec, inputs: PlanInputs) ->
 
 
 def plan_memory(
-    spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None, *, speculate: bool = True
+    spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None, *, speculate: bool = True,
+    num_speculative_tokens: int | None = None,
 ) -> MemoryPlan:
     """The memory plan for `spec` on its GPUs; `speculate=False` (or `spec.speculation.enabled: false`)
-    plans the same target without speculation, as rollback and the Control variant run it."""
+    plans the same target without speculation, as rollback and the Control variant run it.
+
+    `num_speculative_tokens`: the k the engine is started with when a schedule decides it (its largest k,
+    planning.schedule): the engine reserves for that one, whatever smaller k the schedule drafts at a batch
+    size. None: `spec.speculation.numSpeculativeTokens`."""
     inputs = plan_inputs(spec, target, draft, speculate=speculate)
+    if num_speculative_tokens is not None:
+        inputs = replace(inputs, num_speculative_tokens=num_speculative_tokens)
     if inputs.gpu_memory_gib is None:
         return _unknown_memory_plan(spec, inputs)
     numbers = compute(inputs)

@@ -15,6 +15,7 @@ from typing import Any
 
 from specdeploy.api.spec import Architecture, EngineKind, SpeculativeDeploymentSpec
 from specdeploy.api.status import Compatibility, MemoryPlan, Verdict
+from specdeploy.engines.base import BatchK
 from specdeploy.modelsource.resolve import (
     ArchitectureSource,
     Origin,
@@ -27,6 +28,7 @@ from specdeploy.planning.compat import check_compatibility
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.memory import gpu_memory_gib, plan_memory, trtllm_free_gpu_memory_fraction
 from specdeploy.planning.modelinfo import ModelInfo
+from specdeploy.planning.schedule import SpeculationSchedule, speculation_schedule
 from specdeploy.planning.speedup import SpeedupEstimate, estimate_speedup
 
 
@@ -41,6 +43,12 @@ class Plan:
     speedup: SpeedupEstimate | None
     target_origin: Origin                    # where the target's architecture came from
     draft_origin: Origin | None              # the draft's or EAGLE head's; None without one
+    schedule: SpeculationSchedule | None = None   # k per batch range; None without speculation
+
+    @property
+    def engine_schedule(self) -> tuple[BatchK, ...] | None:
+        """The schedule the engine renderers take: None for mode Fixed (and without speculation)."""
+        return self.schedule.engine_table() if self.schedule is not None else None
 
     @property
     def accepted(self) -> bool:
@@ -117,18 +125,22 @@ def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = N
     target = resolved.target.info
     draft = resolved.draft.info if resolved.draft is not None else None
     speculate = spec.speculation.enabled
-    memory = plan_memory(spec, target, draft, speculate=speculate)
-    memory_without_speculation = plan_memory(spec, target, draft, speculate=False) if speculate else memory
-    compatibility = check_compatibility(spec, target, draft, head_findings(spec, resolved))
     gpu = find_gpu(spec.resources.gpu.product)
+    schedule = speculation_schedule(spec, target, draft, gpu) if speculate else None
+    largest_k = schedule.largest_k if schedule is not None and schedule.largest_k > 0 else None
+    memory = plan_memory(spec, target, draft, speculate=speculate, num_speculative_tokens=largest_k)
+    memory_without_speculation = plan_memory(spec, target, draft, speculate=False) if speculate else memory
+    compatibility = check_compatibility(spec, target, draft, head_findings(spec, resolved), schedule)
     speedup = estimate_speedup(spec, target, draft, gpu) if speculate else None
     return Plan(pin_revisions(spec, resolved), target, draft, memory, memory_without_speculation, compatibility,
-                speedup, resolved.target.origin, resolved.draft.origin if resolved.draft is not None else None)
+                speedup, resolved.target.origin, resolved.draft.origin if resolved.draft is not None else None,
+                schedule)
 
 
 def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> dict[str, Any]:
     """What `specdeploy plan -o json` prints: status.memoryPlan's JSON, with compatibility,
-    engineCommand, speedup and models (where each architecture came from, `Origin.to_wire`) beside it.
+    engineCommand, speedup, speculationSchedule (`SpeculationSchedule.to_wire`: minBatch, maxBatch, k and the
+    predicted speedup per batch range) and models (where each architecture came from, `Origin.to_wire`) beside it.
 
     `verdict` stays the memory plan's own (status.memoryPlan.verdict is the same field); `outcome` is the
     plan's as a whole — Rejected also for a compatibility error — and agrees with the exit code and the
@@ -138,6 +150,7 @@ def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> d
     document["compatibility"] = plan.compatibility.to_wire()
     document["engineCommand"] = engine_command
     document["speedup"] = plan.speedup.to_wire() if plan.speedup is not None else None
+    document["speculationSchedule"] = plan.schedule.to_wire() if plan.schedule is not None else None
     document["models"] = {
         "target": plan.target_origin.to_wire(),
         "draft": plan.draft_origin.to_wire() if plan.draft_origin is not None else None,

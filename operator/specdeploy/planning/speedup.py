@@ -49,10 +49,12 @@ __all__ = [
     "acceptance_rate_from_alpha",
     "alpha_from_acceptance_length",
     "alpha_from_acceptance_rate",
+    "batch_grid",
     "best_k",
     "decode_step_seconds",
     "estimate_speedup",
     "expected_tokens_per_step",
+    "knee",
     "speculation_breakeven_batch_size",
     "speculation_cost",
     "speedup",
@@ -76,10 +78,10 @@ def speedup(alpha: float, k: int, c: float) -> float:
 
 def best_k(alpha: float, c: float, k_max: int = K_MAX) -> int:
     """The k in 1..k_max with the highest Leviathan speedup, or the smallest k within 1% of it."""
-    return _knee(lambda k: speedup(alpha, k, c), k_max)
+    return knee(lambda k: speedup(alpha, k, c), k_max)
 
 
-def _knee(speedup_at: Callable[[int], float], k_max: int) -> int:
+def knee(speedup_at: Callable[[int], float], k_max: int) -> int:
     """The smallest k whose speedup is within KNEE of the best: more drafted tokens for under 1% more
     speed are not worth the compute they add once the engine is busy (a free drafter such as ngram
     would otherwise always ask for k_max)."""
@@ -119,8 +121,11 @@ class SpeculationCost:
 
     def speedup(self, batch: int, alpha: float, k: int) -> float:
         """Tokens per second with speculation ÷ without, at `batch` running sequences."""
-        tokens = expected_tokens_per_step(alpha, k)
-        return tokens * self.baseline_step_seconds(batch) / self.speculative_step_seconds(batch, k)
+        return self.speedup_for_tokens(batch, expected_tokens_per_step(alpha, k), k)
+
+    def speedup_for_tokens(self, batch: int, tokens_per_step: float, k: int) -> float:
+        """The same for a step drafting `k` tokens that yields `tokens_per_step` on average."""
+        return tokens_per_step * self.baseline_step_seconds(batch) / self.speculative_step_seconds(batch, k)
 
     def _target(self, batch: int, tokens_per_sequence: int) -> float:
         return forward_seconds(
@@ -129,7 +134,7 @@ class SpeculationCost:
         )
 
 
-def _batch_grid(max_batch: int) -> list[int]:
+def batch_grid(max_batch: int) -> list[int]:
     """1, 2, 3 … then about 25% apart, ending at max_batch."""
     grid, batch = [], 1
     while batch < max_batch:
@@ -149,7 +154,7 @@ def speculation_breakeven_batch_size(
     recover a little once every expert is read anyway).
     """
     paying = 0
-    for batch in _batch_grid(max_batch):
+    for batch in batch_grid(max_batch):
         if cost.speedup(batch, alpha, k) < 1.0:
             losing = batch
             break
@@ -272,7 +277,7 @@ def estimate_speedup(
         speedup_at_max_batch=cost.speedup(max_batch, alpha, k),
         max_batch_size=max_batch,
         breakeven_batch_size=speculation_breakeven_batch_size(cost, alpha, k, max_batch),
-        best_k=_knee(lambda n: cost.speedup(1, alpha_at(n), n), K_MAX),
+        best_k=knee(lambda n: cost.speedup(1, alpha_at(n), n), K_MAX),
         gpu=product.name,
         context_tokens=context_tokens,
     )

@@ -113,6 +113,7 @@ def engine_command(plan: Plan, variant: Variant, speculate: bool) -> EngineComma
         max_model_len=plan.max_model_len,
         speculate=speculating,
         trtllm_free_gpu_memory_fraction=plan.trtllm_free_gpu_memory_fraction(speculating),
+        schedule=plan.engine_schedule,
     ))
 
 

@@ -1,0 +1,183 @@
+"""k per batch size: the schedule the engine follows every step (`spec.speculation.schedule`).
+
+    schedule = speculation_schedule(spec, target, draft, find_gpu("H100-80GB"))
+    schedule.ranges          # (ScheduleRange(1, 21, 4, …), ScheduleRange(22, 75, 3, …), …)
+    schedule.engine_table()  # what the renderers put in the engine's config; None for mode Fixed
+
+The fast loop of speculation lives in the engine: it reads the batch size each step and drafts the k the
+schedule gives it, without a restart (vLLM `num_speculative_tokens_per_batch_size`, SGLang's adaptive tiers,
+TensorRT-LLM `max_concurrency` / `draft_len_schedule`). Mode Auto derives that schedule here from the
+roofline (planning.speedup's `SpeculationCost`) and the acceptance of each draft position: at every batch
+size the k in 1..numSpeculativeTokens with the best predicted speedup, or 0 where that speedup is below what
+a step at k = 0 gives. The acceptance is the catalog's prior per method until a measured one is passed in
+(`position_acceptance`, as vLLM's per-position counters give it). docs/schedules.md explains the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from specdeploy.api.spec import Quantization, ScheduleMode, SpeculativeDeploymentSpec
+from specdeploy.engines.base import BatchK
+from specdeploy.planning.acceptance import expected_tokens_from_positions, prior_position_acceptance
+from specdeploy.planning.gpus import GPU_PRODUCTS, GpuProduct
+from specdeploy.planning.modelinfo import ModelInfo
+from specdeploy.planning.speedup import REFERENCE_GPU, SpeculationCost, batch_grid, knee, speculation_cost
+
+ZERO_K_SLOWDOWN = 0.20
+"""What a step costs at k = 0 inside a schedule, as a share of the same step without speculation: vLLM still
+runs the drafter's forward pass to keep its KV cache in step (vllm#49548) and the speculative bookkeeping,
+and vllm#49986 measured 20–31% against no speculation at all. The low end is taken: a schedule then drafts 0
+as soon as the best k loses more than the mildest measured k = 0 cost. Turning speculation off altogether
+(1.0) needs a restart, which the schedule cannot do; that is the rollback's job."""
+
+ZERO_K_SPEEDUP = 1.0 - ZERO_K_SLOWDOWN
+
+
+@dataclass(frozen=True)
+class ScheduleRange:
+    """k for the batch sizes min_batch..max_batch (both included), with the predicted speedup at each end."""
+
+    min_batch: int
+    max_batch: int
+    k: int
+    speedup_at_min_batch: float     # tokens per second ÷ without speculation, at min_batch running sequences
+    speedup_at_max_batch: float
+
+    def to_wire(self) -> dict[str, Any]:
+        """One entry of `speculationSchedule` in `specdeploy plan -o json`."""
+        return {
+            "minBatch": self.min_batch,
+            "maxBatch": self.max_batch,
+            "k": self.k,
+            "predictedSpeedup": round(self.speedup_at_min_batch, 3),
+            "predictedSpeedupAtMaxBatch": round(self.speedup_at_max_batch, 3),
+        }
+
+
+@dataclass(frozen=True)
+class SpeculationSchedule:
+    """The schedule of one spec: its mode and ranges covering 1..maxNumSeqs in ascending order."""
+
+    mode: ScheduleMode
+    ranges: tuple[ScheduleRange, ...]
+    acceptance_measured: bool       # False: the method's prior per position (planning.acceptance)
+
+    @property
+    def largest_k(self) -> int:
+        """The most any batch size drafts: what the engine is started with and the memory plan reserves for."""
+        return max(r.k for r in self.ranges)
+
+    def engine_table(self) -> tuple[BatchK, ...] | None:
+        """The ranges for the engine renderers; None for mode Fixed, which renders no schedule at all."""
+        if self.mode == ScheduleMode.FIXED:
+            return None
+        return tuple(BatchK(r.min_batch, r.max_batch, r.k) for r in self.ranges)
+
+    def to_wire(self) -> list[dict[str, Any]]:
+        """`speculationSchedule` of `specdeploy plan -o json`."""
+        return [r.to_wire() for r in self.ranges]
+
+
+def step_speedup(cost: SpeculationCost, position_acceptance: Sequence[float], batch: int, k: int) -> float:
+    """The predicted speedup at `batch` running sequences drafting `k` tokens; ZERO_K_SPEEDUP at k = 0."""
+    if k == 0:
+        return ZERO_K_SPEEDUP
+    return cost.speedup_for_tokens(batch, expected_tokens_from_positions(position_acceptance, k), k)
+
+
+def best_k_at(cost: SpeculationCost, position_acceptance: Sequence[float], batch: int, max_k: int) -> int:
+    """The k a schedule drafts at `batch`: 0 when no k in 1..max_k is predicted above a step at k = 0, else the
+    knee of the speedup (planning.speedup.knee: the smallest k within 1% of the best)."""
+    def speedup_at(k: int) -> float:
+        return step_speedup(cost, position_acceptance, batch, k)
+
+    if max(speedup_at(k) for k in range(1, max_k + 1)) <= ZERO_K_SPEEDUP:
+        return 0
+    return knee(speedup_at, max_k)
+
+
+def _starts(choose: Callable[[int], int], max_batch: int) -> list[tuple[int, int]]:
+    """(first batch size, k) of each run of equal k over 1..max_batch.
+
+    `choose` is evaluated on planning.speedup's batch grid (every size to 4, then about 25% apart) and
+    bisected wherever two neighbouring grid points differ, so a change of k is found at its exact batch size
+    wherever k changes monotonically between two grid points (the speedup curves are smooth in the batch).
+    """
+    starts = [(1, choose(1))]
+    for low, high in zip(grid := batch_grid(max_batch), grid[1:], strict=False):
+        k_high = choose(high)
+        while starts[-1][1] != k_high:
+            k_low, below, above = starts[-1][1], max(low, starts[-1][0]), high
+            while above - below > 1:
+                middle = (below + above) // 2
+                below, above = (middle, above) if choose(middle) == k_low else (below, middle)
+            starts.append((above, choose(above)))
+    return starts
+
+
+def _ranges(starts: list[tuple[int, int]], max_batch: int, speedup: Callable[[int, int], float]
+            ) -> tuple[ScheduleRange, ...]:
+    ends = [start - 1 for start, _ in starts[1:]] + [max_batch]
+    return tuple(ScheduleRange(start, end, k, speedup(start, k), speedup(end, k))
+                 for (start, k), end in zip(starts, ends, strict=True))
+
+
+def derive_schedule(
+    cost: SpeculationCost, position_acceptance: Sequence[float], max_k: int, max_num_seqs: int
+) -> tuple[ScheduleRange, ...]:
+    """Mode Auto: the best k at every batch size 1..max_num_seqs, adjacent sizes of equal k merged.
+
+    `position_acceptance[i]` is the share of drafts whose position i+1 is accepted (non-increasing; the prior
+    of `prior_position_acceptance` or vLLM's per-position counters); k goes up to the smaller of `max_k` and
+    the positions given.
+    """
+    top = min(max_k, len(position_acceptance))
+    choose = cache(lambda batch: best_k_at(cost, position_acceptance, batch, top))
+    return _ranges(_starts(choose, max_num_seqs), max_num_seqs,
+                   lambda batch, k: step_speedup(cost, position_acceptance, batch, k))
+
+
+def table_schedule(
+    cost: SpeculationCost, position_acceptance: Sequence[float], table: Sequence[BatchK], max_num_seqs: int
+) -> tuple[ScheduleRange, ...]:
+    """Mode Table: the user's ranges over 1..max_num_seqs with their predicted speedups. As vLLM reads a
+    table, the last range's k holds up to max_num_seqs; ranges past it are dropped."""
+    starts = [(entry.min_batch, entry.k) for entry in table if entry.min_batch <= max_num_seqs]
+    return _ranges(starts, max_num_seqs, lambda batch, k: step_speedup(cost, position_acceptance, batch, k))
+
+
+def speculation_schedule(
+    spec: SpeculativeDeploymentSpec,
+    target: ModelInfo,
+    draft: ModelInfo | None,
+    gpu: GpuProduct | None,
+    *,
+    position_acceptance: Sequence[float] | None = None,
+) -> SpeculationSchedule:
+    """The schedule of `spec`'s speculation (which must be enabled) on `gpu` (None: REFERENCE_GPU).
+
+    `position_acceptance`: measured acceptance per draft position (see `derive_schedule`); None assumes the
+    method's prior, lowered for a quantised target or draft, as the speedup estimate does.
+    """
+    speculation = spec.speculation
+    k_max = speculation.num_speculative_tokens
+    cost = speculation_cost(spec, target, draft, gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU])
+    acceptance = position_acceptance if position_acceptance is not None else prior_position_acceptance(
+        speculation.enabled_method, k_max,
+        target_quantization=spec.model.quantization,
+        draft_quantization=speculation.draft.quantization if speculation.draft is not None else Quantization.NONE,
+        mtp_layers=target.architecture.num_nextn_predict_layers,
+    )
+    max_num_seqs, mode = spec.serving.max_num_seqs, speculation.schedule_mode
+    if mode == ScheduleMode.AUTO:
+        ranges = derive_schedule(cost, acceptance, k_max, max_num_seqs)
+    elif mode == ScheduleMode.TABLE and speculation.schedule is not None and speculation.schedule.table:
+        table = [BatchK(r.min_batch, r.max_batch, r.k) for r in speculation.schedule.table]
+        ranges = table_schedule(cost, acceptance, table, max_num_seqs)
+    else:
+        ranges = table_schedule(cost, acceptance, [BatchK(1, max_num_seqs, k_max)], max_num_seqs)
+    return SpeculationSchedule(mode, ranges, acceptance_measured=position_acceptance is not None)
