@@ -1,9 +1,10 @@
 """spec.analysis.objective on the dev cluster: the same SD under rising load, judged by Throughput and by Latency.
 
-The SD: Llama-3.1-8B with a 1B draft proposing 5 tokens on an H100 at gpuMemoryUtilization 0.25. The draft's
-weights and KV layers leave the speculative pod 6,976 KV tokens against the control's 28,912 (the memory plan):
-with ~2,000-token prompts it holds 3 sequences to the control's 12, so under load it queues first while each of
-its tokens is twice as fast (acceptance 0.6). On the simulator's virtual clock (the same model; 10 seeds of
+The SD: Llama-3.1-8B with a 1B draft proposing 5 tokens on an H100 at gpuMemoryUtilization 0.25, maxNumSeqs 16.
+The draft's weights, KV layers and CUDA graphs leave the speculative pod 6,736 KV tokens against the control's
+29,792 (the memory plan): with ~2,000-token prompts it holds 3 sequences to the control's 13, so under load it
+queues first while each of its tokens is twice as fast (acceptance 0.6). On the simulator's virtual clock (measured
+at 6,976 and 28,912 tokens, before the plan counted speculation's CUDA graphs as vLLM captures them; 10 seeds of
 200 s, cut into 20 s windows, queue times counted as at least 50 ms): at 0.75 requests/s per pod 79 of 80
 windows have a queue ratio of 1.00 and one 2.57; at 4 requests/s the speculative pod serves at most ~3.6 and every
 window's ratio is above 20 (median 366), at 4.2 ms per token against 9.0 ms. Its prefill (scheduled → first
@@ -46,7 +47,7 @@ spec:
   model: {name: meta-llama/Llama-3.1-8B-Instruct}
   speculation: {method: draft_model, draft: {name: meta-llama/Llama-3.2-1B-Instruct}, numSpeculativeTokens: 5}
   resources: {gpu: {product: H100-80GB, count: 1}, gpuMemoryUtilization: 0.25}
-  serving: {maxModelLen: 4096, maxNumSeqs: 64}
+  serving: {maxModelLen: 4096, maxNumSeqs: 16}
   analysis:
     objective: Throughput
     interval: 5s

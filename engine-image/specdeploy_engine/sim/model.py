@@ -36,6 +36,7 @@ from specdeploy.planning.roofline import (
     ENGINE_STEP_OVERHEAD_S,
     LAYER_OVERHEAD_S,
     ForwardCost,
+    peak_flops,
 )
 from specdeploy.planning.speedup import DRAFT_PASS_OVERHEAD_S, speculation_cost
 from specdeploy_engine.sim.argv import EngineConfig
@@ -74,7 +75,7 @@ def pass_seconds(cost: ForwardCost, gpu: GpuProduct, *, tokens: int, kv_tokens: 
     moved = (cost.dense_weight_bytes + cost.expert_weight_bytes * touched
              + cost.kv_bytes_per_token * kv_tokens + cost.window_kv_bytes_per_token * window_kv_tokens)
     memory_s = moved / (gpu.hbm_bandwidth_gb_s * 1e9 * BANDWIDTH_EFFICIENCY)
-    compute_s = cost.flops_per_token * tokens / (gpu.bf16_tflops * 1e12 * COMPUTE_EFFICIENCY)
+    compute_s = cost.flops_per_token * tokens / (peak_flops(cost, gpu) * COMPUTE_EFFICIENCY)
     allreduce_s = 2 * cost.layers * ALLREDUCE_S if cost.tensor_parallel_size > 1 else 0.0
     return max(memory_s, compute_s) + cost.layers * LAYER_OVERHEAD_S + allreduce_s
 
