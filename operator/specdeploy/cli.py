@@ -171,17 +171,17 @@ def probe(file: str | None, sd: str | None, url: str, workloads_file: str | None
     import httpx
     import yaml
 
-    from specdeploy.api.status import ProbeCellStatus, ProbeStatus
-    from specdeploy.clients.engine_probe import send_probe
+    from specdeploy.clients.engine_probe import EngineUnreachable, run_probe
     from specdeploy.engines import metric_names
     from specdeploy.judgment.probe import (
         NEUTRAL_PROMPTS,
         NEUTRAL_WORKLOAD,
         ProbeBudget,
         ProbeOutcome,
-        not_paying,
+        UnusableWorkloads,
         probe_cells,
-        probe_requests,
+        probe_result,
+        workloads_from,
     )
     from specdeploy.report import render_probe
 
@@ -207,49 +207,32 @@ def probe(file: str | None, sd: str | None, url: str, workloads_file: str | None
     workloads: dict[str, list[str]] = {NEUTRAL_WORKLOAD: list(NEUTRAL_PROMPTS)}
     if workloads_file is not None:
         try:
-            loaded = yaml.safe_load(Path(workloads_file).read_text())
-        except (OSError, yaml.YAMLError) as error:
+            workloads = workloads_from(yaml.safe_load(Path(workloads_file).read_text()), workloads_file)
+        except (OSError, yaml.YAMLError, UnusableWorkloads) as error:
             _fail(f"cannot read {workloads_file}: {error}")
-        if not isinstance(loaded, dict) or not loaded or not all(
-                isinstance(k, str) and isinstance(v, list) and v and all(isinstance(p, str) for p in v)
-                for k, v in loaded.items()):
-            _fail(f"{workloads_file}: expected a mapping of workload name to a non-empty list of prompts")
-        workloads = loaded
     budget = ProbeBudget(requests_per_cell, max_tokens, rate)
-    requests = probe_requests(workloads, temperature_list, budget)
     cells_count = len(workloads) * len(temperature_list)
 
     async def run() -> tuple[str, list[ProbeOutcome]]:
         async with httpx.AsyncClient() as http:
             try:
-                models = (await http.get(f"{url.rstrip('/')}/v1/models", timeout=30)).json()["data"]
-                model = str(models[0]["id"])
-            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as error:
-                _fail(f"{url} does not answer /v1/models as an OpenAI server does: {error}")
-            return model, await send_probe(http, url, model, requests, budget, deadline,
-                                           counters=metric_names(spec.engine.kind))
+                return await run_probe(http, url, workloads, temperature_list, budget, deadline,
+                                       counters=metric_names(spec.engine.kind))
+            except EngineUnreachable as error:
+                _fail(str(error))
 
     model, outcomes = asyncio.run(run())
+    result = probe_result(spec, outcomes, budget, cells_count, model, url, datetime.datetime.now(datetime.UTC),
+                          trigger="Manual", batch_size=batch_size)
     floor = acceptance_floor(spec, batch_size)
-    break_even = floor.break_even if floor is not None else None
-    cells = probe_cells(outcomes, spec.speculation.num_speculative_tokens, break_even)
-    from_counters = any(o.from_counters for o in outcomes)
-    described = (f"{spec.speculation.enabled_method.value} k={spec.speculation.num_speculative_tokens}, model "
-                 f"{model}; {len(outcomes)} of {budget.requests(cells_count)} requests sent (budget: "
-                 f"{requests_per_cell} per cell, ≤ {budget.tokens(cells_count)} tokens, ≤ {rate:g}/s)")
-    result = ProbeStatus(
-        taken_at=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), url=url,
-        counts_from="counters" if from_counters else "answers", budget=described, break_even=break_even,
-        break_even_basis=floor.describe() if floor is not None else None,
-        cells=[ProbeCellStatus(workload=c.workload, temperature=c.temperature, requests=c.requests, failed=c.failed,
-                               acceptance_rate=c.acceptance_rate, mean_acceptance_length=c.mean_acceptance_length,
-                               predicted_speedup=c.predicted_speedup, pays=c.pays) for c in cells],
-        not_paying=not_paying(cells, break_even))
+    cells = probe_cells(outcomes, spec.speculation.num_speculative_tokens, result.break_even)
+    from_counters = result.counts_from == "counters"
     if output == "json":
         click.echo(json.dumps({**result.to_wire(), "errors": sorted({o.error for o in outcomes if o.error})},
                               indent=2))
     else:
-        render_probe(resource.metadata.name, url, cells, floor, described, from_counters, Console(highlight=False))
+        render_probe(resource.metadata.name, url, cells, floor, result.budget or "", from_counters,
+                     Console(highlight=False))
         for reason in sorted({o.error for o in outcomes if o.error}):
             click.echo(f"failed requests: {reason}", err=True)
     if not any(c.requests for c in cells):

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import pytest
 
+from specdeploy.api.status import ProbeStatus
 from specdeploy.controller.reconciler import Reconciler, Trigger
 from specdeploy.judgment.samples import DeploymentSample
 
@@ -25,7 +26,7 @@ class RecordingReconciler(Reconciler):
         self.fail_next = False
 
     async def _pass(self, namespace: str, name: str, trigger: Trigger | None,
-                    sample: DeploymentSample | None) -> None:
+                    sample: DeploymentSample | None, probe: ProbeStatus | None) -> None:
         self.passes.append((name, trigger))
         await self.gate.wait()
         if self.fail_next:

@@ -570,6 +570,51 @@ class Checks(WireModel):
     rollback_on_oom: bool = Field(True, alias="rollbackOnOOM", description="Roll back at once when a speculative pod runs out of memory")
 
 
+class Probe(WireModel):
+    """The operator's own probe of the speculative pods: acceptance per workload and temperature
+    (docs/analysis.md "Measure first"). Its failures are the Probed condition, never a rollback."""
+
+    interval: Duration | None = Field(
+        None, description="Probe again this long after the last probe, e.g. 6h; unset: only a new generation"
+    )
+    on_new_generation: bool = Field(
+        True, description="Probe each new speculative generation (new engine pods) once it is available"
+    )
+    temperatures: list[float] = Field(
+        default_factory=lambda: [0.0, 0.7, 1.0], min_length=1, max_length=8,
+        description="Sampling temperatures, each 0 to 2",
+    )
+    workloads_config_map: str | None = Field(
+        None, max_length=253,
+        description="ConfigMap in this namespace: each key a workload name (code, support, …), each value a YAML "
+        "list of prompts. Unset: a built-in neutral prompt set",
+    )
+    requests_per_cell: int = Field(8, ge=1, le=100, description="Requests per workload × temperature")
+    max_tokens: int = Field(64, ge=1, le=1024, description="Output tokens asked per request")
+    requests_per_second: float = Field(
+        1.0, gt=0, le=10, description="The most probe requests per second, sent one at a time"
+    )
+    timeout: Duration = Field(600.0, description="A probe stops after this long, e.g. 10m; what it measured counts")
+
+    cel_rules = (
+        CelRule(
+            "self.temperatures.all(t, t >= 0.0 && t <= 2.0)",
+            "`spec.analysis.probe.temperatures` must each be at least 0 and at most 2",
+            lambda p: all(0.0 <= t <= 2.0 for t in p.temperatures),
+        ),
+        CelRule(
+            "!has(self.interval) || duration(self.interval) >= duration('10m')",
+            "`spec.analysis.probe.interval` must be at least 10m: each probe takes requests from serving",
+            lambda p: p.interval is None or p.interval >= 600.0,
+        ),
+        CelRule(
+            "duration(self.timeout) >= duration('10s') && duration(self.timeout) <= duration('1h')",
+            "`spec.analysis.probe.timeout` must be at least 10s and at most 1h",
+            lambda p: 10.0 <= p.timeout <= 3600.0,
+        ),
+    )
+
+
 class Analysis(WireModel):
     """How Prometheus is read and when speculation is taken away."""
 
@@ -592,6 +637,9 @@ class Analysis(WireModel):
         "output tokens per second per GPU against the control, per-token latency not counted. Both: both sets",
     )
     checks: Checks = Field(default_factory=Checks, description="Limits of a healthy sample")
+    probe: Probe | None = Field(
+        None, description="The operator probes the speculative pods itself, on a new generation and every interval"
+    )
     cooldown: Duration = Field(1800.0, description="Wait after a rollback before Auto re-enables, e.g. 30m")
     reenable: Reenable = Field(
         Reenable.MANUAL, description="Manual: a spec change or the retry annotation; Auto: after cooldown, doubling"
@@ -700,6 +748,13 @@ class SpeculativeDeploymentSpec(WireModel):
             "!has(self.speculation.method) || self.speculation.method != 'suffix' || self.engine.kind == 'vllm'",
             "`spec.speculation.method` suffix is supported by vllm only; use ngram with sglang or trtllm",
             lambda s: s.speculation.method != Method.SUFFIX or s.engine.kind == EngineKind.VLLM,
+        ),
+        CelRule(
+            "!has(self.analysis.probe) || self.engine.kind == 'vllm'",
+            "`spec.analysis.probe` needs each answer's own speculative counts, which only vLLM returns "
+            "(--per-request-spec-decode-metrics); with sglang or trtllm run `specdeploy probe` on a pod that "
+            "serves nothing else",
+            lambda s: s.analysis.probe is None or s.engine.kind == EngineKind.VLLM,
         ),
         _managed_keys_rule(EngineKind.VLLM),
         _managed_keys_rule(EngineKind.TRTLLM),

@@ -291,19 +291,38 @@ class ProbeCellStatus(StatusModel):
     pays: bool | None = Field(None, description="Above the break-even (unset: no break-even known)")
 
 
-class ProbeStatus(StatusModel):
-    """The last `specdeploy probe --sd` of this SD: acceptance per workload and temperature on a live pod."""
+class ProbeFailure(StatusModel):
+    """Why the last probe the operator started measured nothing (the cells stay those of the one before)."""
 
-    taken_at: str
-    url: str = Field(description="The engine the requests went to")
-    counts_from: str = Field(description="answers (each answer's metrics.speculative_decoding) or counters "
-                             "(the engine's counters around each request)")
-    budget: str = Field(description="What the probe sent and was allowed to send")
+    at: str
+    reason: str = Field(description="PodNotReady, WorkloadsUnreadable, EngineUnreachable or NothingMeasured")
+    message: str
+    deployment_generation: int | None = Field(None, description="The speculative Deployment's generation it tried")
+
+
+class ProbeStatus(StatusModel):
+    """The last probe of this SD (`specdeploy probe --sd`, or the operator's with `spec.analysis.probe`):
+    acceptance per workload and temperature on a live pod."""
+
+    taken_at: str | None = Field(None, description="When the cells were measured; unset: never yet")
+    trigger: str | None = Field(None, description="Manual (specdeploy probe --sd), NewGeneration or Interval")
+    url: str | None = Field(None, description="The engine the requests went to")
+    pod: str | None = Field(None, description="The pod probed (the operator's probe)")
+    pod_template_hash: str | None = Field(
+        None, description="The pod's pod-template-hash: the speculative generation the cells describe"
+    )
+    deployment_generation: int | None = Field(
+        None, description="The speculative Deployment's generation when it was probed"
+    )
+    counts_from: str | None = Field(None, description="answers (each answer's metrics.speculative_decoding) or "
+                                    "counters (the engine's counters around each request)")
+    budget: str | None = Field(None, description="What the probe sent and was allowed to send")
     break_even: float | None = Field(None, description="The acceptance where the predicted speedup is 1")
     break_even_basis: str | None = None
     cells: list[ProbeCellStatus] = Field(default_factory=list, max_length=256)
     not_paying: list[str] = Field(default_factory=list, max_length=256,
                                   description="The cells below the break-even, in words")
+    last_failure: ProbeFailure | None = Field(None, description="Set while the last probe measured nothing")
 
 
 class SpeculativeDeploymentStatus(StatusModel):

@@ -23,9 +23,38 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdeploy.engines.base import MetricNames
-from specdeploy.judgment.probe import ProbeBudget, ProbeOutcome, ProbeRequest, SpecDecodeCounts
+from specdeploy.judgment.probe import (
+    ProbeBudget,
+    ProbeOutcome,
+    ProbeRequest,
+    SpecDecodeCounts,
+    probe_requests,
+)
 
 REQUEST_TIMEOUT_SECONDS = 60.0
+
+
+class EngineUnreachable(Exception):
+    """The URL answers no OpenAI `/v1/models`: nothing was sent."""
+
+
+async def served_model(http: httpx.AsyncClient, base_url: str) -> str:
+    """The model the engine serves, from `/v1/models` (the name probe requests must send)."""
+    try:
+        response = await http.get(f"{base_url.rstrip('/')}/v1/models", timeout=30)
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as error:
+        raise EngineUnreachable(f"{base_url} does not answer /v1/models as an OpenAI server does: "
+                                f"{type(error).__name__}: {error}") from error
+
+
+async def run_probe(http: httpx.AsyncClient, base_url: str, workloads: dict[str, list[str]],
+                    temperatures: Sequence[float], budget: ProbeBudget, deadline_seconds: float,
+                    counters: MetricNames | None = None) -> tuple[str, list[ProbeOutcome]]:
+    """The served model and the outcome of every request of the probe (`specdeploy probe` and the operator's)."""
+    model = await served_model(http, base_url)
+    requests = probe_requests(workloads, temperatures, budget)
+    return model, await send_probe(http, base_url, model, requests, budget, deadline_seconds, counters=counters)
 
 
 async def send_probe(http: httpx.AsyncClient, base_url: str, model: str, requests: Sequence[ProbeRequest],

@@ -29,6 +29,7 @@ from specdeploy.clients import kube
 from specdeploy.controller.analysis_loop import analyse_forever
 from specdeploy.controller.leader import LeaderElection
 from specdeploy.controller.metrics_server import serve_metrics
+from specdeploy.controller.probe_loop import probe_forever
 from specdeploy.controller.reconciler import Reconciler, Trigger
 from specdeploy.controller.resync import resync_forever
 from specdeploy.controller.settings import OperatorSettings
@@ -131,6 +132,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         reconciler, namespaces, options.prometheus_url, options.analysis_tick_seconds,
         options.prometheus_headers_dir,
     ))
+    memo.probe_task = asyncio.create_task(probe_forever(reconciler, namespaces))
 
 
 def _hub(options: OperatorSettings) -> HubConfigs | None:
@@ -146,7 +148,7 @@ def _hub(options: OperatorSettings) -> HubConfigs | None:
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    for task_name in ("analysis_task", "resync_task", "lease_task"):
+    for task_name in ("analysis_task", "probe_task", "resync_task", "lease_task"):
         task = getattr(memo, task_name, None)
         if task is not None:
             task.cancel()

@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from specdeploy.api.resource import SpeculativeDeployment, describe_validation_error
 from specdeploy.api.spec import SpeculativeDeploymentSpec
-from specdeploy.api.status import Finding, Severity, SpeculativeDeploymentStatus
+from specdeploy.api.status import Finding, ProbeStatus, Severity, SpeculativeDeploymentStatus
 from specdeploy.clients import kube
 from specdeploy.clients.alertmanager import AlertmanagerError, post_alerts
 from specdeploy.clients.headers import InvalidHeaders, directory_headers
@@ -175,10 +175,10 @@ class Reconciler:
         self._no_spec_pass_waiting.set()
 
     async def reconcile(self, namespace: str, name: str, trigger: Trigger | None = Trigger.SPEC,
-                        sample: DeploymentSample | None = None) -> None:
+                        sample: DeploymentSample | None = None, probe: ProbeStatus | None = None) -> None:
         """Bring SD `namespace/name` and its children to what its spec and status say, reading what
-        `trigger` needs; `sample` is an analysis sample taken for it this cycle (then `trigger` may be None).
-        A pass asked for with `request` and not yet begun is done by this one."""
+        `trigger` needs; `sample` is an analysis sample taken for it this cycle, `probe` a probe just run
+        (then `trigger` may be None). A pass asked for with `request` and not yet begun is done by this one."""
         key = (namespace, name)
         waiting = trigger is Trigger.SPEC
         if waiting:
@@ -190,7 +190,7 @@ class Reconciler:
                     waiting = False
                 requested = self._requested.pop(key, None)
                 trigger = trigger.merged(requested) if trigger is not None else requested
-                await self._pass(namespace, name, trigger, sample)
+                await self._pass(namespace, name, trigger, sample, probe)
         finally:
             if waiting:   # cancelled before its turn
                 self._count_spec_passes_waiting(-1)
@@ -227,11 +227,12 @@ class Reconciler:
             if trigger is None:   # a pass that began meanwhile did it
                 return
             try:
-                await self._pass(*key, trigger, None)
+                await self._pass(*key, trigger, None, None)
             except Exception:  # noqa: BLE001 - nothing awaits this task; the resync tries again
                 logger.exception("reconciling %s/%s after a %s event failed", key[0], key[1], trigger.value)
 
-    async def _pass(self, namespace: str, name: str, trigger: Trigger | None, sample: DeploymentSample | None) -> None:
+    async def _pass(self, namespace: str, name: str, trigger: Trigger | None, sample: DeploymentSample | None,
+                    probe: ProbeStatus | None) -> None:
         self.metrics.pass_begun(trigger.value if trigger is not None else "sample")
         # The watched SD when the watch has caught up with the operator's last read or write of it.
         watched = self.watched.current(SD, namespace, name) if _watched_sd(trigger) else None
@@ -243,11 +244,12 @@ class Reconciler:
             self.metrics.forget(namespace, name)
             return
         self.watched.confirm(SD, namespace, name, resource_version(body))
-        observed = await self._observe(body, trigger, sample)
+        observed = await self._observe(body, trigger, sample, probe)
         now = datetime.datetime.now(datetime.UTC)
         await self._act(observed, decide(observed, now), now)
 
-    async def _observe(self, body: dict[str, Any], trigger: Trigger | None, sample: DeploymentSample | None) -> Observed:
+    async def _observe(self, body: dict[str, Any], trigger: Trigger | None, sample: DeploymentSample | None,
+                       probe: ProbeStatus | None = None) -> Observed:
         """One read of what the pass decides on: the SD, its plan and its Deployments; after a child
         changed also the Deployments in full and the pods; after the SD changed and on the resync also the
         other children in full."""
@@ -276,7 +278,7 @@ class Reconciler:
                                 ) if trigger is not None else None
         rollbacks = previous.speculation.rollbacks if previous.speculation is not None else None
         return Observed(body, previous, resource, planned=planned, deployments=tuple(deployments),
-                        live=live, live_kinds=kinds, pods=pods, sample=sample,
+                        live=live, live_kinds=kinds, pods=pods, sample=sample, probe=probe,
                         notice_posted=self._noticed.get((namespace, name)) == rollbacks,
                         pod_monitors=self.pod_monitors)
 

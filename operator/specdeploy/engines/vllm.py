@@ -141,6 +141,10 @@ def render(inputs: EngineInputs) -> EngineCommand:
         args += ["--kv-cache-dtype", KV_CACHE_DTYPES[serving.kv_cache_dtype]]
     if inputs.speculating:
         args += ["--speculative-config", compact_json(speculative_config(inputs))]
+        if spec.analysis.probe is not None:
+            # Each answer carries its own drafted and accepted tokens (vLLM 0.32+, ObservabilityConfig
+            # per_request_spec_decode_metrics), so the operator's probe is told apart from the traffic beside it.
+            args += ["--per-request-spec-decode-metrics", "summary"]
     args += spec.engine.extra_args
     return EngineCommand(
         command=COMMAND,

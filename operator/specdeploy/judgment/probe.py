@@ -17,7 +17,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
+
+import yaml
+
+from specdeploy.api.spec import Probe, SpeculativeDeploymentSpec
+from specdeploy.api.status import ProbeCellStatus, ProbeFailure, ProbeStatus
+from specdeploy.judgment import evidence
+from specdeploy.planning.acceptance_floor import acceptance_floor
 
 DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0)
 NEUTRAL_WORKLOAD = "neutral"
@@ -179,3 +187,93 @@ def not_paying(cells: Iterable[ProbeCell], break_even: float | None) -> list[str
                          f"is below the break-even {break_even:.2f} ({cell.requests} requests): speculation "
                          f"would not pay (predicted {speedup:.2f}×)")
     return found
+
+
+class UnusableWorkloads(ValueError):
+    """Prompt sets that are not a mapping of workload name to a non-empty list of prompts."""
+
+
+def workloads_from(loaded: object, where: str) -> dict[str, list[str]]:
+    """Workload name → prompts, from parsed YAML (`specdeploy probe --workloads FILE`)."""
+    if not isinstance(loaded, Mapping) or not loaded or not all(
+            isinstance(k, str) and isinstance(v, list) and v and all(isinstance(p, str) for p in v)
+            for k, v in loaded.items()):
+        raise UnusableWorkloads(f"{where}: expected a mapping of workload name to a non-empty list of prompts")
+    return {str(k): list(v) for k, v in loaded.items()}
+
+
+def workloads_from_config_map(data: Mapping[str, str], where: str) -> dict[str, list[str]]:
+    """Workload name → prompts from a ConfigMap's data: each key a workload, each value a YAML list."""
+    parsed: dict[str, object] = {}
+    for key, text in data.items():
+        try:
+            parsed[key] = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise UnusableWorkloads(f"{where}: key {key!r} is not YAML: {error}") from error
+    return workloads_from(parsed, where)
+
+
+def probe_result(spec: SpeculativeDeploymentSpec, outcomes: Sequence[ProbeOutcome], budget: ProbeBudget,
+                 cells_count: int, model: str, url: str, taken_at: datetime, trigger: str,
+                 batch_size: int = 1) -> ProbeStatus:
+    """status.probe for a probe's outcomes: the cells, the break-even they are judged by (the cost model's at
+    `batch_size` running sequences), and what was sent against what the budget allowed."""
+    floor = acceptance_floor(spec, batch_size)
+    break_even = floor.break_even if floor is not None else None
+    cells = probe_cells(outcomes, spec.speculation.num_speculative_tokens, break_even)
+    described = (f"{spec.speculation.enabled_method.value} k={spec.speculation.num_speculative_tokens}, model "
+                 f"{model}; {len(outcomes)} of {budget.requests(cells_count)} requests sent (budget: "
+                 f"{budget.requests_per_cell} per cell, ≤ {budget.tokens(cells_count)} tokens, "
+                 f"≤ {budget.requests_per_second:g}/s)")
+    return ProbeStatus(
+        taken_at=evidence.rfc3339(taken_at), trigger=trigger, url=url,
+        counts_from="counters" if any(o.from_counters for o in outcomes) else "answers", budget=described,
+        break_even=break_even, break_even_basis=floor.describe() if floor is not None else None,
+        cells=[ProbeCellStatus(workload=c.workload, temperature=c.temperature, requests=c.requests, failed=c.failed,
+                               acceptance_rate=c.acceptance_rate, mean_acceptance_length=c.mean_acceptance_length,
+                               predicted_speedup=c.predicted_speedup, pays=c.pays) for c in cells],
+        not_paying=not_paying(cells, break_even))
+
+
+RETRY_AFTER_FAILURE_SECONDS = 300.0
+"""A probe that measured nothing is tried again after this long (a pod not ready, an engine error), not on
+every tick."""
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """What the probe of one SD can run on: the speculative Deployment's rollout and whether it speculates."""
+
+    speculating: bool            # status.speculation decided and active: the pods run a speculative config
+    rolled_out: bool             # the speculative Deployment's pods are all of its current generation
+    deployment_generation: int
+
+
+def probe_due(probe: Probe, last: ProbeStatus | None, target: ProbeTarget | None, now: datetime) -> str | None:
+    """Why the operator probes now (NewGeneration or Interval), or None. Only a speculating, rolled-out
+    speculative Deployment is probed: a rollout in progress mixes generations, and a rolled-back one has
+    nothing to measure."""
+    if target is None or not target.speculating or not target.rolled_out:
+        return None
+    failure = last.last_failure if last is not None else None
+    if failure is not None and failure.deployment_generation == target.deployment_generation:
+        if (now - evidence.parse_rfc3339(failure.at)).total_seconds() < RETRY_AFTER_FAILURE_SECONDS:
+            return None   # the same pods again in a few minutes; new pods at once
+    if probe.on_new_generation and (last is None or last.deployment_generation != target.deployment_generation):
+        return "NewGeneration"
+    if probe.interval is not None:
+        if last is None or last.taken_at is None:
+            return "Interval"
+        if (now - evidence.parse_rfc3339(last.taken_at)).total_seconds() >= probe.interval:
+            return "Interval"
+    return None
+
+
+def probe_failed(last: ProbeStatus | None, reason: str, message: str, now: datetime,
+                 deployment_generation: int | None = None) -> ProbeStatus:
+    """status.probe after a probe of `deployment_generation` that measured nothing: the cells (and generation)
+    of the last one that did, and why this one did not — so the same trigger is due again after
+    RETRY_AFTER_FAILURE_SECONDS, or at once for a new generation."""
+    failure = ProbeFailure(at=evidence.rfc3339(now), reason=reason, message=message,
+                           deployment_generation=deployment_generation)
+    return (last if last is not None else ProbeStatus()).model_copy(update={"last_failure": failure})

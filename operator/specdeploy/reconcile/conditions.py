@@ -18,6 +18,7 @@ class ConditionType(StrEnum):
     READY = "Ready"
     SPECULATION_HEALTHY = "SpeculationHealthy"
     ROLLED_BACK = "RolledBack"
+    PROBED = "Probed"
 
 
 class Reason(StrEnum):
@@ -43,6 +44,13 @@ class Reason(StrEnum):
     NOT_ROLLED_BACK = "NotRolledBack"
     ROLLBACK_IN_PROGRESS = "RollbackInProgress"
     REENABLED = "Reenabled"
+    # Probed (spec.analysis.probe): the last probe's outcome; a failure is never a rollback
+    MEASURED = "Measured"
+    NOT_PROBED_YET = "NotProbedYet"
+    POD_NOT_READY = "PodNotReady"
+    WORKLOADS_UNREADABLE = "WorkloadsUnreadable"
+    ENGINE_UNREACHABLE = "EngineUnreachable"
+    NOTHING_MEASURED = "NothingMeasured"
 
 
 class EventType(StrEnum):

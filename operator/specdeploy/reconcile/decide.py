@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from specdeploy.api.resource import SpeculativeDeployment
-from specdeploy.api.status import Condition, SpeculativeDeploymentStatus
+from specdeploy.api.status import Condition, ProbeStatus, SpeculativeDeploymentStatus
 from specdeploy.judgment import evidence
 from specdeploy.judgment.alerts import rollback_alert
 from specdeploy.judgment.oom import out_of_memory
@@ -55,6 +55,7 @@ class Observed:
     live_kinds: frozenset[str] = frozenset()     # the kinds of child read into `live` (none on an analysis sample)
     pods: PodsObserved | None = None             # None: not listed this pass (an analysis sample)
     sample: DeploymentSample | None = None       # this cycle's analysis sample, if one was taken
+    probe: ProbeStatus | None = None             # a probe the operator just ran (controller/probe_loop.py)
     notice_posted: bool = False                  # this operator posted the last rollback's notice already
     pod_monitors: bool = False                   # the cluster has the PodMonitor CRD
 
@@ -185,7 +186,7 @@ def decide(observed: Observed, now: datetime) -> Actions:
     step = _step(observed, resource, planned, now)
     stuck = observed.pods.stuck if observed.pods is not None else None
     status = next_status(previous, resource.spec, generation, planned, list(observed.deployments), at,
-                         step.speculation, step.analysis, stuck)
+                         step.speculation, step.analysis, stuck, observed.probe)
     children = None
     if planned.plan is not None and planned.accepted:
         wanted = desired_children(resource.model_copy(update={"status": status}), planned.plan,
@@ -201,8 +202,21 @@ def decide(observed: Observed, now: datetime) -> Actions:
     status, notice, alert = _notices(observed, step, status, now)
     reenabled = (Event.normal("SpeculationReenabled", step.reenabled.message),) if step.reenabled else ()
     return Actions(status, tuple(previous.conditions), write_first=step.rollback is not None, children=children,
-                   own_events=reenabled, notice=notice, alert=alert, rollback=step.rollback,
+                   own_events=reenabled + _probe_events(observed.probe, status), notice=notice, alert=alert,
+                   rollback=step.rollback,
                    verdict=step.verdict)
+
+
+def _probe_events(probe: ProbeStatus | None, status: SpeculativeDeploymentStatus) -> tuple[Event, ...]:
+    """An Event for each probe the operator ran (every one is news, also when Probed does not change): its
+    result in the Probed condition's words, a Warning when it measured nothing."""
+    if probe is None or probe.taken_at is None and probe.last_failure is None:
+        return ()
+    probed = next((c for c in status.conditions if c.type == ConditionType.PROBED), None)
+    message = probed.message if probed is not None else ""
+    if probe.last_failure is not None:
+        return (Event.warning("ProbeFailed", message),)
+    return (Event.normal("Probed", message),)
 
 
 def _apply_refused(status: SpeculativeDeploymentStatus) -> bool:

@@ -18,6 +18,7 @@ from specdeploy.api.status import (
     Finding,
     ModelRecord,
     Phase,
+    ProbeStatus,
     Severity,
     SpeculationStatus,
     SpeculativeDeploymentStatus,
@@ -302,6 +303,26 @@ def _rolled_back(speculation: SpeculationStatus) -> tuple[ConditionStatus, str, 
     )
 
 
+def _probed(probe: ProbeStatus | None) -> tuple[ConditionStatus, str, str]:
+    """The Probed condition (with spec.analysis.probe) from the last probe: its cells, or why it measured
+    nothing. A failure is told here, never acted on: the analysis of live traffic decides rollbacks."""
+    if probe is None or (probe.taken_at is None and probe.last_failure is None):
+        return ConditionStatus.UNKNOWN, Reason.NOT_PROBED_YET, (
+            "not probed yet: the operator probes a speculative generation once its rollout completes, and "
+            "again every spec.analysis.probe.interval")
+    if probe.last_failure is not None:
+        failure = probe.last_failure
+        before = f"; the cells below are those of {probe.taken_at}" if probe.taken_at else ""
+        return ConditionStatus.FALSE, failure.reason, (
+            f"the probe at {failure.at} measured nothing: {failure.message}{before}; it is tried again in a "
+            "few minutes, and speculation is not rolled back for it")
+    cells = [c for c in probe.cells if c.requests]
+    verdict = "; ".join(probe.not_paying) if probe.not_paying else "every cell measured pays"
+    return ConditionStatus.TRUE, Reason.MEASURED, (
+        f"{len(cells)} of {len(probe.cells)} workload × temperature cells measured at {probe.taken_at} on "
+        f"{probe.pod or probe.url} ({probe.trigger or 'Manual'}): {verdict}")
+
+
 def _phase(planned: Planned, ready: ConditionStatus, ready_reason: str, previous_ready: Condition | None,
            speculation: SpeculationStatus, healthy: ConditionStatus, previous_phase: Phase | None) -> Phase:
     if not planned.accepted:
@@ -346,9 +367,11 @@ def next_status(
     speculation: SpeculationStatus,
     analysis: AnalysisStatus | None,
     stuck: tuple[StuckPod, ...] | None = None,
+    probe: ProbeStatus | None = None,
 ) -> SpeculativeDeploymentStatus:
     """The status to write after reconciling `generation` of `spec`, with the speculation step's result;
-    `stuck`: the pods a rollout waits on in vain, None when the pods were not listed this pass."""
+    `stuck`: the pods a rollout waits on in vain, None when the pods were not listed this pass; `probe`: the
+    probe this pass carries, if any (else the last one stays)."""
     # A transient planning error (the Hub unreachable) leaves the last good plan in status, as in the pods.
     kept = planned.plan is None and planned.transient
     memory_plan = planned.plan.memory if planned.plan is not None else (previous.memory_plan if kept else None)
@@ -367,6 +390,11 @@ def next_status(
         (ConditionType.ROLLED_BACK, rolled_back),
     ):
         conditions = set_condition(conditions, condition(type_, status, reason, message, now, generation))
+    probe = probe if probe is not None else previous.probe
+    if spec.analysis.probe is not None:
+        conditions = set_condition(conditions, condition(ConditionType.PROBED, *_probed(probe), now, generation))
+    else:
+        conditions = [c for c in conditions if c.type != ConditionType.PROBED]
     phase = _phase(planned, ready[0], ready[1], previous_ready, speculation, speculation_healthy[0],
                    previous.phase)
     conditions = _in_type_order(conditions)
@@ -379,5 +407,6 @@ def next_status(
         "compatibility": compatibility,
         "speculation": speculation,
         "analysis": analysis,
+        "probe": probe,
         "conditions": conditions,
     })
