@@ -59,8 +59,8 @@ operator/specdeploy/reconcile (kube.py, handlers.py, analysis_loop.py) or one ko
 Server-side apply of a child that does not exist yet is a create, so apply needs create and patch.
 */}}
 {{- define "specdeploy.namespacedRules" -}}
-# SDs: kopf lists and watches them and patches its annotations; the reconciler gets them, the resync
-# and the analysis loop list them.
+# SDs: kopf lists and watches them, and patches its annotations while it retries a failed reconcile; the
+# reconciler gets them, the resync and the analysis loop list them.
 - apiGroups: [specdeploy.io]
   resources: [speculativedeployments]
   verbs: [get, list, watch, patch]
@@ -84,11 +84,13 @@ Server-side apply of a child that does not exist yet is a create, so apply needs
   resources: [replicasets]
   verbs: [list]
 # The engine ConfigMap (plan.json, engine config files) and the Service: read (is it as applied?) and
-# applied; a model's config.json from the ConfigMap in spec.model.configMapRef (or the draft's): read.
+# applied; a model's config.json from the ConfigMap in spec.model.configMapRef (or the draft's), and the
+# probe's prompt sets (spec.analysis.probe.workloadsConfigMap): read.
 - apiGroups: [""]
   resources: [configmaps, services]
   verbs: [get, create, patch]
-# Speculative pods: watched by kopf (a restart reconciles at once), listed for OOM deaths.
+# Speculative pods: watched by kopf (a restart reconciles at once), listed for OOM deaths and for the pod
+# the probe sends its requests to (by pod IP).
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
