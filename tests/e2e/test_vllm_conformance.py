@@ -14,10 +14,12 @@ two cores, so it runs only with SPECDEPLOY_REAL_VLLM=1, which `make test` (CI) s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -128,3 +130,52 @@ def test_the_simulator_exposes_the_analysed_metrics_as_real_vllm(method: str, tm
         elif shape(ours) != shape(theirs):
             differences.append(f"{name}: simulator {shape(ours)} != real vLLM {shape(theirs)}")
     assert not differences, "\n".join(differences)
+
+
+SCHEDULED = """
+apiVersion: specdeploy.io/v1alpha1
+kind: SpeculativeDeployment
+metadata: {name: scheduled}
+spec:
+  model: {name: meta-llama/Llama-3.1-8B-Instruct}
+  speculation:
+    method: draft_model
+    draft: {name: meta-llama/Llama-3.2-1B-Instruct}
+    numSpeculativeTokens: 3
+    schedule: {mode: Table, table: [{minBatch: 1, maxBatch: 2, k: 3}, {minBatch: 3, maxBatch: 4, k: 0}]}
+  serving: {maxModelLen: 2048, maxNumSeqs: 4}
+  analysis: {probe: {}}
+"""
+
+
+def test_real_vllm_runs_the_rendered_schedule_and_answers_with_its_own_counts(tmp_path: Path) -> None:
+    """What the operator renders for a batch-size schedule (num_speculative_tokens_per_batch_size) and for its
+    probe (--per-request-spec-decode-metrics summary) starts real vLLM, which drafts at batch 1 (k = 3) and
+    returns each answer's own counts — the simulator the same. (A draft model: n-gram lookup proposes nothing
+    when the stand-in's greedy text repeats no n-gram of the prompt, and vLLM then counts no step.)"""
+    plan = make_plan(load_resource(SCHEDULED).spec)
+    argv = engine_command(plan, Variant.SPECULATIVE, speculate=True).argv()
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 2, 3], [3, 4, 0]]
+    assert argv[argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
+    served_name = argv[argv.index("--served-model-name") + 1]
+    sim_port = processes.free_port()
+    sim_argv = [sys.executable, "-m", "specdeploy_engine.sim", "--host", "127.0.0.1", "--port", str(sim_port),
+                "--", *argv]
+    with local_server("simulator", sim_argv, tmp_path / "sim.log", sim_port, timeout=SIM_START_SECONDS) as sim:
+        simulated = _one_answer(sim.base_url, served_name)
+    with standin_vllm(argv, tmp_path / "vllm.log") as vllm:
+        real = _one_answer(vllm.base_url, served_name)
+    for answer in (simulated, real):
+        counts = answer["metrics"]["speculative_decoding"]
+        assert counts["num_spec_steps"] > 0 and counts["num_draft_tokens"] > 0, answer["metrics"]
+
+
+def _one_answer(base: str, model: str) -> dict[str, Any]:
+    """One greedy completion of predictable stand-in words, alone (batch 1: the schedule's k = 3)."""
+    prompt = " ".join(prompt_words(PREDICTABLE, length=8, seed=0))
+    with httpx.Client(base_url=base, timeout=120) as client:
+        reply = client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS,
+                                                     "temperature": 0.0, "ignore_eos": True})
+        reply.raise_for_status()
+        return dict(reply.json())
