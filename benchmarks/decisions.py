@@ -4,6 +4,11 @@ how long a detection takes. No cluster: seconds per run.
     python benchmarks/decisions.py --scenario healthy|latency-regression|acceptance-drop|load-ramp \\
         [--tpot-ms X] [--regression R] [--qps Q] [--runs N] [--seed S] [--policy current|previous|both] [--json] \\
         [--window 5m] [--interval 30s] [--failure-limit 3] [--min-requests 20] [--scrape 15s] [--jobs J]
+    python benchmarks/decisions.py --scenario day [--runs N] [--seed S] [--json] [--hour-seconds 150] [--cooldown 30m] [--jobs J]
+
+`--scenario day` is a different experiment: a simulated day served by five policies (always on, always off,
+the rollback policy alone, `Auto`, an oracle), compared on P99 and mean TPOT and goodput; benchmarks/day.py
+says what runs. The rest of this docstring is about the other scenarios.
 
 What runs, for each of `--runs` runs:
 
@@ -65,6 +70,7 @@ import asyncio
 import json
 import math
 import multiprocessing
+import os
 import random
 import statistics
 import sys
@@ -75,6 +81,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import day
 import previous_verdict
 from virtual_prometheus import VirtualPrometheus, spread_offset
 
@@ -96,7 +103,7 @@ from specdeploy_engine.sim.metrics import engine_metrics
 from specdeploy_engine.sim.model import ServedModel, served_model
 from specdeploy_engine.sim.virtual import simulate
 
-SCENARIOS = ("healthy", "latency-regression", "acceptance-drop", "load-ramp")
+SCENARIOS = ("healthy", "latency-regression", "acceptance-drop", "load-ramp", "day")
 NAMESPACE, NAME = "bench", "llama-8b-eagle3"
 T0 = 1_749_999_600.0          # the virtual clock's Unix time at pod start (a whole hour)
 GPUS = ("H100-80GB", "H200", "B200")
@@ -540,7 +547,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="latency-regression: speculative mean TPOT becomes (1 + R) × the control's")
     parser.add_argument("--acceptance-to", type=float, default=0.05, help="acceptance-drop: the knob after the change")
     parser.add_argument("--qps", type=float, default=4.0, help="requests/s per variant (load-ramp: the top)")
-    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=None, help="default 20; day: 1")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policy", choices=("current", "previous", "both"), default="current",
                         help="both: judge the same runs by each, side by side")
@@ -555,7 +562,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="healthy: a run lasts this many windows (default: as every scenario, the regression "
                              "start + 3 windows + failureLimit intervals)")
     parser.add_argument("--temperature", default=DEFAULT_TEMPERATURE, help="the load generator's temperature mix")
-    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="runs in parallel processes (default 1; day: the pieces of a run, one per core up to 7)")
+    parser.add_argument("--hour-seconds", type=float, default=day.HOUR_SECONDS,
+                        help="day: virtual seconds per hour of the day")
+    parser.add_argument("--cooldown", default="30m", help="day: the SD's analysis.cooldown (re-enable is Auto)")
     return parser
 
 
@@ -589,6 +600,13 @@ def build(args: argparse.Namespace) -> Setup:
 def main(argv: list[str] | None = None) -> int:
     global _SETUP
     args = _parser().parse_args(argv)
+    if args.scenario == "day":
+        args.jobs = args.jobs if args.jobs is not None else min(7, os.cpu_count() or 1)
+        summary = day.run_day(args)
+        print(json.dumps(summary, indent=1) if args.json else day.text(summary))
+        return 0
+    args.runs = args.runs if args.runs is not None else 20
+    args.jobs = args.jobs if args.jobs is not None else 1
     started = time.perf_counter()
     setup = build(args)
     _SETUP = setup

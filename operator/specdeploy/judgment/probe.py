@@ -256,9 +256,9 @@ def probe_due(probe: Probe, last: ProbeStatus | None, target: ProbeTarget | None
     if target is None or not target.speculating or not target.rolled_out:
         return None
     failure = last.last_failure if last is not None else None
-    if failure is not None and failure.deployment_generation == target.deployment_generation:
-        if (now - evidence.parse_rfc3339(failure.at)).total_seconds() < RETRY_AFTER_FAILURE_SECONDS:
-            return None   # the same pods again in a few minutes; new pods at once
+    if (failure is not None and failure.deployment_generation == target.deployment_generation
+            and (now - evidence.parse_rfc3339(failure.at)).total_seconds() < RETRY_AFTER_FAILURE_SECONDS):
+        return None   # the same pods again in a few minutes; new pods at once
     if probe.on_new_generation and (last is None or last.deployment_generation != target.deployment_generation):
         return "NewGeneration"
     if probe.interval is not None:

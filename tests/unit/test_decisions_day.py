@@ -1,0 +1,65 @@
+"""benchmarks/decisions.py --scenario day on a day of seconds: the JSON's shape, the same load for every policy,
+the oracle's construction, and speculation's order against none at the two ends of the day's load."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import statistics
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+METRICS = ("p99TpotSeconds", "meanTpotSeconds", "goodputTokensPerSecond")
+
+
+@pytest.fixture
+def benchmarks(monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleType, ModuleType]:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("decisions"), importlib.import_module("day")
+
+
+def test_a_short_day_prints_every_policy_on_the_same_load(benchmarks: tuple[ModuleType, ModuleType],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    decisions, _ = benchmarks
+    assert decisions.main(["--scenario", "day", "--hour-seconds", "2", "--json", "--jobs", "1"]) == 0
+    policies = json.loads(capsys.readouterr().out)["policies"]
+    assert set(policies) == {"alwaysOn", "alwaysOff", "rollbackOnly", "auto", "oracle"}
+    for row in policies.values():
+        assert all(math.isfinite(row[key]) and row[key] > 0 for key in METRICS), row
+        assert row["p99TpotSeconds"] >= row["meanTpotSeconds"]
+    assert len({row["requests"] for row in policies.values()}) == 1   # every arrival served by every policy
+    goodput = {name: row["goodputTokensPerSecond"] for name, row in policies.items()}
+    assert goodput["oracle"] >= max(goodput["alwaysOn"], goodput["alwaysOff"])   # each minute's best setting
+
+
+def test_the_oracle_takes_each_minutes_best_setting(benchmarks: tuple[ModuleType, ModuleType]) -> None:
+    _, day = benchmarks
+    slo = day.Slo(tpot=0.010)
+    fast, slow = 0.005, 0.020
+    settings = {
+        "off": [day.Served(10.0, 100, 0.1, slow), day.Served(70.0, 100, 0.1, fast)],
+        "k1": [day.Served(10.0, 100, 0.1, fast), day.Served(70.0, 100, 0.1, slow)],
+    }
+    chosen, picks = day.oracle(settings, slo, day.Day(hour_seconds=5.0))
+    assert picks == ["k1", "off"]
+    assert [request.tpot for request in chosen] == [fast, fast]
+
+
+def test_speculation_pays_at_night_and_costs_at_the_dipped_peak(benchmarks: tuple[ModuleType, ModuleType]) -> None:
+    _, day = benchmarks
+    short = day.Day(hour_seconds=10.0)
+    planned = short.workload().plan(short.seconds, seed=3)
+    models = day.setting_models()
+
+    def mean_tpot(setting: str, hours: tuple[float, float]) -> float:
+        served = day.run_setting(models[setting], planned, 3, short)
+        start, stop = (hour * short.hour_seconds for hour in hours)
+        return statistics.fmean(r.tpot for r in served if start <= r.arrival < stop)
+
+    night, peak = (0.0, 2.0), (11.0, 13.0)
+    assert mean_tpot("k5", night) < mean_tpot("off", night)
+    assert mean_tpot("k5", peak) > mean_tpot("off", peak)
