@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from virtual_pod import Pod
 from virtual_prometheus import VirtualPrometheus, spread_offset
 
 from specdeploy.api.resource import SpeculativeDeployment, parse_resource
@@ -170,12 +171,13 @@ def dip_rate(model: ServedModel) -> float | None:
 
 # --- a pod that serves the arrivals of [start, stop) -----------------------------------------------------------
 
-class Lane:
-    """One engine pod on the virtual clock, fed the day's arrivals from `start` until it is replaced."""
+class Lane(Pod):
+    """One engine pod on the virtual clock, fed the day's arrivals from `first` until it is replaced, with
+    the day's acceptance dip set on its engine between steps."""
 
     def __init__(self, model: ServedModel, planned: list[PlannedRequest], first: int, seed: int, day: Day,
                  observed: bool) -> None:
-        self.model, self.planned, self.next, self.day = model, planned, first, day
+        self.model, self.planned, self.arrived, self.day = model, planned, first, day
         self.stop = math.inf
         self.metrics = engine_metrics(model) if observed else None
         self.engine = Engine(model, seed=seed, knobs=Knobs(), observer=self.metrics)
@@ -186,45 +188,19 @@ class Lane:
         self.dipped = False
 
     def _arrival_due(self, t: float) -> bool:
-        return self.next < len(self.planned) and self.planned[self.next].at <= t and self.planned[self.next].at < self.stop
+        return super()._arrival_due(t) and self.planned[self.arrived].at < self.stop
 
-    def _set_dip(self) -> None:
+    def _before_step(self) -> None:
         start, end = self.day.dip
         dipped = start <= self.now < end
         if dipped != self.dipped:
             self.dipped = dipped
             self.engine.knobs.acceptance = dip_rate(self.model) if dipped else None
 
-    def advance(self, until: float) -> None:
-        """Every step that ends by `until`; arrivals join at step boundaries (as decisions.Pod)."""
-        engine = self.engine
-        while True:
-            if self.pending is None:
-                self._set_dip()
-                while self._arrival_due(self.now):
-                    item = self.planned[self.next]
-                    request = SimRequest(f"r{self.next}", item.at, item.prompt_tokens, max(1, item.output_tokens),
-                                         item.temperature)
-                    engine.add(request, self.now)
-                    self.requests.append(request)
-                    self.next += 1
-                step = engine.plan_step(self.now)
-                if step is None:
-                    if self._arrival_due(until):
-                        self.now = self.planned[self.next].at
-                        continue
-                    return
-                self.pending, self.due = step, self.now + step.seconds
-            if self.due > until:
-                return
-            self.now = self.due
-            engine.complete_step(self.pending, self.now)
-            self.pending = None
-
     def replaced_at(self, t: float) -> int:
         """Take no arrival from `t` on; the index of the first arrival the next pod takes."""
         self.stop = t
-        return next((i for i in range(self.next, len(self.planned)) if self.planned[i].at >= t), len(self.planned))
+        return next((i for i in range(self.arrived, len(self.planned)) if self.planned[i].at >= t), len(self.planned))
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ from typing import Any
 
 import day
 import previous_verdict
+from virtual_pod import Pod
 from virtual_prometheus import VirtualPrometheus, spread_offset
 
 from specdeploy.api.resource import SpeculativeDeployment, parse_resource
@@ -97,9 +98,7 @@ from specdeploy.reconcile.children import Variant, engine_command
 from specdeploy_engine.loadgen import DEFAULT_OUTPUT, DEFAULT_PROMPT
 from specdeploy_engine.loadgen.workload import Lengths, QpsSchedule, QpsSegment, TemperatureMix, Workload
 from specdeploy_engine.sim.argv import parse_engine_argv
-from specdeploy_engine.sim.engine import Engine, SimRequest, Step
 from specdeploy_engine.sim.knobs import Knobs
-from specdeploy_engine.sim.metrics import engine_metrics
 from specdeploy_engine.sim.model import ServedModel, served_model
 from specdeploy_engine.sim.virtual import simulate
 
@@ -146,55 +145,6 @@ def served_variants(resource: SpeculativeDeployment) -> tuple[ServedModel, Serve
 
 
 # --- one pod on the virtual clock ------------------------------------------------------------------------------
-
-class Pod:
-    """One engine pod: its Engine, its metrics, its arrivals, stepped up to any virtual time."""
-
-    def __init__(self, name: str, variant: str, served: ServedModel, knobs: Knobs, seed: int,
-                 workload: Workload, duration: float, workload_seed: int) -> None:
-        self.name, self.variant = name, variant
-        self.metrics = engine_metrics(served)
-        self.engine = Engine(served, seed=seed, knobs=knobs, observer=self.metrics)
-        self.planned = workload.plan(duration, seed=workload_seed)
-        self.arrived = 0
-        self.now = 0.0
-        self.pending: Step | None = None
-        self.due = 0.0
-        self.requests: list[SimRequest] = []
-
-    def advance(self, until: float) -> None:
-        """Run every engine step that ends at or before `until` (arrivals join at step boundaries, as in
-        sim/virtual.py); a step in flight at `until` has not reported yet."""
-        engine, planned = self.engine, self.planned
-        while True:
-            if self.pending is None:
-                while self.arrived < len(planned) and planned[self.arrived].at <= self.now:
-                    item = planned[self.arrived]
-                    request = SimRequest(f"r{self.arrived}", item.at, item.prompt_tokens, max(1, item.output_tokens),
-                                         item.temperature)
-                    engine.add(request, self.now)
-                    self.requests.append(request)
-                    self.arrived += 1
-                step = engine.plan_step(self.now)
-                if step is None:
-                    if self.arrived < len(planned) and planned[self.arrived].at <= until:
-                        self.now = planned[self.arrived].at
-                        continue
-                    return
-                self.pending, self.due = step, self.now + step.seconds
-            if self.due > until:
-                return
-            self.now = self.due
-            engine.complete_step(self.pending, self.now)
-            self.pending = None
-
-    def mean_tpot(self, start: float, stop: float) -> float:
-        """The mean TPOT of the requests that finished in [start, stop): what the pod really did."""
-        values = [(r.finished_at - r.first_token_at) / (r.generated - 1) for r in self.requests
-                  if r.finished_at is not None and r.first_token_at is not None and r.generated > 1
-                  and start <= r.finished_at < stop and not r.aborted]
-        return statistics.fmean(values) if values else math.nan
-
 
 # --- calibration ---------------------------------------------------------------------------------------------------
 
