@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import ipaddress
 import json
 import threading
 import time
@@ -42,6 +43,14 @@ def deployment(name: str, gpus: int, replicas: int = 1) -> str:
     })
 
 
+def _pod_network(cluster: DevCluster) -> ipaddress.IPv4Network:
+    """The `--cidr` the cluster's kwok hands pod IPs out of, from its command line."""
+    [kwok] = [c for c in cluster.status().components if c.name == "kwok"]
+    argv = Path(f"/proc/{kwok.pid}/cmdline").read_bytes().decode().split("\0")
+    [cidr] = [a.removeprefix("--cidr=") for a in argv if a.startswith("--cidr=")]
+    return ipaddress.IPv4Network(cidr)
+
+
 def test_nodes_ready_with_eight_gpus_each(dev_cluster: DevCluster) -> None:
     nodes = get_json(dev_cluster, "nodes", "-l", "type=kwok")["items"]
     assert sorted(n["metadata"]["name"] for n in nodes) == sorted(dev_cluster.node_names)
@@ -62,6 +71,12 @@ def test_gpu_deployment_gets_running_ready_pods(dev_cluster: DevCluster, namespa
     dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=deployment("one-gpu", gpus=1, replicas=2))
     pods = wait_for_pods(dev_cluster, namespace, "app=one-gpu", count=2, timeout=90)
     assert all(p["spec"]["nodeName"] in dev_cluster.node_names for p in pods)
+    # Pod IPs are loopback addresses of this cluster's own pod network, one per pod: engines listen there.
+    network = _pod_network(dev_cluster)
+    assert network.subnet_of(ipaddress.IPv4Network("127.0.0.0/8")) and network.prefixlen == 16
+    assert not network.overlaps(ipaddress.IPv4Network("127.0.0.0/16"))
+    ips = {p["status"]["podIP"] for p in pods}
+    assert len(ips) == 2 and all(ipaddress.IPv4Address(ip) in network for ip in ips)
     wait_for_object(dev_cluster, ["deployment", "one-gpu"], lambda d: d["status"].get("availableReplicas") == 2,
                     timeout=60, what="deployment one-gpu available", namespace=namespace)
 
@@ -263,7 +278,7 @@ def test_cli_status_and_env(dev_cluster: DevCluster) -> None:
         "pod-runner"}
 
 
-def test_down_leaves_no_process_behind_and_up_works_again(tmp_path: Path) -> None:
+def test_down_leaves_no_process_behind_and_up_works_again(dev_cluster: DevCluster, tmp_path: Path) -> None:
     cluster = DevCluster(tmp_path / "second", nodes=1, monitoring=True)
     try:
         for _ in range(2):
@@ -273,6 +288,7 @@ def test_down_leaves_no_process_behind_and_up_works_again(tmp_path: Path) -> Non
             assert cluster.kubectl("get", "node", "gpu-node-0").returncode == 0
             pids = [c.pid for c in cluster.status().components]
             assert len(pids) == 8 and all(processes.alive(pid) for pid in pids)
+            assert _pod_network(cluster) != _pod_network(dev_cluster)   # no two clusters give out the same pod IP
             cluster.down()
             assert not any(processes.alive(pid) for pid in pids)
             assert not any(processes.group_members(pid) for pid in pids)

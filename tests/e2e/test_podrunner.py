@@ -66,6 +66,13 @@ def _query(cluster: DevCluster, promql: str) -> list[dict[str, Any]]:
     return list(response.json()["data"]["result"])
 
 
+def _pod_url(pod: dict[str, Any]) -> str:
+    """Where a client that read the pod from the apiserver connects: its podIP and the engine's port "http"."""
+    [port] = [p["containerPort"] for c in pod["spec"]["containers"] if c["name"] == "engine"
+              for p in c["ports"] if p["name"] == "http"]
+    return f"http://{pod['status']['podIP']}:{port}"
+
+
 def _engine_status(pod: dict[str, Any]) -> dict[str, Any]:
     return next(s for s in pod["status"].get("containerStatuses") or [] if s["name"] == "engine")
 
@@ -82,7 +89,12 @@ def test_engine_pods_come_alive_and_are_scraped_with_the_podmonitor_labels(
     pods = {p["metadata"]["name"]: p for p in get_json(dev_cluster, "pods", "-l", f"specdeploy.io/name={NGRAM}",
                                                          namespace=namespace)["items"]}
     assert {s.pod for s in sims} == set(pods)
+    # Reachable as in a real cluster: at the pod's own IP (a loopback address from kwok), on its container port.
+    assert len({pod["status"]["podIP"] for pod in pods.values()}) == 2
     for sim in sims:
+        pod_url = _pod_url(pods[sim.pod])
+        assert sim.url == pod_url and not pod_url.startswith("http://127.0.0.1:")
+        assert httpx.get(f"{pod_url}/health", timeout=5).status_code == 200
         assert httpx.get(f"{sim.url}/health", timeout=5).status_code == 200
         models = httpx.get(f"{sim.url}/v1/models", timeout=5).json()
         assert [m["id"] for m in models["data"]] == ["meta-llama/Llama-3.1-8B-Instruct"]
@@ -97,6 +109,7 @@ def test_engine_pods_come_alive_and_are_scraped_with_the_podmonitor_labels(
 
     series = wait_for(scraped, 30, "Prometheus scraping both simulators")
     labels = {(s["metric"]["pod"], s["metric"]["specdeploy_io_variant"]) for s in series}
+    assert {s["metric"]["instance"] for s in series} == {_pod_url(pod).removeprefix("http://") for pod in pods.values()}
     assert labels == {(name, pod["metadata"]["labels"]["specdeploy.io/variant"]) for name, pod in pods.items()}
     engine_series = wait_for(lambda: _query(
         dev_cluster, f'vllm:num_requests_running{{namespace="{namespace}",specdeploy_io_name="{NGRAM}"}}'),

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import random
+import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specdeploy.api.resource import load_resource
-from specdeploy.devcluster import kubeletstatus
+from specdeploy.devcluster import kubeletstatus, nodes, podrunner
 from specdeploy.devcluster.enginepod import (
     ConfigVolume,
     config_files,
@@ -22,7 +25,7 @@ from specdeploy.devcluster.enginepod import (
     safe_relative,
     wants_simulator,
 )
-from specdeploy.devcluster.podrunner import BackOff
+from specdeploy.devcluster.podrunner import BackOff, PodRunner
 from specdeploy.devcluster.simadmin import parse_knob
 from specdeploy.devcluster.simregistry import RUNNING, Registry, SimulatorEndpoint, load, parse_sd
 from specdeploy.planning.plan import make_plan
@@ -45,7 +48,8 @@ def _pod_from(example: str, variant: Variant = Variant.SPECULATIVE) -> dict[str,
                                                       {"type": "ContainersReady", "status": "True"},
                                                       {"type": "PodScheduled", "status": "True"}],
                    "containerStatuses": [{"name": "engine", "image": "vllm", "ready": True, "restartCount": 0,
-                                          "state": {"running": {"startedAt": "2025-01-01T00:00:00Z"}}}]},
+                                          "state": {"running": {"startedAt": "2025-01-01T00:00:00Z"}}}],
+                   "hostIP": "127.0.0.1", "podIP": "127.80.0.5", "podIPs": [{"ip": "127.80.0.5"}]},
     }
 
 
@@ -63,6 +67,85 @@ def test_a_rendered_vllm_pod_runs_its_own_command_line_with_the_podmonitor_label
     assert engine.config == ConfigVolume("llama-8b-ngram-engine", (("speculative.plan.json", "plan.json"),))
     assert engine.gpu_product == "NVIDIA-H100-80GB-HBM3"
     assert engine.termination_message_policy == "FallbackToLogsOnError"
+
+
+def test_the_engine_listens_at_the_pods_ip_and_its_named_container_port() -> None:
+    pod = _pod_from("llama-8b-ngram.yaml")
+    engine = engine_pod(pod)
+    assert engine is not None
+    assert (engine.pod_ip, engine.port_name, engine.port) == ("127.80.0.5", "http", 8000)
+    del pod["status"]["podIP"]
+    del pod["spec"]["containers"][0]["ports"]
+    bare = engine_pod(pod)
+    assert bare is not None and (bare.pod_ip, bare.port) == ("", None)
+
+
+def test_the_simulator_is_told_the_pods_ip_and_port(tmp_path: Path) -> None:
+    engine = engine_pod(_pod_from("llama-8b-ngram.yaml"))
+    assert engine is not None
+    argv, _env = PodRunner(tmp_path)._simulator_command(engine, engine.pod_ip, 8000, tmp_path)
+    options = argv[:argv.index("--")]
+    assert options[options.index("--host") + 1] == "127.80.0.5" and options[options.index("--port") + 1] == "8000"
+
+
+def test_a_running_pod_without_a_pod_ip_starts_with_the_event_that_carries_one(tmp_path: Path) -> None:
+    runner = PodRunner(tmp_path)
+    started: list[str] = []
+
+    async def supervise(engine: Any) -> None:
+        started.append(f"{engine.pod_ip}:{engine.port}")
+
+    runner._supervise = supervise  # type: ignore[method-assign]
+    pod = _pod_from("llama-8b-ngram.yaml")
+    without_ip = copy.deepcopy(pod)
+    del without_ip["status"]["podIP"]
+
+    async def events() -> None:
+        runner._observe(without_ip)
+        runner._observe(without_ip)
+        assert runner._tasks == {} and "0f0e-uid" in runner._awaiting_ip
+        runner._observe(pod)
+        await asyncio.gather(*runner._tasks.values())
+        assert "0f0e-uid" not in runner._awaiting_ip
+
+    asyncio.run(events())
+    assert started == ["127.80.0.5:8000"]
+
+
+def test_a_pods_address_taken_by_its_previous_run_is_waited_for(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(podrunner, "PORT_POLL_SECONDS", 0.01)
+    engine = engine_pod(_pod_from("llama-8b-ngram.yaml"))
+    assert engine is not None
+    listener = socket.create_server(("127.80.0.5", 0))
+    port = listener.getsockname()[1]
+    assert not podrunner._port_free("127.80.0.5", port) and podrunner._port_free("127.80.0.6", port)
+
+    async def wait() -> None:
+        waiting = asyncio.create_task(PodRunner(tmp_path)._until_port_free(engine, "127.80.0.5", port))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        listener.close()
+        await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(wait())
+    assert podrunner._port_free("127.80.0.5", port)
+
+
+def test_each_cluster_gets_a_loopback_pod_network_no_running_kwok_uses(tmp_path: Path) -> None:
+    for pid, argv in ((10, [b"/cache/bin/kwok", b"--cidr=127.7.0.0/16", b"--node-ip=127.0.0.1"]),
+                      (11, [b"python", b"--cidr=127.8.0.0/16"])):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(b"\0".join(argv) + b"\0")
+    in_use = nodes.pod_cidrs_in_use(tmp_path)
+    assert in_use == {"127.7.0.0/16"}
+    choose = random.Random(1)
+    assert {nodes.free_pod_cidr(in_use, choose) for _ in range(5000)} == {
+        f"127.{n}.0.0/16" for n in range(1, 255) if n != 7}
+    with pytest.raises(nodes.DevClusterError, match="in use"):
+        nodes.free_pod_cidr({f"127.{n}.0.0/16" for n in range(1, 255)})
+    argv = nodes.kwok_argv(Path("kwok"), Path("kubeconfig"), Path("stages"), "127.9.0.0/16")
+    assert "--cidr=127.9.0.0/16" in argv and "--node-ip=127.0.0.1" in argv
 
 
 def test_trtllm_is_scraped_where_trtllm_serve_serves_prometheus_text() -> None:

@@ -16,7 +16,7 @@ from specdeploy.devcluster.vllm_pods import (
     drop_revisions,
     flag_value,
     is_vllm_serve,
-    loopback,
+    listen_at,
     replace_draft,
     replace_model,
     single_process,
@@ -139,9 +139,16 @@ def test_a_context_longer_than_the_stand_ins_is_clamped() -> None:
     assert clamp_context(short, STANDINS) == (short, None)
 
 
-def test_the_server_listens_on_the_runners_loopback_port() -> None:
-    args, _ = loopback(("m", "--host", "0.0.0.0", "--port", "8000"), 41234)
-    assert args == ("m", "--host", "127.0.0.1", "--port", "41234")
+def test_the_server_listens_at_the_address_it_is_given() -> None:
+    args, note = listen_at(("m", "--host", "0.0.0.0", "--port", "8000"), "127.80.0.3", 8000)
+    assert args == ("m", "--host", "127.80.0.3", "--port", "8000")
+    assert note == "listen on 127.80.0.3:8000"
+
+
+def test_in_the_dev_cluster_the_server_listens_at_the_pods_ip_and_port() -> None:
+    serve = cpu_serve(RENDERED, VLLM, 8000, STANDINS, host="127.80.0.3")
+    assert flag_value(serve.argv, "--host") == "127.80.0.3" and flag_value(serve.argv, "--port") == "8000"
+    assert serve.argv.count("--host") == 1 and serve.argv.count("--port") == 1
 
 
 def test_a_rendered_command_keeps_everything_a_cpu_can_run() -> None:

@@ -458,8 +458,11 @@ class DevCluster:
                     raise DevClusterError(f"creating node {name} failed: {response.status_code} {response.text}")
             kwok_home = self.state_dir / "kwok-home"
             kwok_home.mkdir(exist_ok=True)
-            kwok = self._launch(state, "kwok", gpu_nodes.kwok_argv(binaries["kwok"], self.kubeconfig, stage_dir),
-                                f"{len(state.nodes)} nodes", env={**os.environ, "HOME": str(kwok_home)})
+            pod_cidr = gpu_nodes.free_pod_cidr(gpu_nodes.pod_cidrs_in_use())
+            kwok = self._launch(state, "kwok",
+                                gpu_nodes.kwok_argv(binaries["kwok"], self.kubeconfig, stage_dir, pod_cidr),
+                                f"{len(state.nodes)} nodes, pods {pod_cidr}",
+                                env={**os.environ, "HOME": str(kwok_home)})
 
             for record in (kcm, scheduler):
                 url = f"{record.address}/healthz"

@@ -2,6 +2,7 @@
 
     engine = engine_pod(pod)          # None for a pod without an engine container to simulate
     engine.argv                       # the container's command + args, exactly as in the pod spec
+    engine.pod_ip, engine.port        # where a client of the pod connects: status.podIP, the containerPort
     engine.target_labels()            # {"namespace": …, "pod": …, "specdeploy_io_name": …, …}
 
 Pure functions of the Pod object (JSON as the apiserver returns it), so the runner's decisions can be
@@ -66,6 +67,8 @@ class EnginePod:
     gpu_product: str | None = None
     health_path: str = "/health"
     port_name: str = "http"
+    port: int | None = None       # the containerPort named `port_name`; None when the container declares none
+    pod_ip: str = ""              # status.podIP: kwok sets it with phase Running (its pod-ready stage)
     termination_message_policy: str = "File"
 
     @property
@@ -158,6 +161,7 @@ def engine_pod(pod: dict[str, Any]) -> EnginePod | None:
            if "name" in e and "valueFrom" not in e and e["name"] not in _HOST_ENV}
     probe = (container.get("readinessProbe") or container.get("startupProbe") or {}).get("httpGet") or {}
     ports = container.get("ports") or []
+    container_port = ports[0].get("containerPort") if ports else None
     return EnginePod(
         namespace=str(metadata.get("namespace", "default")),
         name=str(metadata["name"]),
@@ -171,6 +175,8 @@ def engine_pod(pod: dict[str, Any]) -> EnginePod | None:
         gpu_product=(spec.get("nodeSelector") or {}).get(GPU_PRODUCT_LABEL),
         health_path=str(probe.get("path") or "/health"),
         port_name=str(ports[0].get("name", "http")) if ports else "http",
+        port=int(container_port) if container_port else None,
+        pod_ip=str((pod.get("status") or {}).get("podIP") or ""),
         termination_message_policy=str(container.get("terminationMessagePolicy") or "File"),
     )
 

@@ -2,8 +2,9 @@
 
 Why real servers: the operator's analysis loop speaks PromQL to Prometheus and posts alerts to
 Alertmanager's v2 API; a fake would hide exactly the bugs the loop can have. Engine pods on kwok
-nodes have no network, so simulators run on loopback and are registered here as scrape targets
-through file-based service discovery (one JSON file per target, picked up within a second).
+nodes have no kubelet, so the pod runner runs their engines at their pod IPs (loopback addresses) and
+registers them here as scrape targets through file-based service discovery (one JSON file per target,
+picked up within a second), at the address a PodMonitor's target would have: podIP:containerPort.
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
-"""The pod runner: engine pods on kwok nodes come alive as simulator processes on loopback.
+"""The pod runner: engine pods on kwok nodes come alive as simulator processes at their pod IPs.
 
     python -m specdeploy.devcluster.podrunner --state-dir DIR     # `dev-cluster up --monitoring` starts it
 
 For every pod labelled `specdeploy.io/name` that kwok marks Running, it starts
-`python -m specdeploy_engine.sim --seed S [$SPECDEPLOY_SIM_OPTIONS] --port P --config-dir D -- <the engine
-container's command + args>` with the pod's ConfigMap files in D (the container's SPECDEPLOY_SIM_OPTIONS, e.g.
-"--time-scale 8", as the engine image's launcher reads it), registers it as a Prometheus scrape target with the labels a
-PodMonitor gives, and lists it in ``<state>/podrunner/sims.json``. When the pod is deleted it stops the
+`python -m specdeploy_engine.sim --seed S [$SPECDEPLOY_SIM_OPTIONS] --host IP --port P --config-dir D -- <the
+engine container's command + args>` with the pod's ConfigMap files in D (the container's SPECDEPLOY_SIM_OPTIONS,
+e.g. "--time-scale 8", as the engine image's launcher reads it), listening where a client of the pod connects in a
+real cluster: IP is the pod's status.podIP (a loopback address, see nodes.py), P its containerPort. It registers
+it as a Prometheus scrape target with the labels a PodMonitor gives, and lists it in
+``<state>/podrunner/sims.json``. When the pod is deleted it stops the
 process and removes the target. When the process exits on its own it does what a kubelet does: writes
 the end into the pod's status (restartCount, lastState.terminated with exit code, reason and the log tail
 as message, CrashLoopBackOff) and restarts it after a back-off of 1 s, 2 s, 4 s … at most 10 s.
 
 With `--engine vllm` (`dev-cluster up --engine vllm`), a pod whose container runs `vllm serve` gets the real
 `vllm serve` of vLLM's CPU build instead, from the pod's own command line with only what cannot exist on a CPU
-machine translated (vllm_pods: stand-in models, no GPU memory flags, loopback port); crashes, scrape targets and
+machine translated (vllm_pods: stand-in models, no GPU memory flags, the pod's IP and port); crashes, scrape targets and
 the registry work the same.
 
 Why a watch and asyncio: two cores run the whole cluster. One list-then-watch stream tells the runner
@@ -79,6 +81,12 @@ STOP_GRACE_SECONDS = 5.0     # SIGTERM → SIGKILL for a simulator (a pod's 60 s
 #: cores takes one to three minutes (loading, then compiling its model), more while another one starts.
 SIMULATOR_START_SLOT_SECONDS = 20.0
 REAL_ENGINE_START_SLOT_SECONDS = 600.0
+#: How long a Running pod may lack status.podIP before the runner says it gave up waiting (kwok's pod-ready stage
+#: writes the IP in the same patch as phase Running, so it is normally there at once).
+POD_IP_WAIT_SECONDS = 30.0
+#: A pod's address taken by another process: how often to look again, and when to warn that it still is.
+PORT_POLL_SECONDS = 0.2
+PORT_TAKEN_WARNING_SECONDS = 30.0
 #: Variables of the runner's own environment that would point real vLLM's Python at the operator's packages.
 _OPERATOR_PYTHON_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 
@@ -159,16 +167,23 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _port_free(port: int) -> bool:
-    """Whether a server could listen on `port` again (with SO_REUSEADDR, as HTTP servers bind: the old
-    simulator's connections in TIME_WAIT must not move the pod to another port)."""
+def _port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on `host`:`port` now (with SO_REUSEADDR, as HTTP servers bind: the old
+    engine's connections in TIME_WAIT do not hold the address)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
         return True
+
+
+def _free_port(host: str) -> int:
+    """A port nothing listens on at `host`, for a container that declares none (kept for the pod's life)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 class PodRunner:
@@ -184,6 +199,8 @@ class PodRunner:
         self.back_off = back_off or BackOff()
         self.registry = Registry(runner_pid=os.getpid())
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        #: Running pods seen without status.podIP, by uid: the timer that gives up waiting (None once it has).
+        self._awaiting_ip: dict[str, asyncio.TimerHandle | None] = {}
         self._starting = asyncio.Semaphore(max_starting)  # a simulator's start costs about a CPU-second
         self._api: AsyncClient | None = None
 
@@ -262,7 +279,7 @@ class PodRunner:
             pod = item.to_dict()
             seen.add(pod["metadata"]["uid"])
             self._observe(pod)
-        for uid in [uid for uid in self._tasks if uid not in seen]:
+        for uid in [uid for uid in [*self._tasks, *self._awaiting_ip] if uid not in seen]:
             self._forget(uid)
         if not self.registry.synced:
             self.registry.synced = True
@@ -304,15 +321,40 @@ class PodRunner:
                 self._forget(uid)
             return
         if not wants_simulator(pod):
+            self._stop_awaiting_ip(uid)
             return
         engine = engine_pod(pod)
         if engine is None:
             log.warning("pod %s/%s has no container with a command line; not simulated",
                         pod["metadata"].get("namespace"), pod["metadata"].get("name"))
             return
+        if not engine.pod_ip:
+            self._await_pod_ip(engine)
+            return
+        self._stop_awaiting_ip(uid)
         self._tasks[uid] = asyncio.create_task(self._supervise(engine), name=f"pod {engine.namespace}/{engine.name}")
 
+    def _await_pod_ip(self, engine: EnginePod) -> None:
+        """The engine listens at the pod's IP, so it starts with the pod event that carries status.podIP."""
+        if engine.uid in self._awaiting_ip:
+            return
+        log.info("%s/%s: Running without status.podIP; waiting up to %gs for the pod event that sets it",
+                 engine.namespace, engine.name, POD_IP_WAIT_SECONDS)
+        self._awaiting_ip[engine.uid] = asyncio.get_running_loop().call_later(
+            POD_IP_WAIT_SECONDS, self._pod_ip_missing, engine)
+
+    def _pod_ip_missing(self, engine: EnginePod) -> None:
+        self._awaiting_ip[engine.uid] = None
+        log.warning("%s/%s: no status.podIP after %gs; not started until an event of the pod carries one (kwok's "
+                    "pod-ready stage sets it with phase Running)", engine.namespace, engine.name, POD_IP_WAIT_SECONDS)
+
+    def _stop_awaiting_ip(self, uid: str) -> None:
+        timer = self._awaiting_ip.pop(uid, None)
+        if timer is not None:
+            timer.cancel()
+
     def _forget(self, uid: str) -> None:
+        self._stop_awaiting_ip(uid)
         task = self._tasks.pop(uid, None)
         if task is not None:
             task.cancel()
@@ -327,11 +369,13 @@ class PodRunner:
     # -- one pod --------------------------------------------------------------------------------
 
     async def _supervise(self, engine: EnginePod) -> None:
-        """Run the pod's simulator until the task is cancelled, restarting it with back-off when it dies."""
-        port = processes.free_port()
+        """Run the pod's simulator at the pod's IP and port until the task is cancelled, restarting it there with
+        back-off when it dies."""
+        host = engine.pod_ip
+        port = engine.port or _free_port(host)
         log_path = self.paths.log(engine)
         sim = SimulatorEndpoint(namespace=engine.namespace, pod=engine.name, uid=engine.uid, sd=engine.sd,
-                                variant=engine.variant, engine=engine.engine, address=f"127.0.0.1:{port}",
+                                variant=engine.variant, engine=engine.engine, address=f"{host}:{port}",
                                 metrics_path=engine.metrics_path, health_path=engine.health_path, state=PENDING,
                                 log=str(log_path))
         self._publish(sim)
@@ -342,13 +386,10 @@ class PodRunner:
             self._add_target(engine, sim.address)
             crashes = 0
             while True:
-                if not _port_free(port):   # someone took it while we were backing off
-                    port = processes.free_port()
-                    sim = replace(sim, address=f"127.0.0.1:{port}")
-                    self._add_target(engine, sim.address)
+                await self._until_port_free(engine, host, port)
                 await self._write_config(engine, config_dir, wait=False)   # the kubelet keeps the files synced
                 async with self._starting:
-                    proc, offset, started_at = await self._spawn(engine, port, config_dir, log_path)
+                    proc, offset, started_at = await self._spawn(engine, host, port, config_dir, log_path)
                     ran_since = time.monotonic()
                     sim = replace(sim, pid=proc.pid, started=processes.start_ticks(proc.pid), state=STARTING)
                     self._publish(sim)
@@ -363,6 +404,7 @@ class PodRunner:
                                                                  started_at=started_at, pid=proc.pid))
                 returncode = await proc.wait()
                 finished_at = _now()
+                _kill_group(proc.pid)   # a container ends with its main process: no child keeps the pod's port
                 if time.monotonic() - ran_since >= self.back_off.reset_after:
                     crashes = 0
                 crashes += 1
@@ -430,34 +472,55 @@ class PodRunner:
         """Whether this pod gets real vLLM: the runner was started with it and the pod runs `vllm serve`."""
         return self.real_vllm is not None and engine.engine == "vllm" and is_vllm_serve(engine.argv)
 
-    def _simulator_command(self, engine: EnginePod, port: int, config_dir: Path) -> tuple[list[str], dict[str, str]]:
+    async def _until_port_free(self, engine: EnginePod, host: str, port: int) -> None:
+        """Wait until nothing listens at the pod's address: what can hold it is the pod's own previous run, or,
+        when kwok gave this pod the IP of one just deleted, that pod's engine, still stopping. A pod's port cannot
+        change, so the runner waits, and warns when that takes long."""
+        if _port_free(host, port):
+            return
+        log.info("%s/%s: waiting for %s:%d to be released by the process that listens there",
+                 engine.namespace, engine.name, host, port)
+        began = time.monotonic()
+        warned = False
+        while not _port_free(host, port):
+            if not warned and time.monotonic() - began >= PORT_TAKEN_WARNING_SECONDS:
+                warned = True
+                log.warning("%s/%s: %s:%d still taken after %gs (not by this pod's engine: it has exited)",
+                            engine.namespace, engine.name, host, port, PORT_TAKEN_WARNING_SECONDS)
+            await asyncio.sleep(PORT_POLL_SECONDS)
+        log.info("%s/%s: %s:%d released after %.1fs", engine.namespace, engine.name, host, port,
+                 time.monotonic() - began)
+
+    def _simulator_command(self, engine: EnginePod, host: str, port: int,
+                           config_dir: Path) -> tuple[list[str], dict[str, str]]:
         # The pod's own simulator options (e.g. --time-scale, --seed) first: where to listen and read the
         # config files is the runner's to say, so its options come last and win.
         argv = [self.python, "-m", self.simulator_module, "--seed", str(engine.seed), *engine.simulator_options,
-                "--host", "127.0.0.1", "--port", str(port), "--config-dir", str(config_dir)]
+                "--host", host, "--port", str(port), "--config-dir", str(config_dir)]
         if engine.gpu_product:
             argv += ["--gpu", engine.gpu_product]
         argv += ["--", *engine.argv]
         return argv, {**os.environ, **engine.env, "PYTHONUNBUFFERED": "1"}
 
-    def _real_vllm_command(self, engine: EnginePod, port: int) -> tuple[list[str], dict[str, str], tuple[str, ...]]:
+    def _real_vllm_command(self, engine: EnginePod, host: str,
+                           port: int) -> tuple[list[str], dict[str, str], tuple[str, ...]]:
         """The pod's `vllm serve` translated for this machine (vllm_pods), the pod's env over the CPU settings."""
         assert self.real_vllm is not None
         real = self.real_vllm
-        serve = cpu_serve(engine.argv, vllm=real.vllm, port=port, standins=real.standins)
-        host = {k: v for k, v in os.environ.items() if k not in _OPERATOR_PYTHON_ENV}
-        env = {**host, **engine.env, **vllm_env.cpu_environment(real.kv_cache_gib, real.threads),
+        serve = cpu_serve(engine.argv, vllm=real.vllm, port=port, standins=real.standins, host=host)
+        runner_env = {k: v for k, v in os.environ.items() if k not in _OPERATOR_PYTHON_ENV}
+        env = {**runner_env, **engine.env, **vllm_env.cpu_environment(real.kv_cache_gib, real.threads),
                "PYTHONUNBUFFERED": "1"}
         return list(serve.argv), env, serve.notes
 
-    async def _spawn(self, engine: EnginePod, port: int, config_dir: Path,
+    async def _spawn(self, engine: EnginePod, host: str, port: int, config_dir: Path,
                      log_path: Path) -> tuple[asyncio.subprocess.Process, int, datetime]:
         real = self._runs_real(engine)
         notes: tuple[str, ...] = ()
         if real:
-            argv, env, notes = self._real_vllm_command(engine, port)
+            argv, env, notes = self._real_vllm_command(engine, host, port)
         else:
-            argv, env = self._simulator_command(engine, port, config_dir)
+            argv, env = self._simulator_command(engine, host, port, config_dir)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as handle:
             offset = handle.seek(0, os.SEEK_END)
@@ -467,8 +530,8 @@ class PodRunner:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=handle, stderr=asyncio.subprocess.STDOUT,
                 env=env, cwd=str(config_dir), start_new_session=True)
-        log.info("%s/%s: %s pid %d on 127.0.0.1:%d (%s)", engine.namespace, engine.name,
-                 "real vLLM" if real else "simulator", proc.pid, port, engine.engine)
+        log.info("%s/%s: %s pid %d on %s:%d (%s)", engine.namespace, engine.name,
+                 "real vLLM" if real else "simulator", proc.pid, host, port, engine.engine)
         return proc, offset, _now()
 
     async def _until_healthy(self, proc: asyncio.subprocess.Process, engine: EnginePod, address: str,
@@ -550,6 +613,12 @@ def _read_from(path: Path, offset: int) -> bytes:
             return handle.read()
     except OSError:
         return b""
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of an exited engine's process group (e.g. vLLM's EngineCore)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 async def _terminate(proc: asyncio.subprocess.Process) -> None:

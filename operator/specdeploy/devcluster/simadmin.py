@@ -1,6 +1,6 @@
 """Reach the simulators of one SpeculativeDeployment: their base URLs, and their run-time knobs.
 
-    endpoints(cluster, "demo/llama", "control")                 # ["http://127.0.0.1:40123"]
+    endpoints(cluster, "demo/llama", "control")                 # ["http://127.80.0.3:8000"]
     sim_admin(cluster, "demo/llama", "speculative", {"acceptance": 0.3, "oom": True})
 
 The simulators are the pod runner's (``<state>/podrunner/sims.json``); knobs go to each one's

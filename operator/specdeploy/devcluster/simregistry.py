@@ -30,7 +30,7 @@ class SimulatorEndpoint:
     sd: str
     variant: str
     engine: str
-    address: str               # host:port on loopback
+    address: str               # podIP:containerPort, where the pod's engine listens (a loopback address)
     metrics_path: str
     health_path: str
     pid: int = 0
@@ -41,7 +41,7 @@ class SimulatorEndpoint:
 
     @property
     def url(self) -> str:
-        """The base URL, e.g. http://127.0.0.1:40123 (what the pod's Service would send traffic to)."""
+        """The base URL, e.g. http://127.80.0.3:8000 (what the pod's Service would send traffic to)."""
         return f"http://{self.address}"
 
     @property

@@ -2,17 +2,17 @@
 
     standins = Standins(target=Path(".../standins/target"), draft=Path(".../standins/draft"), max_positions=2048,
                         eagle=Path(".../standins/eagle"), eagle3=Path(".../standins/eagle3"))
-    serve = cpu_serve(engine.argv, vllm=env.vllm, port=41234, standins=standins)
+    serve = cpu_serve(engine.argv, vllm=env.vllm, port=8000, standins=standins, host="127.80.0.3")
     serve.argv, serve.notes     # what to exec; one line per translation, for the pod's log
 
 Only what cannot exist on a CPU machine is changed, each by one pure function below (listed, with why, in
 docs/dev-cluster.md "Real vLLM"): the model names (no hub here: local stand-ins with real weights), the draft's
 name inside `--speculative-config` (an EAGLE or EAGLE-3 head's to the stand-in head of its method), revision pins of the models replaced, GPU memory flags (the CPU build sizes
 its KV cache from VLLM_CPU_KVCACHE_SPACE), parallel sizes above 1, a context longer than the stand-ins'
-positions, and host and port (the runner's loopback port). Every other argument — the rest of the
-`--speculative-config` JSON, `--dtype` (bfloat16 runs here), `--max-num-seqs`, `--served-model-name`, anything
-in `engine.extraArgs` — reaches vLLM's own parser as the pod has it, so vLLM refuses what it would refuse on a
-GPU.
+positions, and host and port (the pod's IP and containerPort; outside a cluster, vllm_serve's loopback port).
+Every other argument — the rest of the `--speculative-config` JSON, `--dtype` (bfloat16 runs here),
+`--max-num-seqs`, `--served-model-name`, anything in `engine.extraArgs` — reaches vLLM's own parser as the pod
+has it, so vLLM refuses what it would refuse on a GPU.
 
 Exceptions:
 
@@ -214,20 +214,22 @@ def clamp_context(args: Args, standins: Standins) -> tuple[Args, str | None]:
             f"--max-model-len {value} -> {standins.max_positions} (the stand-ins' max_position_embeddings)")
 
 
-def loopback(args: Args, port: int) -> tuple[Args, str]:
-    """Where to listen: the runner's loopback port, in place of the pod's address and port."""
-    args = with_value(with_value(args, "--host", LOOPBACK), "--port", str(port))
-    return args, f"listen on {LOOPBACK}:{port}"
+def listen_at(args: Args, host: str, port: int) -> tuple[Args, str]:
+    """Where to listen: the pod's IP and port in the dev cluster (the rendered `--host 0.0.0.0` would take the port
+    on every address of this machine, which all the pods share), or a loopback port outside a cluster."""
+    args = with_value(with_value(args, "--host", host), "--port", str(port))
+    return args, f"listen on {host}:{port}"
 
 
-def cpu_serve(argv: Sequence[str], vllm: Path, port: int, standins: Standins) -> CpuServe:
-    """The pod's `vllm serve …` with every translation above applied, to run as `vllm` (the CPU build's)."""
+def cpu_serve(argv: Sequence[str], vllm: Path, port: int, standins: Standins, host: str = LOOPBACK) -> CpuServe:
+    """The pod's `vllm serve …` with every translation above applied, to run as `vllm` (the CPU build's),
+    listening at `host`:`port`."""
     if not is_vllm_serve(argv):
         raise NotVllmServe(f"not a `vllm serve` command line: {list(argv[:3])!r}")
     args, note = replace_model(tuple(argv[2:]), standins)
     notes = [note]
     for translate in (drop_revisions, lambda a: replace_draft(a, standins), drop_gpu_memory, single_process,
-                      lambda a: clamp_context(a, standins), lambda a: loopback(a, port)):
+                      lambda a: clamp_context(a, standins), lambda a: listen_at(a, host, port)):
         args, made = translate(args)
         if made:
             notes.append(made)
