@@ -92,10 +92,12 @@ class Prober:
                 continue
             probe = resource.spec.analysis.probe
             assert probe is not None
-            trigger = probe_due(probe, status.probe, self._target(key, status), now)
-            if trigger is None:
+            target = self._target(key, status)
+            trigger = probe_due(probe, status.probe, target, now)
+            if trigger is None or target is None:
                 continue
-            task = asyncio.create_task(self._probe(resource, probe, status.probe, trigger))
+            task = asyncio.create_task(self._probe(resource, probe, status.probe, trigger,
+                                                   target.deployment_generation))
             self._running[key] = task
             task.add_done_callback(self._finished)
             started.append(key)
@@ -118,10 +120,10 @@ class Prober:
                            deployment_generation=state.generation)
 
     async def _probe(self, resource: SpeculativeDeployment, probe: Probe, last: ProbeStatus | None,
-                     trigger: str) -> None:
+                     trigger: str, generation: int) -> None:
         namespace, name = resource.metadata.namespace or "", resource.metadata.name
         try:
-            result = await self._measure(resource, probe, last, trigger)
+            result = await self._measure(resource, probe, last, trigger, generation)
             logger.info("%s/%s probed (%s): %s", namespace, name, trigger,
                         result.last_failure.message if result.last_failure else f"{len(result.cells)} cells")
             await self.reconciler.reconcile(namespace, name, trigger=None, probe=result)
@@ -131,20 +133,18 @@ class Prober:
             logger.exception("probing %s/%s failed", namespace, name)
 
     async def _measure(self, resource: SpeculativeDeployment, probe: Probe, last: ProbeStatus | None,
-                       trigger: str) -> ProbeStatus:
-        """The probe's result for status.probe, or the reason it measured nothing."""
+                       trigger: str, generation: int) -> ProbeStatus:
+        """The probe's result for status.probe, or the reason it measured nothing; `generation`: the speculative
+        Deployment's, as the watch showed it when the probe became due."""
         namespace, name = resource.metadata.namespace or "", resource.metadata.name
         started = datetime.datetime.now(datetime.UTC)
         client = self.reconciler.client
-        deployment = await kube.read_deployments(client, namespace, [deployment_name(name, Variant.SPECULATIVE)])
-        state = next((kube.deployment_state(body, name) for body in deployment.values()), None)
-        generation = state.generation if state is not None else None
 
         def failed(reason: str, message: str) -> ProbeStatus:
             return probe_failed(last, reason, message, started, generation)
 
         pod = _ready_pod(await kube.engine_pods(client, namespace, name))
-        if pod is None or state is None:
+        if pod is None:
             return failed(Reason.POD_NOT_READY, "no speculative pod is Ready with a pod IP")
         workloads = {NEUTRAL_WORKLOAD: list(NEUTRAL_PROMPTS)}
         if probe.workloads_config_map:
@@ -173,7 +173,7 @@ class Prober:
                               url, started, trigger)
         return result.model_copy(update={
             "pod": metadata["name"], "pod_template_hash": (metadata.get("labels") or {}).get("pod-template-hash"),
-            "deployment_generation": state.generation})
+            "deployment_generation": generation})
 
     async def stop(self) -> None:
         tasks = list(self._running.values())
