@@ -413,9 +413,9 @@ class DevCluster:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         pki = certs.generate(self.pki.directory)
-        ports = {name: processes.free_port() for name in
-                 ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-                  "prometheus", "alertmanager")}
+        names = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                 "prometheus", "alertmanager")
+        ports = dict(zip(names, processes.free_ports(len(names)), strict=True))
         server = f"https://127.0.0.1:{ports['kube-apiserver']}"
         state.apiserver_url = server
         state.kubeconfig = str(self.kubeconfig)

@@ -25,9 +25,20 @@ _children: dict[int, subprocess.Popen[bytes]] = {}
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different TCP ports on 127.0.0.1 that nothing listens on right now. All are held open until all
+    are chosen: one at a time, the kernel may hand out a port it just handed out (Prometheus and Alertmanager
+    of one dev cluster were once given the same one, and Prometheus could not start)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def start(name: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
