@@ -105,6 +105,14 @@ def _lost_lease() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own kubeconfig and in-cluster logins, named here: kopf registers them as fallbacks only if
+    KUBECONFIG (or ~/.kube/config) exists when kopf is first imported, so an operator imported before its
+    environment is set — or in a pod whose kubeconfig is mounted later — would have no credentials."""
+    return kopf.login_with_kubeconfig(**kwargs) or kopf.login_with_service_account(**kwargs)
+
+
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure(settings)
