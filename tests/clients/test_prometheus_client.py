@@ -25,7 +25,14 @@ from specdeploy.clients.prometheus import (
     query_all,
 )
 from specdeploy.judgment.queries import queries_for
-from specdeploy.judgment.samples import QueryErrorKind, QueryGroup, SeriesKey, Signal, SignalValues
+from specdeploy.judgment.samples import (
+    PositionCounts,
+    QueryErrorKind,
+    QueryGroup,
+    SeriesKey,
+    Signal,
+    SignalValues,
+)
 
 BASE = "http://prometheus.test:9090"
 TOKEN = "Bearer s3cr3t-token"
@@ -256,7 +263,8 @@ def test_query_all_groups_values_by_sd_and_variant() -> None:
         Signal.INTER_TOKEN_LATENCY_COUNT_SERIES: answer(200, matrix((spec, [(T, "100"), (T + 30, "130")]))),
     }, seen=seen)
     samples = run_all(handler, [QueryGroup(EngineKind.VLLM, 300.0)] * 3)
-    assert samples.query_count == len(Signal) == len(seen)               # duplicates asked once
+    # duplicates asked once; vLLM answers every signal but TensorRT-LLM's drafts per position
+    assert samples.query_count == len(Signal) - 1 == len(seen)
     assert {form["time"][0] for form in seen} == {"1767225600.000"}       # one instant for the cycle
     [group] = samples.groups.values()
     assert group.errors == {}
@@ -278,6 +286,32 @@ def test_query_all_groups_values_by_sd_and_variant() -> None:
     assert sample.speculative.mean_inter_token_latency_seconds is None, "a series is no value"
     missing = samples.for_deployment("prod", "absent", EngineKind.VLLM, 300.0)
     assert missing.speculative == SignalValues() and missing.errors == {}
+
+
+def test_query_all_reads_the_counts_per_draft_position_from_the_position_label() -> None:
+    spec, control = sd("prod", "llama", "speculative"), sd("prod", "llama", "control")
+    vllm = prepared({
+        Signal.DRAFTS: answer(200, vector((spec, "1000"))),
+        Signal.ACCEPTED_PER_POSITION: answer(200, vector(
+            ({**spec, "position": "0"}, "700"), ({**spec, "position": "2"}, "300"), ({**spec, "position": "1"}, "480"),
+            ({**spec, "position": "x"}, "1"), (spec, "5"))),                 # no position: ignored
+    })
+    sample = run_all(vllm, [QueryGroup(EngineKind.VLLM, 300.0)]).for_deployment("prod", "llama", EngineKind.VLLM, 300.0)
+    assert sample.speculative.drafts == 1000.0
+    assert sample.position_counts == PositionCounts(1000.0, (700.0, 480.0, 300.0))
+    assert sample.position_counts.rates == pytest.approx((0.7, 0.48, 0.3))
+    assert sample.control.position_counts is None
+
+    trtllm = prepared({
+        Signal.ACCEPTED_PER_POSITION: answer(200, vector(({**spec, "token_position": "0"}, "60"),
+                                                         ({**control, "token_position": "0"}, "7"))),
+        Signal.DRAFTED_PER_POSITION: answer(200, vector(({**spec, "token_position": "0"}, "100"),
+                                                        ({**spec, "token_position": "1"}, "40"))),
+    }, engine=EngineKind.TRTLLM)
+    sample = run_all(trtllm, [QueryGroup(EngineKind.TRTLLM, 300.0)]).for_deployment(
+        "prod", "llama", EngineKind.TRTLLM, 300.0)
+    assert sample.position_counts == PositionCounts(100.0, (60.0, 0.0), (100.0, 40.0))
+    assert sample.position_counts.rates == pytest.approx((0.6, 0.0))
 
 
 def test_query_all_records_errors_per_signal_and_keeps_the_rest() -> None:

@@ -17,6 +17,7 @@ from specdeploy.judgment.queries import (
     GROUP_LABELS,
     MEAN_FROM_HISTOGRAM,
     P99_FROM_HISTOGRAM,
+    PER_POSITION_FROM_COUNTER,
     SELECTOR,
     SLICES,
     TemplateError,
@@ -93,11 +94,24 @@ ENGINE_TIME = {Signal.PREFILL_TIME_SUM_SERIES, Signal.PREFILL_TIME_COUNT_SERIES,
                Signal.INFERENCE_TIME_COUNT_SERIES}
 """vLLM's own histograms of the time without the queue; SGLang and TensorRT-LLM are judged on TTFT (E2E) − queue."""
 
+PER_POSITION = {
+    EngineKind.VLLM: {Signal.DRAFTS, Signal.ACCEPTED_PER_POSITION},
+    EngineKind.TRTLLM: {Signal.ACCEPTED_PER_POSITION, Signal.DRAFTED_PER_POSITION},
+    EngineKind.SGLANG: set(),
+}
+"""The calibration's evidence per engine: vLLM counts drafts as a whole, TensorRT-LLM per position, SGLang not at all."""
+CALIBRATION = {Signal.DRAFTS, Signal.ACCEPTED_PER_POSITION, Signal.DRAFTED_PER_POSITION}
+
+
+def _answered(engine: EngineKind) -> list[Signal]:
+    return [s for s in Signal if (engine == EngineKind.VLLM or s not in ENGINE_TIME)
+            and (s not in CALIBRATION or s in PER_POSITION[engine])]
+
 
 @pytest.mark.parametrize("engine", list(EngineKind))
 def test_every_engine_answers_every_signal_with_one_grouped_query(engine: EngineKind) -> None:
     queries = queries_for(engine, 300)
-    assert [q.signal for q in queries] == [s for s in Signal if engine == EngineKind.VLLM or s not in ENGINE_TIME]
+    assert [q.signal for q in queries] == _answered(engine)
     for query in queries:
         assert query.promql.count("(") == query.promql.count(")")
         assert GROUP_LABELS in query.promql
@@ -206,8 +220,36 @@ def test_a_window_of_any_milliseconds_still_gets_about_slices_steps(millis: int)
 
 @pytest.mark.parametrize("signal", [s for s in Signal if not s.is_series])
 def test_only_the_slice_series_are_answered_by_a_range(signal: Signal) -> None:
-    text = promql(signal, EngineKind.TRTLLM, 300)
+    text = promql(signal, EngineKind.TRTLLM, 300) or promql(signal, EngineKind.VLLM, 300)
     assert text is not None and _SUBQUERY.search(text) is None
+
+
+@pytest.mark.parametrize(("engine", "signal", "text"), [
+    (EngineKind.VLLM, Signal.DRAFTS,
+     f"sum by ({GROUP_LABELS}) (increase(vllm:spec_decode_num_drafts_total{SELECTOR}[5m]))"),
+    (EngineKind.VLLM, Signal.ACCEPTED_PER_POSITION,
+     f"sum by ({GROUP_LABELS}, position) "
+     f"(increase(vllm:spec_decode_num_accepted_tokens_per_pos_total{SELECTOR}[5m]))"),
+    (EngineKind.TRTLLM, Signal.ACCEPTED_PER_POSITION,
+     f"sum by ({GROUP_LABELS}, token_position) (increase(trtllm_spec_decode_accepted_tokens_total{SELECTOR}[5m]))"),
+    (EngineKind.TRTLLM, Signal.DRAFTED_PER_POSITION,
+     f"sum by ({GROUP_LABELS}, token_position) (increase(trtllm_spec_decode_drafted_tokens_total{SELECTOR}[5m]))"),
+])
+def test_the_calibration_reads_counts_per_position_over_the_window(engine: EngineKind, signal: Signal,
+                                                                     text: str) -> None:
+    """Counts (increase), not rates: the calibration states each position's binomial uncertainty from them."""
+    assert promql(signal, engine, 300) == text
+    [query] = [q for q in queries_for(engine, 300) if q.signal == signal]
+    assert query.position_label == (metric_names(engine).position_label if signal.is_per_position else None)
+
+
+def test_sglang_has_no_counts_per_position() -> None:
+    assert {s for s in CALIBRATION if promql(s, EngineKind.SGLANG, 300) is not None} == set()
+
+
+def test_a_position_label_is_checked_to_be_a_label_name() -> None:
+    with pytest.raises(TemplateError, match="must be a Prometheus label name"):
+        render(PER_POSITION_FROM_COUNTER, counter="x", position="vllm:position", window="5m")
 
 
 def test_pods_count_the_series_of_the_running_gauge() -> None:
@@ -252,4 +294,5 @@ def test_the_number_of_queries_does_not_grow_with_the_number_of_sds() -> None:
     assert groups == {QueryGroup(EngineKind.VLLM, 300.0), QueryGroup(EngineKind.SGLANG, 300.0),
                       QueryGroup(EngineKind.TRTLLM, 300.0)}
     assert sum(len(queries_for(g.engine, g.window_seconds)) for g in groups) == (
-        len(Signal) * len(EngineKind) - len(ENGINE_TIME) * 2)
+        (len(Signal) - len(CALIBRATION)) * len(EngineKind) - len(ENGINE_TIME) * 2
+        + sum(len(signals) for signals in PER_POSITION.values()))

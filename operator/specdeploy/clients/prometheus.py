@@ -247,6 +247,14 @@ def _key(labels: Mapping[str, str]) -> SeriesKey | None:
     return SeriesKey(namespace, name, variant)
 
 
+def _position(labels: Mapping[str, str], label: str | None) -> int | None:
+    """The draft position (from 1) of a per-position series, whose engine labels the first drafted token 0."""
+    text = labels.get(label) if label is not None else None
+    if text is None or not text.isdigit():
+        return None
+    return int(text) + 1
+
+
 async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: float | None = None) -> Samples:
     """Every signal for every SD in `groups`, the queries sent concurrently, evaluated at one instant.
 
@@ -274,6 +282,10 @@ async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: 
             if signal.is_series:
                 per_pod.setdefault((group, key, signal), []).append(sample.points)
                 series.setdefault(key, SignalValues())
+            elif signal.is_per_position:
+                position = _position(sample.labels, answer.query.position_label)
+                if position is not None:
+                    series[key] = series.get(key, SignalValues()).with_position(signal, position, sample.value)
             else:
                 series[key] = series.get(key, SignalValues()).with_value(signal, sample.value)
     for (group, key, signal), pods in per_pod.items():

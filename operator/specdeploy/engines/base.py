@@ -60,7 +60,10 @@ class MetricNames:
     kv_cache_usage: str
     request_success_total: str
     model_label: str = "model_name"
-    position_label: str | None = None    # label of accepted_tokens_per_pos_total that holds the position
+    position_label: str | None = None    # label of the per-position counters that holds the position (from 0)
+    # Drafts that proposed each position (TensorRT-LLM): the denominator of a position's acceptance when the
+    # drafts of a window do not all propose the same number of tokens. None: only drafts_total (vLLM).
+    drafted_tokens_per_pos_total: str | None = None
     generation_tokens_total: str | None = None   # output tokens: the Throughput objective's tokens per GPU
     # Time in the engine without the queue (scheduled → first token, scheduled → last token): the Latency
     # objective's TTFT and end-to-end sources. None: the analysis derives them as TTFT (E2E) − queue time.
@@ -76,7 +79,7 @@ class MetricNames:
             self.e2e_request_latency,
             self.request_queue_time, self.requests_running, self.requests_waiting, self.kv_cache_usage,
             self.request_success_total, self.generation_tokens_total, self.request_prefill_time,
-            self.request_inference_time,
+            self.request_inference_time, self.drafted_tokens_per_pos_total,
         )
         return tuple(v for v in values if v is not None)
 

@@ -34,7 +34,9 @@ from specdeploy.engines.base import (
 # /prometheus/metrics by tensorrt_llm/serve/openai_server.py when return_perf_metrics is true; the
 # iteration gauges and speculative counters also need enable_iter_perf_stats (NVIDIA/TensorRT-LLM PR
 # #12545 made the spec-decode numbers counters). TensorRT-LLM reports time per output token, not an
-# inter-token latency histogram; TPOT is the closest signal. Labels: model_name, engine_type.
+# inter-token latency histogram; TPOT is the closest signal. Labels: model_name, engine_type. The per-position
+# counters (drafted and accepted, token_position from 0) are added when a request finishes
+# (MetricsCollector.log_request_metrics_dict), and a position's series appears only once it counted something.
 METRICS = MetricNames(
     drafts_total=None,
     draft_tokens_total="trtllm_spec_decode_num_draft_tokens_total",
@@ -53,6 +55,7 @@ METRICS = MetricNames(
     request_success_total="trtllm_request_success_total",
     model_label="model_name",
     position_label="token_position",
+    drafted_tokens_per_pos_total="trtllm_spec_decode_drafted_tokens_total",
     generation_tokens_total="trtllm_generation_tokens_total",
 )
 

@@ -27,6 +27,7 @@ GROUP_LABELS = "namespace, specdeploy_io_name, specdeploy_io_variant"
 SELECTOR = '{specdeploy_io_name!=""}'    # only series scraped from an SD's pods
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _DURATION = re.compile(r"[0-9]+(ms|s|m|h)")
 
 
@@ -68,11 +69,17 @@ CUMULATIVE_SERIES = "sum by ($by, pod) (${counter}${selector})[$range:$step]"
 PODS_FROM_GAUGE = "count by ($by) (${gauge}${selector})"
 # Finished requests in the window (extrapolated by increase(), so not always a whole number).
 REQUESTS_FROM_COUNTER = "sum by ($by) (increase(${counter}${selector}[$window]))"
+# Drafts in the window, summed over pods (vLLM's drafts counter): the denominator of a position's acceptance.
+DRAFTS_FROM_COUNTER = "sum by ($by) (increase(${counter}${selector}[$window]))"
+# A per-position counter's increase in the window, one series per position, summed over pods: counts, not rates,
+# so that the calibration can state each position's binomial uncertainty (judgment/calibration.py).
+PER_POSITION_FROM_COUNTER = "sum by ($by, $position) (increase(${counter}${selector}[$window]))"
 # Output tokens per second of a variant, summed over its pods (÷ pods ÷ GPUs per pod: tokens per GPU).
 OUTPUT_RATE_FROM_COUNTER = "sum by ($by) (rate(${counter}${selector}[$window]))"
 
 _FIXED = {"by": GROUP_LABELS, "selector": SELECTOR}
 _DURATIONS = ("window", "range", "step")
+_LABELS = ("position",)
 
 SLICES = 10
 """Slices per window for the paired comparison: 5m → 30 s slices, 1m → 6 s. Ten gives 9 degrees of freedom
@@ -83,8 +90,8 @@ usual 2–15 s scrape intervals."""
 def render(template: str, **variables: str) -> str:
     """`template` with `$name` / `${name}` replaced; raises TemplateError on any mismatch.
 
-    `by` and `selector` are filled in by this module; `window`, `range` and `step` must be PromQL durations
-    and every other variable a metric name.
+    `by` and `selector` are filled in by this module; `window`, `range` and `step` must be PromQL durations,
+    `position` a label name and every other variable a metric name.
     """
     if not Template(template).is_valid():
         raise TemplateError(f"query template {template!r} has a `$` that is not a variable")
@@ -98,9 +105,10 @@ def render(template: str, **variables: str) -> str:
             f"missing {missing or 'none'}, not used {unused or 'none'}; given {sorted(variables)}"
         )
     for key, value in variables.items():
-        pattern = _DURATION if key in _DURATIONS else _METRIC_NAME
+        pattern = _DURATION if key in _DURATIONS else _LABEL_NAME if key in _LABELS else _METRIC_NAME
         if not pattern.fullmatch(value):
-            what = "a PromQL duration such as 5m" if key in _DURATIONS else "a Prometheus metric name"
+            what = ("a PromQL duration such as 5m" if key in _DURATIONS else "a Prometheus label name"
+                    if key in _LABELS else "a Prometheus metric name")
             raise TemplateError(f"query variable {key!r} must be {what}, got {value!r}")
     return Template(template).substitute(given)
 
@@ -121,12 +129,15 @@ def promql_duration(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class Query:
-    """One PromQL query: the signal it measures for every SD of `engine` over `window_seconds`."""
+    """One PromQL query: the signal it measures for every SD of `engine` over `window_seconds`.
+
+    position_label: for a per-position signal, the label whose value (from 0) is the draft position."""
 
     signal: Signal
     engine: EngineKind
     window_seconds: float
     promql: str
+    position_label: str | None = None
 
 
 def _acceptance_rate(names: MetricNames, window: str) -> str | None:
@@ -230,15 +241,31 @@ def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | N
             return render(GAUGE_TOTAL, gauge=names.requests_running, window=window)
         case Signal.WAITING:
             return render(GAUGE_TOTAL, gauge=names.requests_waiting, window=window)
+        case Signal.DRAFTS:
+            if names.drafts_total is None:
+                return None     # TensorRT-LLM: the drafts that proposed position 1; SGLang: none
+            return render(DRAFTS_FROM_COUNTER, counter=names.drafts_total, window=window)
+        case Signal.ACCEPTED_PER_POSITION:
+            return _per_position(names.accepted_tokens_per_pos_total, names.position_label, window)
+        case Signal.DRAFTED_PER_POSITION:
+            return _per_position(names.drafted_tokens_per_pos_total, names.position_label, window)
+
+
+def _per_position(counter: str | None, position_label: str | None, window: str) -> str | None:
+    if counter is None or position_label is None:
+        return None     # SGLang reports an accept length only
+    return render(PER_POSITION_FROM_COUNTER, counter=counter, position=position_label, window=window)
 
 
 def queries_for(engine: EngineKind, window_seconds: float) -> list[Query]:
     """Every query of one engine and window, one per signal the engine can answer."""
     result = []
+    position_label = metric_names(engine).position_label
     for signal in Signal:
         text = promql(signal, engine, window_seconds)
         if text is not None:
-            result.append(Query(signal, engine, window_seconds, text))
+            result.append(Query(signal, engine, window_seconds, text,
+                                position_label if signal.is_per_position else None))
     return result
 
 

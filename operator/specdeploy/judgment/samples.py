@@ -54,15 +54,58 @@ class Signal(StrEnum):
     QUEUE_TIME_SUM_SERIES = "queue_time_sum"
     QUEUE_TIME_COUNT_SERIES = "queue_time_count"
     OUTPUT_TOKENS_SERIES = "output_tokens_count"      # the generation-tokens counter: a count of tokens
+    # Speculation per draft position over the window, the evidence of the schedule's calibration
+    # (judgment/calibration.py): drafts (vLLM's drafts counter), and per position the drafts whose positions up
+    # to it were all accepted and (TensorRT-LLM) the drafts that proposed it.
+    DRAFTS = "drafts"
+    ACCEPTED_PER_POSITION = "accepted_per_position"
+    DRAFTED_PER_POSITION = "drafted_per_position"
 
     @property
     def is_series(self) -> bool:
         """Answered by a range (points over the window), not one number."""
         return self.value.endswith(("_sum", "_count"))
 
+    @property
+    def is_per_position(self) -> bool:
+        """Answered by one number per draft position (a series per value of the engine's position label)."""
+        return self.value.endswith("_per_position")
+
 
 Points = tuple[tuple[float, float], ...]
 """(Unix time, value) pairs in time order."""
+
+PerPosition = Mapping[int, float]
+"""A count per draft position, the first drafted token being position 1."""
+
+
+@dataclass(frozen=True)
+class PositionCounts:
+    """Speculation of one variant per draft position over the window, summed over its pods.
+
+    drafts: drafts that proposed at least one token (vLLM counts no draft at k = 0).
+    accepted: accepted[i] is the number of drafts whose positions 1..i+1 were all accepted (vLLM
+        spec_decode_num_accepted_tokens_per_pos_total{position=i}; TensorRT-LLM
+        spec_decode_accepted_tokens_total{token_position=i}): a token after the first rejection is never accepted.
+    drafted: drafted[i] is the number of drafts that proposed position i+1 (TensorRT-LLM); None where the engine
+        counts drafts only as a whole (vLLM), whose rate at a position a draft did not reach is then too low.
+    """
+
+    drafts: float
+    accepted: tuple[float, ...]
+    drafted: tuple[float, ...] | None = None
+
+    def drafted_at(self, position: int) -> float:
+        """The drafts counted for `position` (from 1): the denominator of its acceptance."""
+        if self.drafted is None:
+            return self.drafts
+        return self.drafted[position - 1] if position <= len(self.drafted) else 0.0
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """accepted ÷ drafted per position, as measured (NaN where nothing was drafted)."""
+        return tuple(a / n if (n := self.drafted_at(i)) > 0 else math.nan
+                     for i, a in enumerate(self.accepted, start=1))
 
 
 class Variant(StrEnum):
@@ -105,7 +148,9 @@ class SignalValues:
     running: float | None = None
     waiting: float | None = None
     pods: float | None = None
+    drafts: float | None = None
     series: Mapping[Signal, Points] = field(default_factory=dict)
+    positions: Mapping[Signal, PerPosition] = field(default_factory=dict)
 
     def get(self, signal: Signal) -> float | None:
         value: float | None = getattr(self, signal.value)
@@ -119,6 +164,33 @@ class SignalValues:
 
     def with_points(self, signal: Signal, points: Points) -> SignalValues:
         return dataclasses.replace(self, series={**self.series, signal: points})
+
+    def with_position(self, signal: Signal, position: int, value: float) -> SignalValues:
+        counts = {**self.positions.get(signal, {}), position: value}
+        return dataclasses.replace(self, positions={**self.positions, signal: counts})
+
+    @property
+    def position_counts(self) -> PositionCounts | None:
+        """Drafts and accepted tokens per position; None without them (SGLang exports none, a variant that does not
+        speculate has none, and a window without drafts counts nothing).
+
+        Positions run from 1 to the highest one reported; a position missing below it counted nothing. TensorRT-LLM
+        has no drafts counter: its drafts are those that proposed position 1.
+        """
+        accepted = self.positions.get(Signal.ACCEPTED_PER_POSITION, {})
+        drafted = self.positions.get(Signal.DRAFTED_PER_POSITION)
+        top = max((*accepted, *(drafted or {})), default=0)
+        if top == 0:
+            return None
+        if drafted is not None:
+            drafted_at = tuple(_count(drafted.get(position)) for position in range(1, top + 1))
+            drafts = drafted_at[0]
+        else:
+            drafted_at, drafts = None, _count(self.drafts)
+        if drafts <= 0:
+            return None
+        return PositionCounts(drafts, tuple(_count(accepted.get(position)) for position in range(1, top + 1)),
+                              drafted_at)
 
     @property
     def running_per_pod(self) -> float | None:
@@ -134,6 +206,11 @@ class SignalValues:
         if value is None or pods is None or not math.isfinite(value) or not pods or not math.isfinite(pods):
             return None
         return value / pods
+
+
+def _count(value: float | None) -> float:
+    """A counter's increase as a count: no series, NaN or a negative extrapolation count nothing."""
+    return value if value is not None and math.isfinite(value) and value > 0 else 0.0
 
 
 class QueryErrorKind(StrEnum):
@@ -178,6 +255,11 @@ class DeploymentSample:
         if requests is None or not math.isfinite(requests) or self.window_seconds <= 0:
             return None
         return requests / self.window_seconds
+
+    @property
+    def position_counts(self) -> PositionCounts | None:
+        """The speculative pods' drafts and accepted tokens per draft position (SignalValues.position_counts)."""
+        return self.speculative.position_counts
 
 
 @dataclass(frozen=True)
