@@ -123,6 +123,57 @@ class Rollback(StatusModel):
     notified: bool = Field(False, description="The Event and the alert for this rollback were posted")
 
 
+class PositionAcceptance(StatusModel):
+    """One draft position's acceptance as the schedule in force was derived from it (judgment/calibration.py)."""
+
+    position: int = Field(description="The draft position, from 1")
+    rate: float = Field(description="The acceptance the schedule is derived from: measured, made non-increasing "
+                        "across positions, or extrapolated")
+    source: str = Field(description="Measured or Extrapolated (no draft counted proposed it)")
+    drafted: float = Field(0.0, description="Drafts counted for the position in the window measured")
+    accepted: float = Field(0.0, description="Drafts whose positions 1..position were all accepted")
+    standard_error: float | None = Field(None, description="Binomial standard error of accepted ÷ drafted")
+
+
+class ScheduleEntry(StatusModel):
+    """k for the batch sizes minBatch..maxBatch (both included)."""
+
+    min_batch: int
+    max_batch: int
+    k: int
+
+
+class CalibrationDecisionStatus(StatusModel):
+    """The last calibration of an Auto schedule: changed, or kept and why, with the predicted speedups at the
+    batch the pods ran (running requests per pod over the window)."""
+
+    kind: str = Field(description="Changed or Kept")
+    reason: str = Field(description="ScheduleRecalibrated, or why kept: TooFewDrafts, SameSchedule, NeverPays, "
+                        "GainBelowMinimum, WithinMinimumPeriod, NotExpressible, NoPositionCounts")
+    message: str = Field("", description="The decision in a sentence, with the numbers")
+    batch: int | None = Field(None, description="The observed batch the speedups are predicted at")
+    speedup_before: float | None = Field(None, description="The running table's predicted speedup at batch")
+    speedup_after: float | None = Field(None, description="The table derived from the measurement, at batch")
+    earliest_change_at: str | None = Field(None, description="WithinMinimumPeriod: when the change may roll")
+
+
+class ScheduleCalibration(StatusModel):
+    """The measured acceptance per draft position an Auto schedule is derived from, and its last decision.
+
+    Planning derives the table from `positions` (while `key` is the spec's), so a restart renders the same table;
+    the positions change only with the schedule."""
+
+    key: str | None = Field(None, description="Digest of the models and speculation the positions were measured for")
+    positions: list[PositionAcceptance] = Field(default_factory=list, max_length=32,
+                                                description="Empty: the method's prior is in force")
+    schedule: list[ScheduleEntry] = Field(default_factory=list, max_length=256,
+                                          description="The table derived from positions")
+    measured_at: str | None = Field(None, description="The end of the window the positions were measured over")
+    changes: int = Field(0, description="Schedule changes made by calibration")
+    last_change_at: str | None = Field(None, description="When calibration last changed the schedule")
+    last_decision: CalibrationDecisionStatus | None = None
+
+
 class SpeculationStatus(StatusModel):
     """What the operator decided, and what runs: the two differ while a rollout (a rollback) is under way."""
 
@@ -141,6 +192,8 @@ class SpeculationStatus(StatusModel):
     retry_annotation_seen: str | None = Field(
         None, description="The specdeploy.io/retry-speculation value already acted on"
     )
+    calibration: ScheduleCalibration | None = Field(
+        None, description="Auto schedules: the acceptance per draft position the schedule follows")
 
     @model_validator(mode="before")
     @classmethod

@@ -134,12 +134,16 @@ def _resolution_key(spec: SpeculativeDeploymentSpec, target: Supplied, draft: Su
 
 
 def plan_resource(resource: SpeculativeDeployment, models: ResolvedModels | None = None,
-                  spec: SpeculativeDeploymentSpec | None = None) -> Planned:
+                  spec: SpeculativeDeploymentSpec | None = None,
+                  previous: SpeculativeDeploymentStatus | None = None) -> Planned:
     """Plan `resource`'s spec (or `spec`, the same with revisions pinned) with `models` as resolved (None:
     the spec's architecture and the catalog); a model the planner cannot resolve or an engine that cannot
-    render it is an outcome (with a finding), not an exception."""
+    render it is an outcome (with a finding), not an exception. `previous`: the status as read, whose
+    measured acceptance per draft position an Auto schedule follows (status.speculation.calibration)."""
+    speculation = previous.speculation if previous is not None else None
     try:
-        plan = make_plan(spec or resource.spec, models)
+        plan = make_plan(spec or resource.spec, models,
+                         calibration=speculation.calibration if speculation is not None else None)
     except UnknownModel as error:
         return Planned(None, Finding(code=Reason.UNKNOWN_MODEL, severity=Severity.ERROR, message=str(error)))
     if plan.accepted:
@@ -377,7 +381,7 @@ class Reconciler:
                            resource.metadata.name, error)
             return Planned(None, Finding(code=error.reason, severity=Severity.ERROR, message=str(error)),
                            transient=error.transient)
-        return plan_resource(resource, models, pinned)
+        return plan_resource(resource, models, pinned, previous)
 
     def _remember(self, key: str, models: ResolvedModels) -> None:
         """Keep a resolution for RESOLVED_SECONDS (one that fell back to the catalog for FALLBACK_SECONDS):

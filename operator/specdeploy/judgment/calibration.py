@@ -80,6 +80,7 @@ class KeepReason(StrEnum):
     NEVER_PAYS = "NeverPays"                      # the measurement derives k = 0 at every batch size
     GAIN_BELOW_MINIMUM = "GainBelowMinimum"       # under MIN_RELATIVE_GAIN at the observed batch
     WITHIN_MINIMUM_PERIOD = "WithinMinimumPeriod"  # the last change is less than MIN_PERIOD_SECONDS ago
+    NOT_EXPRESSIBLE = "NotExpressible"            # the engine cannot run the derived table (judgment/recalibration.py)
 
 
 class PositionSource(StrEnum):

@@ -1,7 +1,9 @@
 """Whether the pods speculate after this reconcile, and what the analysis says: a pure step.
 
 Inputs: the previous status, the spec, the plan's outcome, the analysis sample (None between samples),
-the out-of-memory deaths of speculative pods and the clock. Rollback state lives in status only: a
+the out-of-memory deaths of speculative pods and the clock; with the plan, an `Auto` schedule is calibrated on
+each sample while the pods speculate (judgment/recalibration.py), its measured positions kept in
+`speculation.calibration`, from which the next plan derives the table. Rollback state lives in status only: a
 rollback sets `speculation.decided` false with the evidence; a change of `spec.speculation`, the
 annotation `specdeploy.io/retry-speculation` or `reenable: Auto` after the cooldown brings it back.
 """
@@ -17,6 +19,7 @@ from specdeploy.api.status import AnalysisStatus, SpeculationStatus
 from specdeploy.judgment import evidence
 from specdeploy.judgment.oom import OutOfMemory
 from specdeploy.judgment.reasons import InconclusiveReason
+from specdeploy.judgment.recalibration import Recalibration, recalibrate
 from specdeploy.judgment.rollback import (
     RETRY_ANNOTATION,
     Reenabled,
@@ -39,6 +42,7 @@ from specdeploy.judgment.verdict import (
     previous_baseline,
 )
 from specdeploy.planning.acceptance_floor import FIXED, acceptance_floor
+from specdeploy.planning.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class SpeculationStep:
     verdict: Verdict | None = None          # the verdict on this step's sample, if one was taken
     rollback: Rollback | None = None        # a rollback decided in this step
     reenabled: Reenabled | None = None      # speculation came back in this step
+    recalibrated: Recalibration | None = None   # the Auto schedule changed in this step (status records it)
 
 
 def _floor(spec: SpeculativeDeploymentSpec, sample: DeploymentSample) -> Floor | None:
@@ -79,6 +84,8 @@ def step_speculation(
     sample: DeploymentSample | None,
     out_of_memory: list[OutOfMemory],   # deaths of speculative pods since speculation.since
     now: datetime,
+    *,
+    plan: Plan | None = None,           # the plan the pods run: an Auto schedule is calibrated against it
 ) -> SpeculationStep:
     """The speculation and analysis state after one reconcile of `resource`."""
     at = evidence.rfc3339(now)
@@ -142,4 +149,7 @@ def step_speculation(
         })
         return SpeculationStep(speculation, state, result if sample else None, rollback=decision,
                                reenabled=back)
-    return SpeculationStep(speculation, state, result if sample else None, reenabled=back)
+    recalibrated = None
+    if sample is not None:
+        speculation, recalibrated = recalibrate(spec, speculation, plan, sample, now)
+    return SpeculationStep(speculation, state, result if sample else None, reenabled=back, recalibrated=recalibrated)

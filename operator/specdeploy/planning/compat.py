@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from specdeploy.api.spec import EngineKind, Method, Quantization, ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.speculative_keys import (
@@ -39,7 +39,7 @@ from specdeploy.engines.trtllm import DECODING_TYPES as TRTLLM_DECODING_TYPES
 from specdeploy.engines.vllm import engine_key as vllm_key
 from specdeploy.planning.managed_flags import MANAGED_FLAGS, find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
-from specdeploy.planning.schedule import ZERO_K_SPEEDUP, SpeculationSchedule
+from specdeploy.planning.schedule import ZERO_K_SPEEDUP, ScheduleRange, SpeculationSchedule
 
 # MANAGED_FLAGS is re-exported for the renderers; it lives in planning.managed_flags with its parsing.
 __all__ = ["MANAGED_FLAGS", "SUPPORTED_METHODS", "check_compatibility", "draft_size_ratio"]
@@ -530,6 +530,12 @@ def schedule_support(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: 
             )
 
 
+def expressible_on(engine: EngineKind, ranges: Sequence[ScheduleRange]) -> bool:
+    """Whether `engine` can run a table: TensorRT-LLM's draft_len_schedule gives its smallest batch sizes
+    max_draft_len, so a table drafting more at a larger batch than at batch 1 cannot be rendered for it."""
+    return engine != EngineKind.TRTLLM or ranges[0].k == max(r.k for r in ranges)
+
+
 def schedule_findings(spec: SpeculativeDeploymentSpec, schedule: SpeculationSchedule) -> Iterable[Finding]:
     """What the derived (or written) schedule means on the spec's engine: where it cannot be rendered, and
     what it costs where it drafts 0."""
@@ -546,7 +552,7 @@ def schedule_findings(spec: SpeculativeDeploymentSpec, schedule: SpeculationSche
         )
         return
     zero = [r for r in schedule.ranges if r.k == 0]
-    if engine == EngineKind.TRTLLM and first.k != largest:
+    if not expressible_on(engine, schedule.ranges):
         yield _error(
             "ScheduleNotExpressible",
             f"`spec.speculation.schedule` drafts {first.k} at batch size 1 but {largest} at a larger batch: "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdeploy.api.spec import Architecture, EngineKind, SpeculativeDeploymentSpec
-from specdeploy.api.status import Compatibility, MemoryPlan, Verdict
+from specdeploy.api.status import Compatibility, MemoryPlan, ScheduleCalibration, Verdict
 from specdeploy.engines.base import BatchK
 from specdeploy.modelsource.resolve import (
     ArchitectureSource,
@@ -28,7 +28,7 @@ from specdeploy.planning.compat import check_compatibility
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.memory import gpu_memory_gib, plan_memory, trtllm_free_gpu_memory_fraction
 from specdeploy.planning.modelinfo import ModelInfo
-from specdeploy.planning.schedule import SpeculationSchedule, speculation_schedule
+from specdeploy.planning.schedule import SpeculationSchedule, calibrated_acceptance, speculation_schedule
 from specdeploy.planning.speedup import SpeedupEstimate, estimate_speedup
 
 
@@ -113,20 +113,24 @@ def pin_revisions(spec: SpeculativeDeploymentSpec, models: ResolvedModels) -> Sp
     return spec.model_copy(update=update) if update else spec
 
 
-def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = None) -> Plan:
+def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = None, *,
+              calibration: ScheduleCalibration | None = None) -> Plan:
     """The plan for `spec` as written (with speculation unless `spec.speculation.enabled` is false).
 
     `models`: the target and draft as `specdeploy.modelsource.resolve_models` resolved them (from a
     ConfigMap, a path, the Hub or the catalog); None resolves from the spec's `architecture` and the
     catalog only, without I/O. Raises `UnknownModel` then when a model is in neither. The plan's `spec`
     is `spec` with the commits the Hub resolved pinned (`pin_revisions`): what the engines render.
+    `calibration`: status.speculation.calibration; an Auto schedule follows the acceptance per draft position
+    measured there (`planning.schedule.calibrated_acceptance`) instead of the method's prior.
     """
     resolved = models if models is not None else models_without_io(spec)
     target = resolved.target.info
     draft = resolved.draft.info if resolved.draft is not None else None
     speculate = spec.speculation.enabled
     gpu = find_gpu(spec.resources.gpu.product)
-    schedule = speculation_schedule(spec, target, draft, gpu) if speculate else None
+    schedule = speculation_schedule(spec, target, draft, gpu, position_acceptance=calibrated_acceptance(
+        spec, calibration)) if speculate else None
     largest_k = schedule.largest_k if schedule is not None and schedule.largest_k > 0 else None
     memory = plan_memory(spec, target, draft, speculate=speculate, num_speculative_tokens=largest_k)
     memory_without_speculation = plan_memory(spec, target, draft, speculate=False) if speculate else memory

@@ -15,12 +15,15 @@ a step at k = 0 gives. The acceptance is the catalog's prior per method until a 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from specdeploy.api.spec import Quantization, ScheduleMode, SpeculativeDeploymentSpec
+from specdeploy.api.status import ScheduleCalibration
 from specdeploy.engines.base import BatchK
 from specdeploy.planning.acceptance import expected_tokens_from_positions, prior_position_acceptance
 from specdeploy.planning.gpus import GPU_PRODUCTS, GpuProduct
@@ -150,6 +153,37 @@ def table_schedule(
     return _ranges(starts, max_num_seqs, lambda batch, k: step_speedup(cost, position_acceptance, batch, k))
 
 
+def schedule_cost(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None,
+                  gpu: GpuProduct | None) -> SpeculationCost:
+    """The roofline's costs a schedule of `spec` is derived from, on `gpu` (None: REFERENCE_GPU)."""
+    return speculation_cost(spec, target, draft, gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU])
+
+
+def calibration_key(spec: SpeculativeDeploymentSpec) -> str:
+    """A digest of what the acceptance per draft position depends on: the engine (what it counts), the target,
+    and spec.speculation (method, draft, k, schedule …), revisions left out (the reconciler plans with the
+    revisions pinned to commits, the judgment sees them as written). A measurement made under another key is not
+    used: a changed drafter or k starts again from the prior."""
+    speculation = spec.speculation.to_wire()
+    if isinstance(speculation.get("draft"), dict):
+        speculation["draft"] = {k: v for k, v in speculation["draft"].items() if k != "revision"}
+    text = json.dumps({"engine": spec.engine.kind.value, "model": spec.model.name,
+                       "quantization": spec.model.quantization.value, "speculation": speculation},
+                      sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def calibrated_acceptance(spec: SpeculativeDeploymentSpec, calibration: ScheduleCalibration | None
+                          ) -> tuple[float, ...] | None:
+    """The measured acceptance per position an Auto schedule follows (status.speculation.calibration), or None
+    (the prior): for mode Auto only, measured for this spec (`calibration_key`) at its numSpeculativeTokens."""
+    if calibration is None or not calibration.positions or spec.speculation.schedule_mode != ScheduleMode.AUTO:
+        return None
+    if calibration.key != calibration_key(spec) or len(calibration.positions) != spec.speculation.num_speculative_tokens:
+        return None
+    return tuple(p.rate for p in sorted(calibration.positions, key=lambda p: p.position))
+
+
 def speculation_schedule(
     spec: SpeculativeDeploymentSpec,
     target: ModelInfo,
@@ -165,7 +199,7 @@ def speculation_schedule(
     """
     speculation = spec.speculation
     k_max = speculation.num_speculative_tokens
-    cost = speculation_cost(spec, target, draft, gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU])
+    cost = schedule_cost(spec, target, draft, gpu)
     acceptance = position_acceptance if position_acceptance is not None else prior_position_acceptance(
         speculation.enabled_method, k_max,
         target_quantization=spec.model.quantization,

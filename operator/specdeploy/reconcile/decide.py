@@ -28,6 +28,7 @@ from specdeploy.api.status import Condition, ProbeStatus, SpeculativeDeploymentS
 from specdeploy.judgment import evidence
 from specdeploy.judgment.alerts import rollback_alert
 from specdeploy.judgment.oom import out_of_memory
+from specdeploy.judgment.recalibration import RECALIBRATED
 from specdeploy.judgment.rollback import Rollback
 from specdeploy.judgment.samples import DeploymentSample
 from specdeploy.judgment.speculation import SpeculationStep, step_speculation
@@ -94,7 +95,7 @@ class Actions:
     previous_conditions: tuple[Condition, ...] = ()   # as read: their transitions raise Events
     write_first: bool = False
     children: Children | None = None
-    own_events: tuple[Event, ...] = ()                # speculation re-enabled
+    own_events: tuple[Event, ...] = ()                # speculation re-enabled, the schedule recalibrated
     notice: Notice | None = None
     alert: dict[str, Any] | None = None
     rollback: Rollback | None = None             # decided in this pass: for the log and the metric
@@ -131,7 +132,7 @@ def _step(observed: Observed, resource: SpeculativeDeployment, planned: Planned,
         since = evidence.parse_rfc3339(speculation.since) if speculation.since else None
         deaths = out_of_memory(list(pods.speculative), since)
     step = step_speculation(resource, previous.speculation, previous.analysis, planned.accepted,
-                            observed.sample, deaths, now)
+                            observed.sample, deaths, now, plan=planned.plan)
     if pods is None:
         return step
     return dataclasses.replace(step, speculation=step.speculation.model_copy(update={
@@ -201,8 +202,11 @@ def decide(observed: Observed, now: datetime) -> Actions:
             children = wanted
     status, notice, alert = _notices(observed, step, status, now)
     reenabled = (Event.normal("SpeculationReenabled", step.reenabled.message),) if step.reenabled else ()
+    # The new table is rendered by the next pass, whose plan reads the positions this status records.
+    recalibrated = (Event.normal(RECALIBRATED, step.recalibrated.message),) if step.recalibrated else ()
     return Actions(status, tuple(previous.conditions), write_first=step.rollback is not None, children=children,
-                   own_events=reenabled + _probe_events(observed.probe, status), notice=notice, alert=alert,
+                   own_events=reenabled + recalibrated + _probe_events(observed.probe, status), notice=notice,
+                   alert=alert,
                    rollback=step.rollback,
                    verdict=step.verdict)
 

@@ -1,0 +1,153 @@
+"""An `Auto` schedule that follows the measured acceptance per draft position: `calibrate` wired into status (pure).
+
+    speculation, change = recalibrate(spec, speculation, plan, sample, now)
+
+Called by `judgment/speculation.py` `step_speculation` on each analysis sample while the pods speculate. The
+schedule the pods run is the plan's (`Plan.schedule`): planning derives it from `status.speculation.calibration`'s
+positions when they were measured for this spec (`planning.schedule.calibrated_acceptance`), else from the
+method's prior. So the status is the whole state: a change writes the new positions there, the next plan derives
+the new table from them and the children roll through the usual apply; a restarted operator reads the same
+positions and renders the same table. The positions change only with the schedule: a kept decision records
+itself (`lastDecision`) and leaves the positions, and so the table, as they were.
+
+The minimum period runs from the later of the last change calibration made and `speculation.since` (the
+decision's last change: a re-enable restarts the pods as a change does).
+
+A derived table the engine cannot run (TensorRT-LLM: a larger k at a larger batch than at batch 1) is not
+proposed: it is kept with NotExpressible, and the rollback stays for what no schedule fixes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from specdeploy.api.spec import ScheduleMode, SpeculativeDeploymentSpec
+from specdeploy.api.status import (
+    CalibrationDecisionStatus,
+    PositionAcceptance,
+    ScheduleCalibration,
+    ScheduleEntry,
+    SpeculationStatus,
+)
+from specdeploy.judgment import evidence
+from specdeploy.judgment.calibration import CalibrationDecision, KeepReason, calibrate
+from specdeploy.judgment.samples import DeploymentSample
+from specdeploy.planning.compat import expressible_on
+from specdeploy.planning.gpus import find_gpu
+from specdeploy.planning.plan import Plan
+from specdeploy.planning.schedule import ScheduleRange, calibration_key, schedule_cost
+
+RECALIBRATED = "ScheduleRecalibrated"
+"""The reason of a change: the Event's and `lastDecision.reason`."""
+
+
+@dataclass(frozen=True)
+class Recalibration:
+    """A schedule change decided in this step: the Event's message and the decision behind it."""
+
+    message: str
+    decision: CalibrationDecision
+
+
+def table_text(ranges: Sequence[ScheduleRange] | Sequence[ScheduleEntry]) -> str:
+    """"1–12: k 3, 13–32: k 1"."""
+    return ", ".join(f"{r.min_batch}–{r.max_batch}: k {r.k}" if r.min_batch != r.max_batch else f"{r.min_batch}: k {r.k}"
+                     for r in ranges)
+
+
+def _entries(ranges: Sequence[ScheduleRange]) -> list[ScheduleEntry]:
+    return [ScheduleEntry(min_batch=r.min_batch, max_batch=r.max_batch, k=r.k) for r in ranges]
+
+
+def _last_change_at(speculation: SpeculationStatus, calibration: ScheduleCalibration | None) -> float:
+    """The time the minimum period runs from: the later of the last change and `speculation.since`."""
+    times = [evidence.parse_rfc3339(at).timestamp() for at in (
+        speculation.since, calibration.last_change_at if calibration is not None else None) if at]
+    return max(times, default=-math.inf)
+
+
+def _message(decision: CalibrationDecision, before: Sequence[ScheduleRange]) -> str:
+    """The decision in a sentence, with the acceptance, the tables and the predicted speedups."""
+    found = decision.evidence
+    if not decision.acceptance:
+        if found is None or not math.isfinite(found.half_width):
+            return "no acceptance per draft position measured in the window"
+        return (f"position 1's acceptance {evidence.number(found.rate)} ± {evidence.number(found.half_width, 3)} "
+                f"(95%) from {evidence.count(found.drafts)} drafts: too few to calibrate from (it takes ± "
+                f"{found.max_half_width:g} from at least {found.min_drafts:,})")
+    rates = ", ".join(evidence.number(rate) for rate in decision.acceptance)
+    drafts = evidence.count(found.drafts) if found is not None else "no"
+    head = f"acceptance per draft position {rates} (from {drafts} drafts)"
+    if decision.schedule is None or decision.speedup_before is None or decision.speedup_after is None:
+        return head
+    at = (f"predicted speedup at batch {decision.batch}: {evidence.number(decision.speedup_before)}× → "
+          f"{evidence.number(decision.speedup_after)}× ({decision.gain:+.0%})" if decision.gain is not None else "")
+    if decision.change:
+        return f"{head}: schedule [{table_text(before)}] → [{table_text(decision.schedule)}]; {at}"
+    return f"{head}: derives [{table_text(decision.schedule)}] against [{table_text(before)}]; {at}"
+
+
+def _decision_status(decision: CalibrationDecision, message: str) -> CalibrationDecisionStatus:
+    reason = RECALIBRATED if decision.change else (decision.reason or KeepReason.SAME_SCHEDULE).value
+    return CalibrationDecisionStatus(
+        kind="Changed" if decision.change else "Kept", reason=reason, message=message, batch=decision.batch,
+        speedup_before=round(decision.speedup_before, 3) if decision.speedup_before is not None else None,
+        speedup_after=round(decision.speedup_after, 3) if decision.speedup_after is not None else None,
+        earliest_change_at=(evidence.rfc3339(datetime.fromtimestamp(decision.earliest_change_at, tz=UTC))
+                            if decision.earliest_change_at is not None else None),
+    )
+
+
+def recalibrate(
+    spec: SpeculativeDeploymentSpec,
+    speculation: SpeculationStatus,
+    plan: Plan | None,
+    sample: DeploymentSample,
+    now: datetime,
+) -> tuple[SpeculationStatus, Recalibration | None]:
+    """`speculation` with this sample's calibration recorded (an `Auto` schedule only), and the change if one.
+
+    `plan`: the plan the pods run (made with `speculation.calibration`); None or without a schedule, nothing is
+    calibrated. Fixed and Table schedules are never calibrated and their status is left as it is.
+    """
+    if spec.speculation.schedule_mode != ScheduleMode.AUTO or plan is None or plan.schedule is None:
+        return speculation, None
+    key = calibration_key(spec)
+    record = speculation.calibration
+    if record is not None and record.key != key:     # measured for another drafter, k or target: start again
+        record = ScheduleCalibration(key=key, changes=record.changes, last_change_at=record.last_change_at)
+    record = record or ScheduleCalibration(key=key)
+    current = plan.schedule
+    batch = sample.speculative.running_per_pod
+    decision = calibrate(
+        sample.position_counts, current, schedule_cost(plan.spec, plan.target, plan.draft,
+                                                       find_gpu(plan.spec.resources.gpu.product)),
+        max_k=spec.speculation.num_speculative_tokens, max_num_seqs=spec.serving.max_num_seqs,
+        batch=batch if batch is not None else math.nan,
+        last_change_at=_last_change_at(speculation, speculation.calibration), now=now.timestamp(),
+    )
+    if decision.change and decision.schedule is not None and not expressible_on(spec.engine.kind, decision.schedule):
+        decision = _not_expressible(decision)
+    message = _message(decision, current.ranges)
+    update: dict[str, object] = {"last_decision": _decision_status(decision, message)}
+    change = None
+    if decision.change and decision.schedule is not None:
+        at = evidence.rfc3339(now)
+        update |= {
+            "positions": [PositionAcceptance(position=p.position, rate=p.rate, source=p.source.value,
+                                             drafted=p.drafted, accepted=p.accepted, standard_error=p.standard_error)
+                          for p in decision.positions],
+            "schedule": _entries(decision.schedule), "measured_at": at, "changes": record.changes + 1,
+            "last_change_at": at,
+        }
+        change = Recalibration(message, decision)
+    return speculation.model_copy(update={"calibration": record.model_copy(update=update)}), change
+
+
+def _not_expressible(decision: CalibrationDecision) -> CalibrationDecision:
+    """A change the engine cannot run, kept: the table stays what the engine runs now."""
+    return dataclasses.replace(decision, change=False, reason=KeepReason.NOT_EXPRESSIBLE)

@@ -1,0 +1,259 @@
+"""An Auto schedule follows the measured acceptance per draft position, through status: one pass decides the
+change (status and one Event), the next pass's plan renders the new table from that status, the same sample
+again changes nothing, a Fixed schedule is never calibrated, and a restart renders the same table."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from analysis_samples import T0, sample
+
+from specdeploy.api import names
+from specdeploy.api.resource import SpeculativeDeployment, parse_resource
+from specdeploy.api.status import SpeculativeDeploymentStatus
+from specdeploy.controller.reconciler import plan_resource
+from specdeploy.judgment import recalibration
+from specdeploy.judgment.calibration import MIN_PERIOD_SECONDS, CalibrationDecision, KeepReason
+from specdeploy.judgment.recalibration import RECALIBRATED, recalibrate
+from specdeploy.judgment.samples import DeploymentSample, Signal
+from specdeploy.judgment.speculation import step_speculation
+from specdeploy.planning.compat import expressible_on
+from specdeploy.planning.plan import make_plan
+from specdeploy.planning.schedule import ScheduleRange, calibrated_acceptance, calibration_key
+from specdeploy.reconcile.children import Variant, desired_children, engine_command
+from specdeploy.reconcile.decide import Actions, Observed, decide
+from specdeploy.reconcile.observed import observe_pods
+from specdeploy.reconcile.status import DeploymentState, Planned
+
+NAME, NAMESPACE = "llama-draft", "ns"
+LATER = T0 + timedelta(hours=1)          # past the minimum period since speculation started at T0
+
+
+def _body(mode: str = "Auto", engine: str = "vllm", status: SpeculativeDeploymentStatus | None = None,
+          k: int = 5) -> dict[str, Any]:
+    """Llama-3.1-8B with a Llama-3.2-1B draft on an H100, maxNumSeqs 32: the prior derives k = 2 at every batch."""
+    return {
+        "apiVersion": "specdeploy.io/v1alpha1", "kind": "SpeculativeDeployment",
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "generation": 1, "uid": "u1"},
+        "spec": {
+            "replicas": 1, "engine": {"kind": engine},
+            "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+            "speculation": {"method": "draft_model", "draft": {"name": "meta-llama/Llama-3.2-1B-Instruct"},
+                            "numSpeculativeTokens": k, "schedule": {"mode": mode}},
+            "resources": {"gpu": {"product": "H100-80GB", "count": 1}},
+            "serving": {"maxModelLen": 8192, "maxNumSeqs": 32},
+            "analysis": {"baseline": {"mode": "Control", "controlReplicas": 1}, "failureLimit": 10},
+        },
+        "status": status.to_wire() if status is not None else {},
+    }
+
+
+def _resource(body: dict[str, Any]) -> SpeculativeDeployment:
+    return parse_resource({**body, "status": None})
+
+
+def _previous(body: dict[str, Any]) -> SpeculativeDeploymentStatus:
+    return SpeculativeDeploymentStatus.model_validate(body["status"])
+
+
+def _planned(body: dict[str, Any]) -> Planned:
+    """What the reconciler plans for `body`: the measured positions of its status as read."""
+    return plan_resource(_resource(body), previous=_previous(body))
+
+
+def _observed(body: dict[str, Any], sample_: DeploymentSample | None = None) -> Observed:
+    """A pass over `body` with its children as the last pass's plan rendered them, one speculating pod."""
+    resource, previous, planned = _resource(body), _previous(body), _planned(body)
+    assert planned.plan is not None
+    fingerprint = desired_children(resource.model_copy(update={"status": previous}), planned.plan).fingerprint(1)
+    deployments = tuple(DeploymentState(name=name, variant=v, replicas=1, updated_replicas=1, available_replicas=1,
+                                        generation=1, observed_generation=1, sd_generation=1,
+                                        children_fingerprint=fingerprint)
+                        for name, v in ((names.engine_deployment_name(NAME), Variant.SPECULATIVE),
+                                        (names.control_deployment_name(NAME), Variant.CONTROL)))
+    pod = {"metadata": {"name": f"{NAME}-speculative-1", "labels": {"specdeploy.io/variant": "speculative"},
+                        "ownerReferences": [{"kind": "ReplicaSet", "name": "rs1"}]},
+           "spec": {"nodeName": "node-1"}, "status": {"phase": "Running"}}
+    replica_set = {"metadata": {"name": "rs1", "annotations": {"specdeploy.io/speculating": "true"}}}
+    pods = observe_pods([pod], [replica_set], "specdeploy.io/variant", "speculative")
+    return Observed(body, previous, resource, planned=planned, deployments=deployments, pods=pods, sample=sample_)
+
+
+def _after(body: dict[str, Any], actions: Actions) -> dict[str, Any]:
+    """The SD as the next pass reads it: the status written, through JSON (as the apiserver hands it back)."""
+    return {**body, "status": json.loads(json.dumps(actions.status.to_wire()))}
+
+
+def _speculating(**spec: Any) -> dict[str, Any]:
+    body = _body(**spec)
+    return _after(body, decide(_observed(body), T0))
+
+
+def _measured(alpha: float = 0.3, drafts: float = 20_000, positions: int = 2, running: float = 8.0,
+              drafted: bool = False) -> DeploymentSample:
+    """A window whose drafts accept each position with probability `alpha` given the one before (positions
+    1..`positions` counted, as vLLM under a table whose smallest k is `positions`), `running` sequences a pod."""
+    accepted = {i: drafts * alpha**i for i in range(1, positions + 1)}
+    found = sample(alpha, itl=0.018, control_itl=0.02, k=positions, drafts=drafts, running=running,
+                   positions={Signal.ACCEPTED_PER_POSITION: accepted,
+                              **({Signal.DRAFTED_PER_POSITION: dict.fromkeys(accepted, drafts)} if drafted else {})})
+    return found
+
+
+def _table(plan_or_body: Any) -> list[tuple[int, int, int]]:
+    plan = plan_or_body if not isinstance(plan_or_body, dict) else _planned(plan_or_body).plan
+    assert plan is not None and plan.schedule is not None
+    return [(r.min_batch, r.max_batch, r.k) for r in plan.schedule.ranges]
+
+
+def _recalibrated(actions: Actions) -> list[Any]:
+    return [e for e in actions.events if e.reason == RECALIBRATED]
+
+
+def test_collapsed_acceptance_writes_a_new_table_to_status_with_one_event_and_the_next_plan_renders_it() -> None:
+    body = _speculating()
+    assert _table(body) == [(1, 32, 2)]                        # the prior's table
+    actions = decide(_observed(body, _measured(0.3)), LATER)
+
+    calibration = actions.status.speculation.calibration if actions.status.speculation else None
+    assert calibration is not None and calibration.changes == 1
+    assert [p.rate for p in calibration.positions][:2] == pytest.approx([0.3, 0.09])
+    assert [p.source for p in calibration.positions] == ["Measured"] * 2 + ["Extrapolated"] * 3
+    assert calibration.positions[0].standard_error == pytest.approx((0.3 * 0.7 / 20_000) ** 0.5)
+    assert [(e.min_batch, e.max_batch, e.k) for e in calibration.schedule] == [(1, 32, 1)]
+    assert calibration.last_change_at == calibration.measured_at
+    decision = calibration.last_decision
+    assert decision is not None and (decision.kind, decision.reason, decision.batch) == ("Changed", RECALIBRATED, 8)
+    assert decision.speedup_after is not None and decision.speedup_before is not None
+    assert decision.speedup_after >= 1.05 * decision.speedup_before
+
+    [event] = _recalibrated(actions)
+    assert event.type.value == "Normal"
+    assert "[1–32: k 2] → [1–32: k 1]" in event.message and "batch 8" in event.message, event.message
+
+    # The next pass plans from that status: the new table, rendered into the speculative Deployment.
+    after = _after(body, actions)
+    assert _table(after) == [(1, 32, 1)]
+    plan = _planned(after).plan
+    assert plan is not None
+    argv = " ".join(engine_command(plan, Variant.SPECULATIVE, speculate=True).argv())
+    assert '"num_speculative_tokens":1' in argv and "[[1,32,1]]" in argv, argv
+    # A pass that finds the Deployments the old table rendered applies the new children; once applied, none.
+    stale = dataclasses.replace(_observed(after), deployments=_observed(body).deployments)
+    assert decide(stale, LATER + timedelta(seconds=30)).children is not None
+    assert decide(_observed(after), LATER + timedelta(seconds=30)).children is None
+
+
+def test_the_same_sample_again_changes_nothing_and_raises_no_second_event() -> None:
+    body = _speculating()
+    first = _after(body, decide(_observed(body, _measured(0.3)), LATER))
+    again = decide(_observed(first, _measured(0.3)), LATER + timedelta(seconds=30))
+    assert _recalibrated(again) == []
+    before, now = _previous(first).speculation, again.status.speculation
+    assert before is not None and now is not None and before.calibration is not None and now.calibration is not None
+    assert now.calibration.positions == before.calibration.positions
+    assert now.calibration.schedule == before.calibration.schedule and now.calibration.changes == 1
+    assert now.calibration.last_decision is not None
+    assert (now.calibration.last_decision.kind, now.calibration.last_decision.reason) == ("Kept", "SameSchedule")
+    # and so on: a third pass writes nothing new
+    third_body = _after(first, again)
+    third = decide(_observed(third_body, _measured(0.3)), LATER + timedelta(seconds=60))
+    assert _recalibrated(third) == [] and third.status.speculation == _previous(third_body).speculation
+
+
+def test_a_fixed_schedule_is_never_calibrated() -> None:
+    body = _speculating(mode="Fixed")
+    actions = decide(_observed(body, _measured(0.3)), LATER)
+    assert actions.status.speculation is not None and actions.status.speculation.calibration is None
+    assert _recalibrated(actions) == []
+    assert _table(_after(body, actions)) == [(1, 32, 5)]
+
+
+def test_a_restart_renders_the_table_the_status_records() -> None:
+    body = _speculating()
+    after = _after(body, decide(_observed(body, _measured(0.3)), LATER))
+    restarted = SpeculativeDeploymentStatus.model_validate(json.loads(json.dumps(after["status"])))
+    speculation = restarted.speculation
+    assert speculation is not None and speculation.calibration is not None
+    recorded = [(e.min_batch, e.max_batch, e.k) for e in speculation.calibration.schedule]
+    plan = make_plan(_resource(after).spec, calibration=speculation.calibration)
+    assert _table(plan) == recorded == _table(after)
+    assert plan.schedule is not None and plan.schedule.acceptance_measured
+
+
+def test_a_change_within_the_minimum_period_is_kept_and_says_until_when() -> None:
+    body = _speculating()
+    soon = T0 + timedelta(seconds=MIN_PERIOD_SECONDS / 2)
+    actions = decide(_observed(body, _measured(0.3)), soon)
+    assert _recalibrated(actions) == []
+    calibration = actions.status.speculation.calibration if actions.status.speculation else None
+    assert calibration is not None and calibration.positions == [] and calibration.changes == 0
+    decision = calibration.last_decision
+    assert decision is not None and (decision.kind, decision.reason) == ("Kept", "WithinMinimumPeriod")
+    assert decision.earliest_change_at == "2026-11-29T10:30:00Z"
+    assert _table(_after(body, actions)) == [(1, 32, 2)]        # the prior's table stays
+
+
+def test_too_few_drafts_keep_the_prior() -> None:
+    body = _speculating()
+    actions = decide(_observed(body, _measured(0.3, drafts=500)), LATER)
+    calibration = actions.status.speculation.calibration if actions.status.speculation else None
+    assert calibration is not None and calibration.last_decision is not None
+    assert calibration.last_decision.reason == "TooFewDrafts" and calibration.positions == []
+    assert _recalibrated(actions) == []
+
+
+def test_positions_measured_for_another_speculation_are_not_used() -> None:
+    body = _speculating()
+    after = _after(body, decide(_observed(body, _measured(0.3)), LATER))
+    assert _table(after) == [(1, 32, 1)]
+    changed = _body(k=4, status=_previous(after))               # the user changed numSpeculativeTokens
+    spec = _resource(changed).spec
+    calibration = _previous(changed).speculation.calibration  # type: ignore[union-attr]
+    assert calibration is not None and calibration.key != calibration_key(spec)
+    assert calibrated_acceptance(spec, calibration) is None
+    assert _table(changed) == _table(make_plan(spec))           # the prior again
+
+
+def test_calibration_key_ignores_the_pinned_revision() -> None:
+    spec = _resource(_body()).spec
+    draft = spec.speculation.draft
+    assert draft is not None
+    pinned = spec.model_copy(update={"speculation": spec.speculation.model_copy(
+        update={"draft": draft.model_copy(update={"revision": "0" * 40})})})
+    assert calibration_key(pinned) == calibration_key(spec)
+
+
+def test_a_table_tensorrt_llm_cannot_run_is_not_proposed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorRT-LLM drafts max_draft_len at its smallest batch sizes: a table whose k rises with the batch is
+    kept (NotExpressible), and the running table stays."""
+    rising = (ScheduleRange(1, 8, 1, 1.1, 1.1), ScheduleRange(9, 32, 2, 1.2, 1.2))
+    assert not expressible_on(_resource(_body(engine="trtllm")).spec.engine.kind, rising)
+    assert expressible_on(_resource(_body()).spec.engine.kind, rising)
+
+    def change(*_: Any, **__: Any) -> CalibrationDecision:
+        return CalibrationDecision(True, None, schedule=rising, acceptance=(0.5,) * 5, batch=8,
+                                   speedup_before=1.0, speedup_after=1.2, gain=0.2)
+
+    monkeypatch.setattr(recalibration, "calibrate", change)
+    body = _speculating(engine="trtllm")
+    resource, previous = _resource(body), _previous(body)
+    assert previous.speculation is not None
+    plan = _planned(body).plan
+    speculation, change_made = recalibrate(resource.spec, previous.speculation, plan,
+                                           _measured(0.3, drafted=True), LATER)
+    assert change_made is None
+    assert speculation.calibration is not None and speculation.calibration.positions == []
+    assert speculation.calibration.last_decision is not None
+    assert speculation.calibration.last_decision.reason == KeepReason.NOT_EXPRESSIBLE.value
+
+
+def test_step_speculation_without_a_plan_calibrates_nothing() -> None:
+    body = _speculating()
+    previous = _previous(body)
+    step = step_speculation(_resource(body), previous.speculation, previous.analysis, True, _measured(0.3), [], LATER)
+    assert step.recalibrated is None and step.speculation.calibration is None
