@@ -25,8 +25,11 @@ Policies, all on the same arrivals (the same workload seed) and the same engine 
 - alwaysOn: the Fixed schedule (k = 5), never rolled back; alwaysOff: the pod without speculation;
 - rollbackOnly: the Fixed schedule with the operator's judgment (`step_speculation` on the operator's own
   `query_all` against benchmarks/virtual_prometheus.py, as decisions.py's other scenarios) and its rollback
-  and re-enable; auto: the same with `schedule.mode: Auto` rendered by the operator. A rollback or a
-  re-enable replaces the speculative pod at that instant (no restart gap): arrivals from then on go to a
+  and re-enable; auto: the same with `schedule.mode: Auto` rendered by the operator, its table calibrated by the
+  same `step_speculation` from the acceptance per draft position the pod's counters measure
+  (judgment/recalibration.py: at most once per 30 virtual minutes, for a predicted gain ≥ 5%). A rollback, a
+  re-enable or a recalibrated table replaces the speculative pod at that instant (the operator renders a new
+  table one pass later, within an analysis interval) (no restart gap): arrivals from then on go to a
   pod rendered with or without speculation, requests in flight finish on the old one, which Prometheus
   stops scraping. The control pod is the alwaysOff pod (same arrivals);
 - oracle: for each virtual minute, the best of the settings off, k = 1 … 5 (Fixed) and the Auto table, as if
@@ -58,7 +61,9 @@ from virtual_prometheus import VirtualPrometheus, spread_offset
 
 from specdeploy.api.resource import SpeculativeDeployment, parse_resource
 from specdeploy.api.spec import EngineKind
+from specdeploy.api.status import ScheduleCalibration
 from specdeploy.clients.prometheus import query_all
+from specdeploy.judgment.recalibration import table_text
 from specdeploy.judgment.samples import QueryGroup
 from specdeploy.judgment.speculation import step_speculation
 from specdeploy.planning.acceptance import acceptance_rate_from_alpha, alpha_from_acceptance_rate
@@ -146,11 +151,13 @@ def resource(mode: str = "Fixed", k: int = 5, cooldown: str = "30m") -> Speculat
     })
 
 
-def served(sd: SpeculativeDeployment, variant: Variant = Variant.SPECULATIVE, speculate: bool = True) -> ServedModel:
-    """The ServedModel of a variant's engine command as the operator renders it."""
+def served(sd: SpeculativeDeployment, variant: Variant = Variant.SPECULATIVE, speculate: bool = True,
+           calibration: ScheduleCalibration | None = None) -> ServedModel:
+    """The ServedModel of a variant's engine command as the operator renders it (with `calibration`, the status'
+    measured acceptance per draft position, as the reconciler plans an Auto schedule)."""
     gpu = find_gpu(GPU)
     assert gpu is not None
-    argv = engine_command(make_plan(sd.spec), variant, speculate=speculate).argv()
+    argv = engine_command(make_plan(sd.spec, calibration=calibration), variant, speculate=speculate).argv()
     return served_model(parse_engine_argv(argv, gpu=gpu), gpu)
 
 
@@ -252,7 +259,9 @@ class Judged:
         self.speculating = True
         self.rollbacks: list[tuple[float, str]] = []
         self.reenables: list[float] = []
+        self.recalibrations: list[tuple[float, str]] = []
         self.speculation = step_speculation(self.resource, None, None, True, None, [], _moment(0.0)).speculation
+        self.plan = make_plan(self.resource.spec)
         self.analysis: Any = None
         self.last_sample: float | None = None
         self.control_target = self._target(control, "control", "control")
@@ -290,14 +299,23 @@ class Judged:
         groups = [QueryGroup(EngineKind.VLLM, window)]
         found = loop.run_until_complete(query_all(self.prometheus, groups, at=T0 + at))  # type: ignore[arg-type]
         sample = found.for_deployment(NAMESPACE, NAME, EngineKind.VLLM, window)
-        step = step_speculation(self.resource, self.speculation, self.analysis, True, sample, [], _moment(at))
+        step = step_speculation(self.resource, self.speculation, self.analysis, True, sample, [], _moment(at),
+                                plan=self.plan)
         self.speculation, self.analysis = step.speculation, step.analysis
+        if step.recalibrated is not None:
+            # The status holds the new positions: the operator's next plan renders the new table from them.
+            calibration = self.speculation.calibration
+            self.recalibrations.append((at, table_text(calibration.schedule) if calibration is not None else ""))
+            self.plan = make_plan(self.resource.spec, calibration=calibration)
+            self.on = served(self.resource, calibration=calibration)
         if step.rollback is not None:
             self.rollbacks.append((at, step.rollback.reason.value))
             self.switch(at, speculating=False)
         elif step.reenabled is not None:
             self.reenables.append(at)
             self.switch(at, speculating=True)
+        elif step.recalibrated is not None and self.speculating:
+            self.switch(at, speculating=True)   # the speculative Deployment re-rendered with the new table
 
 
 def run_judged(planned: list[PlannedRequest], seed: int, day: Day, run: int) -> tuple[dict[str, Judged], Lane]:
@@ -414,7 +432,8 @@ def _task(job: tuple[str, int, int, Day]) -> tuple[str, int, Any]:
     judged, control = run_judged(planned, seed, day, run)
     return what, run, {
         "control": served_requests([control]),
-        **{name: {"requests": served_requests(sd.lanes), "rollbacks": sd.rollbacks, "reenables": sd.reenables}
+        **{name: {"requests": served_requests(sd.lanes), "rollbacks": sd.rollbacks, "reenables": sd.reenables,
+                  "recalibrations": sd.recalibrations}
            for name, sd in judged.items()},
     }
 
@@ -432,7 +451,8 @@ def run_day(args: argparse.Namespace) -> dict[str, Any]:
         done = [_task(job) for job in jobs]
     slo = slo_for(setting_models()["off"])
     pooled: dict[str, list[Served]] = {name: [] for name in POLICIES}
-    events: dict[str, dict[str, list[Any]]] = {name: {"rollbacks": [], "reenables": []} for name in JUDGED}
+    events: dict[str, dict[str, list[Any]]] = {name: {"rollbacks": [], "reenables": [], "recalibrations": []}
+                                               for name in JUDGED}
     picks: dict[str, int] = {name: 0 for name in SETTINGS}
     for run in range(runs):
         found = {what: result for what, r, result in done if r == run}
@@ -444,6 +464,8 @@ def run_day(args: argparse.Namespace) -> dict[str, Any]:
             pooled[name] += judged[name]["requests"]
             events[name]["rollbacks"] += [[round(at / day.hour_seconds, 2), reason] for at, reason in judged[name]["rollbacks"]]
             events[name]["reenables"] += [round(at / day.hour_seconds, 2) for at in judged[name]["reenables"]]
+            events[name]["recalibrations"] += [[round(at / day.hour_seconds, 2), table]
+                                               for at, table in judged[name]["recalibrations"]]
         chosen, minute_picks = oracle(settings, slo, day)
         pooled["oracle"] += chosen
         for pick in minute_picks:
@@ -451,7 +473,8 @@ def run_day(args: argparse.Namespace) -> dict[str, Any]:
     seconds = runs * day.seconds
     policies = {name: metrics(pooled[name], slo, seconds) for name in POLICIES}
     for name in JUDGED:
-        policies[name] |= {"rollbacksAtHour": events[name]["rollbacks"], "reenablesAtHour": events[name]["reenables"]}
+        policies[name] |= {"rollbacksAtHour": events[name]["rollbacks"], "reenablesAtHour": events[name]["reenables"],
+                           "recalibrationsAtHour": events[name]["recalibrations"]}
     policies["oracle"]["minutesPerSetting"] = {name: count for name, count in picks.items() if count}
     return {
         "scenario": "day", "runs": runs, "seed": args.seed,
@@ -484,6 +507,8 @@ def text(summary: dict[str, Any]) -> str:
         row = summary["policies"][name]
         rollbacks = ", ".join(f"{hour:g} ({reason})" for hour, reason in row["rollbacksAtHour"]) or "none"
         reenables = ", ".join(f"{hour:g}" for hour in row["reenablesAtHour"]) or "never"
-        lines.append(f"  {name}: rolled back at hour {rollbacks}; re-enabled at hour {reenables}")
+        recalibrated = "; ".join(f"{hour:g} [{table}]" for hour, table in row["recalibrationsAtHour"]) or "never"
+        lines.append(f"  {name}: rolled back at hour {rollbacks}; re-enabled at hour {reenables}; "
+                     f"schedule recalibrated at hour {recalibrated}")
     lines.append(f"  oracle minutes per setting: {oracle_row['minutesPerSetting']} · wall {summary['wallSeconds']:.1f} s")
     return "\n".join(lines)

@@ -63,3 +63,41 @@ def test_speculation_pays_at_night_and_costs_at_the_dipped_peak(benchmarks: tupl
     night, peak = (0.0, 2.0), (11.0, 13.0)
     assert mean_tpot("k5", night) < mean_tpot("off", night)
     assert mean_tpot("k5", peak) > mean_tpot("off", peak)
+
+
+def test_a_recalibrated_schedule_re_renders_the_speculative_pod(benchmarks: tuple[ModuleType, ModuleType],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for a rollback: the judged auto SD's next arrivals go to a pod rendered with the table the new status
+    derives (the operator's next plan), and the harness records the change."""
+    import asyncio
+
+    from specdeploy.api.status import PositionAcceptance, ScheduleCalibration, ScheduleEntry
+    from specdeploy.judgment.calibration import CalibrationDecision
+    from specdeploy.judgment.recalibration import Recalibration
+    from specdeploy.judgment.speculation import SpeculationStep
+    from specdeploy.planning.schedule import calibration_key
+
+    _, day = benchmarks
+    short = day.Day(hour_seconds=2.0)
+    planned = short.workload().plan(short.seconds, seed=1)
+    control = day.Lane(day.served(day.resource(), day.Variant.CONTROL), planned, 0, 1, short, observed=True)
+    sd = day.Judged("auto", "Auto", control, planned, 1, short, 0)
+    sd.start_lane(0.0, 0)
+    assert sd.lanes[-1].model.k == 2                     # the prior's table: k 2 at every batch size
+    rates = [0.3 * 0.3**i for i in range(5)]
+    calibration = ScheduleCalibration(
+        key=calibration_key(sd.resource.spec), schedule=[ScheduleEntry(min_batch=1, max_batch=32, k=1)],
+        positions=[PositionAcceptance(position=i + 1, rate=rate, source="Measured") for i, rate in enumerate(rates)])
+    changed = sd.speculation.model_copy(update={"calibration": calibration})
+
+    def step(*_: object, **__: object) -> SpeculationStep:
+        return SpeculationStep(changed, None, recalibrated=Recalibration("k 2 → k 1", CalibrationDecision(True, None)))
+
+    monkeypatch.setattr(day, "step_speculation", step)
+    loop = asyncio.new_event_loop()
+    try:
+        sd.sample(10.0, loop)
+    finally:
+        loop.close()
+    assert len(sd.lanes) == 2 and sd.lanes[-1].model.k == 1
+    assert sd.recalibrations == [(10.0, "1–32: k 1")] and sd.rollbacks == [] and sd.reenables == []
