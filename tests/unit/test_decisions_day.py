@@ -101,3 +101,15 @@ def test_a_recalibrated_schedule_re_renders_the_speculative_pod(benchmarks: tupl
         loop.close()
     assert len(sd.lanes) == 2 and sd.lanes[-1].model.k == 1
     assert sd.recalibrations == [(10.0, "1–32: k 1")] and sd.rollbacks == [] and sd.reenables == []
+
+
+def test_the_auto_policy_calibrates_from_the_pods_counts_per_position(benchmarks: tuple[ModuleType, ModuleType]) -> None:
+    """The simulated pod's per-position counters reach `calibrate` through the virtual Prometheus: the auto SD's
+    last decision is taken on measured positions; the Fixed one is never calibrated."""
+    _, day = benchmarks
+    short = day.Day(hour_seconds=4.0)
+    judged, _ = day.run_judged(short.workload().plan(short.seconds, seed=1), 1, short, 0)
+    calibration = judged["auto"].speculation.calibration
+    assert calibration is not None and calibration.last_decision is not None
+    assert calibration.last_decision.reason not in ("NoPositionCounts", "TooFewDrafts"), calibration.last_decision
+    assert judged["rollbackOnly"].speculation.calibration is None
