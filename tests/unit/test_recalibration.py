@@ -173,6 +173,15 @@ def test_a_fixed_schedule_is_never_calibrated() -> None:
     assert _table(_after(body, actions)) == [(1, 32, 5)]
 
 
+def test_a_switch_from_auto_to_fixed_drops_the_calibration() -> None:
+    body = _speculating()
+    after = _after(body, decide(_observed(body, _measured(0.3)), LATER))
+    fixed = _body(mode="Fixed", status=_previous(after))
+    actions = decide(_observed(fixed, _measured(0.3)), LATER + timedelta(seconds=30))
+    assert actions.status.speculation is not None and actions.status.speculation.calibration is None
+    assert _table(_after(fixed, actions)) == [(1, 32, 5)] and _recalibrated(actions) == []
+
+
 def test_a_restart_renders_the_table_the_status_records() -> None:
     body = _speculating()
     after = _after(body, decide(_observed(body, _measured(0.3)), LATER))

@@ -112,9 +112,12 @@ def recalibrate(
     """`speculation` with this sample's calibration recorded (an `Auto` schedule only), and the change if one.
 
     `plan`: the plan the pods run (made with `speculation.calibration`); None or without a schedule, nothing is
-    calibrated. Fixed and Table schedules are never calibrated and their status is left as it is.
+    calibrated. Fixed and Table schedules are never calibrated: a record left from an earlier Auto is dropped.
     """
-    if spec.speculation.schedule_mode != ScheduleMode.AUTO or plan is None or plan.schedule is None:
+    if spec.speculation.schedule_mode != ScheduleMode.AUTO:
+        return (speculation.model_copy(update={"calibration": None}) if speculation.calibration is not None
+                else speculation), None
+    if plan is None or plan.schedule is None:
         return speculation, None
     key = calibration_key(spec)
     record = speculation.calibration
