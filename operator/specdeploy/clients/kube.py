@@ -8,11 +8,12 @@ there changes nothing, so status-only reconciles never restart pods.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 from lightkube import AsyncClient, codecs
@@ -111,26 +112,23 @@ async def read_deployments(client: AsyncClient, namespace: str, names: Sequence[
     """The Deployments named `names` that exist now, as JSON by name. Got by their names: a get is answered
     at once, where a label list right after a write waits ~90 ms for the apiserver's watch cache
     (benchmarks/analysis_profile.py)."""
-    found = {}
-    for name in names:
-        obj = await _optional(client.get(Deployment, name, namespace=namespace))
-        if obj is not None:
-            found[name] = obj.to_dict()
-    return found
+    read = await asyncio.gather(*(_optional(client.get(Deployment, name, namespace=namespace)) for name in names))
+    return {name: obj.to_dict() for name, obj in zip(names, read, strict=True) if obj is not None}
 
 
 async def read_children(client: AsyncClient, namespace: str, name: str, *, kinds: frozenset[str],
                         pod_monitors: bool) -> dict[tuple[str, str], dict[str, Any]]:
-    """SD `name`'s ConfigMap, Service and PodMonitor among `kinds` that exist, as JSON by kind and name."""
-    others = {
-        "ConfigMap": await _optional(client.get(ConfigMap, names.config_map_name(name), namespace=namespace))
-        if "ConfigMap" in kinds else None,
-        "Service": await _optional(client.get(Service, names.service_name(name), namespace=namespace))
-        if "Service" in kinds else None,
-        "PodMonitor": await _optional(client.get(PodMonitor, names.service_name(name), namespace=namespace))
-        if "PodMonitor" in kinds and pod_monitors else None,
-    }
-    return {(kind, obj.metadata.name): obj.to_dict() for kind, obj in others.items() if obj is not None}
+    """SD `name`'s ConfigMap, Service and PodMonitor among `kinds` that exist, as JSON by kind and name (read
+    at once: a pass waits for one answer, not three)."""
+    reads: dict[str, Awaitable[Any]] = {}
+    if "ConfigMap" in kinds:
+        reads["ConfigMap"] = client.get(ConfigMap, names.config_map_name(name), namespace=namespace)
+    if "Service" in kinds:
+        reads["Service"] = client.get(Service, names.service_name(name), namespace=namespace)
+    if "PodMonitor" in kinds and pod_monitors:
+        reads["PodMonitor"] = client.get(PodMonitor, names.service_name(name), namespace=namespace)
+    found = await asyncio.gather(*(_optional(read) for read in reads.values()))
+    return {(kind, obj.metadata.name): obj.to_dict() for kind, obj in zip(reads, found, strict=True) if obj is not None}
 
 
 def _annotated(manifest: dict[str, Any], generation: int, fingerprint: str) -> dict[str, Any]:
@@ -146,8 +144,10 @@ async def apply_children(
     client: AsyncClient, children: Children, generation: int, existing: list[DeploymentState], *,
     applied_version: Callable[[str, str | None], None],
 ) -> list[SdEvent]:
-    """Server-side apply every child; Events for Deployments created or changed. `applied_version` is told
-    each Deployment's name and the resourceVersion the apply returned."""
+    """Server-side apply every child, all at once (a pass waits for one answer, not four: a pod whose
+    ConfigMap comes a moment after its Deployment waits for it); Events for Deployments created or changed.
+    `applied_version` is told each Deployment's name and the resourceVersion the apply returned. When an
+    apply fails, the others are still waited for, and the first failure is raised."""
     events: list[SdEvent] = []
     before = {state.name: state.generation for state in existing}
     manifests = [children.config_map]
@@ -156,8 +156,12 @@ async def apply_children(
     manifests.append(children.service)
     if children.pod_monitor is not None:
         manifests.append(children.pod_monitor)
-    for manifest in manifests:
-        applied = await client.apply(codecs.from_dict(manifest), field_manager=FIELD_MANAGER, force=True)
+    answers = await asyncio.gather(*(client.apply(codecs.from_dict(m), field_manager=FIELD_MANAGER, force=True)
+                                     for m in manifests), return_exceptions=True)
+    failed = [answer for answer in answers if isinstance(answer, BaseException)]
+    if failed:
+        raise failed[0]
+    for manifest, applied in zip(manifests, cast(list[Any], answers), strict=True):
         if manifest["kind"] != "Deployment":
             continue
         name = manifest["metadata"]["name"]

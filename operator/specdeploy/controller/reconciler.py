@@ -256,7 +256,7 @@ class Reconciler:
                        probe: ProbeStatus | None = None) -> Observed:
         """One read of what the pass decides on: the SD, its plan and its Deployments; after a child
         changed also the Deployments in full and the pods; after the SD changed and on the resync also the
-        other children in full."""
+        other children in full — but no child of an SD never reconciled, which has none to report."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         held = self.watched.held(body)   # a sample's status not written yet, decided on this version
         previous = SpeculativeDeploymentStatus.model_validate(held if held is not None else body.get("status") or {})
@@ -269,9 +269,18 @@ class Reconciler:
         planned = await self._plan(resource, previous)
         everything = trigger is not None and trigger.reads_everything
         kinds = kube.CHILD_KINDS if everything else frozenset({"Deployment"}) if trigger is not None else frozenset()
+        never_reconciled = trigger is Trigger.SPEC and held is None and not body.get("status")
+        if never_reconciled:
+            # Never reconciled: nothing was applied for it that a status reports, so there is nothing to
+            # compare or prune, and server-side apply needs no read first. A thousand SDs created at once
+            # made four gets each that found nothing (docs/performance.md). After a crash between an apply
+            # and the first status write the children exist: applying again changes nothing, their Events
+            # were never posted, and the resync prunes what a spec changed meanwhile no longer wants.
+            kinds = frozenset()
         # Both Deployments' names unless the pass reads only what an accepted plan runs (an unwanted one is
         # pruned by a pass that reads everything).
-        wanted = variants(resource.spec) if planned.accepted and not everything else tuple(Variant)
+        wanted = (() if never_reconciled else
+                  variants(resource.spec) if planned.accepted and not everything else tuple(Variant))
         bodies = await self._deployments(namespace, [deployment_name(name, v) for v in wanted],
                                          watched=_watched_deployments(trigger))
         deployments = [state for body in bodies.values() if (state := kube.deployment_state(body, name)) is not None]
