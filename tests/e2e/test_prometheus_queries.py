@@ -49,6 +49,9 @@ def _histogram(name: str, per_second: float, seconds: float, value: float, label
     return lines
 
 
+POSITION_ACCEPTED_PER_SECOND = (24.0, 22.0, 18.0, 16.0)
+
+
 def _vllm_metrics(seconds: float, speculative: bool) -> str:
     """vLLM V1 names (engines/vllm.py METRICS) for one pod, `seconds` after it started."""
     labels = 'model_name="meta-llama/Llama-3.1-8B-Instruct",engine="0"'
@@ -59,6 +62,11 @@ def _vllm_metrics(seconds: float, speculative: bool) -> str:
                                  ("vllm:spec_decode_num_draft_tokens_total", 100.0),
                                  ("vllm:spec_decode_num_accepted_tokens_total", 80.0)):
             lines += [f"# TYPE {name} counter", f"{name}{{{labels}}} {per_second * seconds}"]
+        # Of the 25 drafts a second, k = 4, 24 have position 1 accepted, 22 positions 1-2, ...: 80 accepted tokens.
+        name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+        lines.append(f"# TYPE {name} counter")
+        lines += [f'{name}{{{labels},position="{position}"}} {per_second * seconds}'
+                  for position, per_second in enumerate(POSITION_ACCEPTED_PER_SECOND)]
     lines += ["# TYPE vllm:request_success_total counter",
               f'vllm:request_success_total{{{labels},finished_reason="stop"}} {rate * seconds}']
     lines += _histogram("vllm:request_time_per_output_token_seconds", rate, seconds,
@@ -146,7 +154,7 @@ def test_query_all_reads_grouped_signals_from_real_prometheus(dev_cluster: DevCl
 
     samples = wait_for(measured, timeout=90, interval=0.5,
                        what="two scrapes of both fake engine pods, every query answered")
-    assert samples.query_count == len(Signal)
+    assert samples.query_count == len(queries_for(EngineKind.VLLM, WINDOW))   # every signal vLLM exports
     sample = samples.for_deployment(namespace, engine_pods, EngineKind.VLLM, WINDOW)
     assert sample.errors == {}
     speculative, control = sample.speculative, sample.control
@@ -158,6 +166,12 @@ def test_query_all_reads_grouped_signals_from_real_prometheus(dev_cluster: DevCl
     assert speculative.p99_e2e_latency_seconds == pytest.approx(1.0 + 0.99 * 1.5, rel=1e-9)
     assert speculative.p99_time_to_first_token_seconds == pytest.approx(0.1 + 0.99 * 0.15, rel=1e-9)
     assert control.acceptance_rate is None                   # no speculation, no spec-decode counters
+    # The calibration's counts per draft position: each position's share of the drafts, as exported.
+    counts = sample.position_counts
+    assert counts is not None and counts.drafts > 0 and counts.drafted is None
+    assert [a / counts.drafts for a in counts.accepted] == pytest.approx(
+        [a / 25.0 for a in POSITION_ACCEPTED_PER_SECOND], rel=1e-9)
+    assert control.position_counts is None
     # increase() extrapolates over a window that holds only a few scrapes: twice the rate shows as more.
     assert speculative.requests and control.requests and speculative.requests > control.requests
     assert (speculative.running, speculative.waiting) == (4.0, 1.0)
