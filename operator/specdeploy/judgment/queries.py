@@ -67,10 +67,9 @@ MEAN_FROM_HISTOGRAM = (
 CUMULATIVE_SERIES = "sum by ($by, pod) (${counter}${selector})[$range:$step]"
 # Pods reporting the running gauge now: running requests per pod is the load a step time depends on.
 PODS_FROM_GAUGE = "count by ($by) (${gauge}${selector})"
-# Finished requests in the window (extrapolated by increase(), so not always a whole number).
-REQUESTS_FROM_COUNTER = "sum by ($by) (increase(${counter}${selector}[$window]))"
-# Drafts in the window, summed over pods (vLLM's drafts counter): the denominator of a position's acceptance.
-DRAFTS_FROM_COUNTER = "sum by ($by) (increase(${counter}${selector}[$window]))"
+# A counter's increase in the window, summed over pods (extrapolated by increase(), so not always a whole
+# number): finished requests, and drafts (vLLM's drafts counter, the denominator of a position's acceptance).
+COUNT_FROM_COUNTER = "sum by ($by) (increase(${counter}${selector}[$window]))"
 # A per-position counter's increase in the window, one series per position, summed over pods: counts, not rates,
 # so that the calibration can state each position's binomial uncertainty (judgment/calibration.py).
 PER_POSITION_FROM_COUNTER = "sum by ($by, $position) (increase(${counter}${selector}[$window]))"
@@ -236,7 +235,7 @@ def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | N
         case Signal.PODS:
             return render(PODS_FROM_GAUGE, gauge=names.requests_running)
         case Signal.REQUESTS:
-            return render(REQUESTS_FROM_COUNTER, counter=names.request_success_total, window=window)
+            return render(COUNT_FROM_COUNTER, counter=names.request_success_total, window=window)
         case Signal.RUNNING:
             return render(GAUGE_TOTAL, gauge=names.requests_running, window=window)
         case Signal.WAITING:
@@ -244,7 +243,7 @@ def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | N
         case Signal.DRAFTS:
             if names.drafts_total is None:
                 return None     # TensorRT-LLM: the drafts that proposed position 1; SGLang: none
-            return render(DRAFTS_FROM_COUNTER, counter=names.drafts_total, window=window)
+            return render(COUNT_FROM_COUNTER, counter=names.drafts_total, window=window)
         case Signal.ACCEPTED_PER_POSITION:
             return _per_position(names.accepted_tokens_per_pos_total, names.position_label, window)
         case Signal.DRAFTED_PER_POSITION:
