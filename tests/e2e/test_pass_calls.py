@@ -1,6 +1,7 @@
 """What one pass asks the apiserver, counted by a client that records each call (the real apiserver
 answers them): a new SD's first pass reads no child and waits for one round of applies; a pass that finds
-everything as it left it writes nothing."""
+everything as it left it writes nothing. The world is let settle between the two (the Deployment rolled out,
+its pod Ready): a pass that finds a pod newly Ready rightly writes status and a transition's Event."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from specdeploy.clients import kube
 from specdeploy.controller.reconciler import Reconciler, Trigger
 from specdeploy.controller.watched import SD
 from specdeploy.devcluster import DevCluster
+from specdeploy.devcluster.waiters import wait_for_object
 
 pytestmark = pytest.mark.e2e
 
@@ -49,6 +51,17 @@ def _sd(namespace: str) -> dict[str, Any]:
     return dict(document)
 
 
+def _wait_rolled_out(dev_cluster: DevCluster, namespace: str) -> None:
+    """Until every Deployment of the namespace has rolled out its generation and its pods are available."""
+    def rolled_out(listing: dict[str, Any]) -> bool:
+        return bool(listing["items"]) and all(
+            d.get("status", {}).get("observedGeneration") == d["metadata"]["generation"]
+            and d.get("status", {}).get("updatedReplicas") == d["spec"]["replicas"]
+            and d.get("status", {}).get("availableReplicas") == d["spec"]["replicas"] for d in listing["items"])
+
+    wait_for_object(dev_cluster, ["deployments"], rolled_out, 120, "the SD's Deployment rolled out", namespace=namespace)
+
+
 def test_a_new_sds_first_pass_reads_no_child_and_a_second_pass_writes_nothing(
         dev_cluster: DevCluster, crds: None, namespace: str) -> None:
     dev_cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(_sd(namespace)))
@@ -63,7 +76,10 @@ def test_a_new_sds_first_pass_reads_no_child_and_a_second_pass_writes_nothing(
             reconciler.watched.seen(SD, body)   # as kopf's create handler records it
             await reconciler.reconcile(namespace, "counted", Trigger.SPEC)
             first, client.calls = client.calls, []
-            # The resync reads everything back (the SD too) and finds what the first pass applied.
+            await asyncio.to_thread(_wait_rolled_out, dev_cluster, namespace)
+            # This resync finds the pod Ready (its status says so); the next one finds the world as it left it.
+            await reconciler.reconcile(namespace, "counted", Trigger.RESYNC)
+            client.calls = []
             await reconciler.reconcile(namespace, "counted", Trigger.RESYNC)
             return first, client.calls
         finally:
