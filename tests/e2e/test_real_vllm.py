@@ -140,6 +140,24 @@ def _engine_cpu_seconds(cluster: DevCluster, sd: str) -> float:
     return total / ticks
 
 
+def _what_ran(cluster: DevCluster, namespace: str, name: str, operator_log: Path, traffic: Traffic,
+              selector: str) -> str:
+    """What a timed-out wait saw: the engines, where the traffic went and how it fared, what Prometheus holds of
+    the speculative pod, the SD's status and the operator's last words (a failure on a slower machine says why)."""
+    engines = [f"{sim.url} {sim.variant} {sim.state}" for sim in cluster.simulators(namespace=namespace, sd=name)]
+    sent: dict[str, list[str]] = {}
+    for record in traffic.records:
+        sent.setdefault(record.target, []).append(
+            "ok" if record.error is None else str(record.error)[:80])
+    fared = {target: f"{outcomes.count('ok')} ok of {len(outcomes)}" for target, outcomes in sent.items()}
+    series = [(s["metric"].get("__name__"), s["value"][1]) for s in _promql(  # type: ignore[index, attr-defined]
+        cluster, f'{{__name__=~"vllm:spec_decode.*_total|up",{selector}}}')]
+    status = json.dumps(_status(cluster, namespace, name).get("speculation"))
+    log = operator_log.read_text(errors="replace").splitlines()[-25:] if operator_log.exists() else []
+    return "\n".join([f"engines: {engines}", f"requests per target: {fared}", f"series: {series}",
+                       f"status.speculation: {status}", "operator log:", *log])
+
+
 def test_real_vllm_pods_report_their_acceptance_to_the_operator(vllm_cluster: DevCluster, vllm_namespace: str,
                                                                 analysing_operator: Path) -> None:
     began = time.monotonic()
@@ -154,16 +172,20 @@ def test_real_vllm_pods_report_their_acceptance_to_the_operator(vllm_cluster: De
     traffic = Traffic(vllm_cluster, sd, qps=0.5, duration=MEASURE_TIMEOUT, output_tokens="16", prompt_tokens="8",
                       temperature="0", prompt_words=half_words(PREDICTABLE)).start()
     selector = f'namespace="{vllm_namespace}",specdeploy_io_name="{NAME}",specdeploy_io_variant="speculative"'
+    def what_ran() -> str:
+        return _what_ran(vllm_cluster, vllm_namespace, NAME, analysing_operator, traffic, selector)
+
     try:
         wait_for(lambda: any(float(s["value"][1]) > 0 for s in _promql(  # type: ignore[index]
             vllm_cluster, f"vllm:spec_decode_num_accepted_tokens_total{{{selector}}}")),
-            MEASURE_TIMEOUT, "the pod's real vllm:spec_decode_num_accepted_tokens_total in Prometheus")
+            MEASURE_TIMEOUT, "the pod's real vllm:spec_decode_num_accepted_tokens_total in Prometheus",
+            describe=what_ran)
 
         def acceptance() -> str:
             return vllm_cluster.kubectl("get", "sd", NAME, "-n", vllm_namespace, "-o",
                                         "jsonpath={.status.analysis.acceptanceRate}").stdout.strip()
 
-        wait_for(acceptance, MEASURE_TIMEOUT, "a measured acceptance rate in the SD's status")
+        wait_for(acceptance, MEASURE_TIMEOUT, "a measured acceptance rate in the SD's status", describe=what_ran)
     finally:
         traffic.stop()
     cpu_used = _engine_cpu_seconds(vllm_cluster, sd) - cpu_before
