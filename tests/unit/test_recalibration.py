@@ -20,7 +20,7 @@ from specdeploy.judgment import recalibration
 from specdeploy.judgment.calibration import MIN_PERIOD_SECONDS, CalibrationDecision, KeepReason
 from specdeploy.judgment.recalibration import RECALIBRATED, recalibrate
 from specdeploy.judgment.samples import DeploymentSample, Signal
-from specdeploy.judgment.speculation import step_speculation
+from specdeploy.judgment.speculation import schedule_at_load, step_speculation
 from specdeploy.planning.compat import expressible_on
 from specdeploy.planning.plan import make_plan
 from specdeploy.planning.schedule import ScheduleRange, calibrated_acceptance, calibration_key
@@ -266,3 +266,48 @@ def test_step_speculation_without_a_plan_calibrates_nothing() -> None:
     previous = _previous(body)
     step = step_speculation(_resource(body), previous.speculation, previous.analysis, True, _measured(0.3), [], LATER)
     assert step.recalibrated is None and step.speculation.calibration is None
+
+
+# -- the rollback under a schedule names the load it happened at --------------------------------------------
+
+
+def _judged(body: dict[str, Any], sample_: DeploymentSample) -> Any:
+    """One analysis step of `body` (failureLimit 1) while it speculates, with the plan its pods run."""
+    body["spec"]["analysis"]["failureLimit"] = 1
+    resource = _resource(body)
+    previous = _previous(body)
+    return step_speculation(resource, previous.speculation, previous.analysis, True, sample_, [], LATER,
+                            plan=_planned(body).plan)
+
+
+def test_a_rollback_under_an_auto_schedule_names_the_batch_and_the_k_the_table_drafts_there() -> None:
+    regressed = sample(0.6, itl=0.03, control_itl=0.02, k=2, running=11.6)
+    step = _judged(_speculating(), regressed)
+
+    assert step.rollback is not None, step.verdict
+    assert step.rollback.evidence.endswith(
+        "; at 11.6 running requests per pod the schedule drafts k 2 (table 1–32: k 2)"), step.rollback.evidence
+    assert step.speculation.last_rollback.evidence == step.rollback.evidence   # status and the Event say it
+
+
+def test_a_rollback_under_a_fixed_schedule_says_nothing_of_a_table() -> None:
+    regressed = sample(0.6, itl=0.03, control_itl=0.02, k=5, running=11.6)
+    step = _judged(_speculating(mode="Fixed"), regressed)
+
+    assert step.rollback is not None, step.verdict
+    assert "schedule" not in step.rollback.evidence, step.rollback.evidence
+
+
+@pytest.mark.parametrize(("running", "said"), [
+    (3.2, "at 3.2 running requests per pod the schedule drafts k 3"),
+    (0.4, "at 0.4 running requests per pod the schedule drafts k 3"),     # below the table: its first range
+    (20.0, "at 20.0 running requests per pod the schedule drafts k 0, drafting off in the engine"),
+    (40.0, "at 40.0 running requests per pod the schedule drafts k 0, drafting off in the engine"),  # above it
+])
+def test_the_load_a_table_was_judged_at_is_named_with_its_k(running: float, said: str) -> None:
+    body = _body(mode="Table")
+    body["spec"]["speculation"]["schedule"]["table"] = [{"minBatch": 1, "maxBatch": 8, "k": 3},
+                                                       {"minBatch": 9, "maxBatch": 32, "k": 0}]
+    plan = _planned(body).plan
+    where = schedule_at_load(plan, sample(0.6, k=3, running=running))
+    assert where == f"{said} (table 1–8: k 3, 9–32: k 0)"

@@ -10,6 +10,8 @@ annotation `specdeploy.io/retry-speculation` or `reenable: Auto` after the coold
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,7 +21,7 @@ from specdeploy.api.status import AnalysisStatus, SpeculationStatus
 from specdeploy.judgment import evidence
 from specdeploy.judgment.oom import OutOfMemory
 from specdeploy.judgment.reasons import InconclusiveReason
-from specdeploy.judgment.recalibration import Recalibration, recalibrate
+from specdeploy.judgment.recalibration import Recalibration, recalibrate, table_text
 from specdeploy.judgment.rollback import (
     RETRY_ANNOTATION,
     Reenabled,
@@ -59,6 +61,22 @@ def _floor(spec: SpeculativeDeploymentSpec, sample: DeploymentSample) -> Floor |
     """minAcceptanceRate, or unset (Auto) the cost model's break-even at the batch the pods run now."""
     found = acceptance_floor(spec, sample.speculative.running_per_pod)
     return Floor(found.rate, found.describe(), fixed=found.source == FIXED) if found is not None else None
+
+
+def schedule_at_load(plan: Plan | None, sample: DeploymentSample | None) -> str | None:
+    """Where on its schedule the speculative pods ran when they were judged: the batch per pod the window
+    averaged and the k the table drafts there. None for a Fixed schedule (k is k at every batch) or without a
+    measured batch. A rollback's evidence carries it, so a schedule that loses at one load is named at that load
+    (and a loss in a k = 0 range is the engine's cost of a schedule that does not draft, not the drafts')."""
+    schedule = plan.schedule if plan is not None and plan.engine_schedule is not None else None
+    batch = sample.speculative.running_per_pod if sample is not None else None
+    if schedule is None or batch is None or not math.isfinite(batch):
+        return None
+    table = schedule.ranges
+    at = min(max(round(batch), table[0].min_batch), table[-1].max_batch)
+    drafted = next(r.k for r in table if r.min_batch <= at <= r.max_batch)
+    where = f"k {drafted}" if drafted else "k 0, drafting off in the engine"
+    return f"at {evidence.number(batch, 1)} running requests per pod the schedule drafts {where} (table {table_text(table)})"
 
 
 def _policy(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, analysis: AnalysisStatus | None) -> Policy:
@@ -140,6 +158,8 @@ def step_speculation(
         result = Inconclusive(InconclusiveReason.NO_DATA, "no sample in this reconcile")
         state = analysis or AnalysisStatus()
     decision = decide(state, result, spec.analysis, deaths)
+    if isinstance(decision, Rollback) and (where := schedule_at_load(plan, sample)) is not None:
+        decision = dataclasses.replace(decision, evidence=f"{decision.evidence}; {where}")
     if isinstance(decision, Rollback):
         speculation = rolled_back(speculation, decision, now)
         assert speculation.last_rollback is not None
