@@ -4,13 +4,16 @@ arrivals, in virtual time — always on, always off, the rollback policy alone, 
 The day (one run is about 5 minutes of CPU: the judged pods and the settings run in up to 7 processes,
 `--jobs`):
 
-- 24 hours of `--hour-seconds` virtual seconds each (default 150: the day lasts 1 virtual hour). The operator's
-  judgment keeps its own clock (window 5m, interval 30s, failureLimit 3, cooldown 30m — virtual seconds), so
-  it sees the day's load change 24× faster than a real day: its window spans 2 hours of the day.
+- 24 hours of `--hour-seconds` virtual seconds each (default 600: the day lasts 4 virtual hours, ~6 minutes of
+  wall time in 2 processes). The operator's judgment keeps its own clock (window 5m, interval 30s, failureLimit 3,
+  cooldown 30m, calibration's 30-minute period — virtual seconds), so it sees the day's load change 6× faster
+  than a real day: its window spans 30 minutes of the day, the cooldown and the period 3 hours. (At 150 s per
+  hour, the default until 2026-12-03, they spanned 2 and 12 hours: no calibration, re-enable or second look could
+  fall inside the 4-hour dip, and the day measured the compression more than the judgment.)
 - QPS per pod 1 + 23 · (1 − cos(2π · hour / 24)) / 2: 1 at midnight, 24 at noon, smooth; a step every
   15 virtual seconds. The load generator's default lengths (prompts ~256, answers ~128 tokens) and the
   benchmark's temperature mix (70% greedy, 30% at T = 1).
-- An acceptance dip from hour 10 to hour 14 (10 virtual minutes, longer than the judgment needs to act:
+- An acceptance dip from hour 10 to hour 14 (40 virtual minutes, far longer than the judgment needs to act:
   window + failureLimit intervals): α per position falls to a third, as if the prompt mix turned hard. Each
   engine's `acceptance` knob is set to the rate of that α at its own k, so every setting sees the same α.
 - The SD: Llama-3.1-8B-Instruct with a Llama-3.2-1B-Instruct draft (method draft_model,
@@ -90,7 +93,7 @@ NAMESPACE, NAME = "bench", "llama-8b-draft"
 GPU = "H100-80GB"
 T0 = 1_749_999_600.0
 HOURS = 24
-HOUR_SECONDS = 150.0
+HOUR_SECONDS = 600.0
 NIGHT_QPS, PEAK_QPS = 1.0, 24.0
 QPS_STEP_SECONDS = 15.0
 DIP_HOURS = (10.0, 14.0)

@@ -311,3 +311,66 @@ def test_the_load_a_table_was_judged_at_is_named_with_its_k(running: float, said
     plan = _planned(body).plan
     where = schedule_at_load(plan, sample(0.6, k=3, running=running))
     assert where == f"{said} (table 1–8: k 3, 9–32: k 0)"
+
+
+# -- a loss no schedule fixes: measured slower, and no k pays at the measured acceptance -------------------
+
+
+def _window(alpha: float, itl: float, drafts: float = 20_000) -> DeploymentSample:
+    """A window at 8 running sequences a pod, the control at 20 ms per token, positions 1–2 accepting α, α²."""
+    return sample(alpha, itl=itl, control_itl=0.02, k=2, drafts=drafts, running=8.0,
+                  positions={Signal.ACCEPTED_PER_POSITION: {1: drafts * alpha, 2: drafts * alpha**2}})
+
+
+def test_an_auto_schedule_measurably_slower_where_no_k_pays_fails_and_is_rolled_back_under_the_ratio_limit() -> None:
+    step = _judged(_speculating(), _window(0.1, itl=0.021))     # +5%: under maxP99InterTokenLatencyRatio 1.10
+
+    assert step.rollback is not None and step.rollback.reason.value == "NoSchedulePays", step.verdict
+    assert step.verdict.evidence.startswith("per-token latency +5% (95% interval +4%…+6%) vs the control, and at "
+                                            "the acceptance measured per draft position (0.10, 0.01,"), step.verdict
+    assert "no k pays at 8 running requests per pod: the best, k 1, is predicted at 0.91× of no speculation" in \
+        step.verdict.evidence
+    assert step.analysis.verdict_reason == "NoSchedulePays"
+
+
+@pytest.mark.parametrize(("mode", "alpha", "itl", "drafts", "why"), [
+    ("Auto", 0.6, 0.021, 20_000, "the measured acceptance pays at some k: calibration's to fix, not a rollback"),
+    ("Auto", 0.1, 0.0195, 20_000, "not slower than the control"),
+    ("Auto", 0.1, 0.0201, 20_000, "slower within noise: the interval reaches 1"),
+    ("Auto", 0.1, 0.021, 400, "too few drafts to know the acceptance (calibration's evidence rule)"),
+    ("Fixed", 0.1, 0.021, 20_000, "a Fixed schedule: the user's k; the ratio limit decides"),
+])
+def test_no_schedule_pays_needs_a_measured_loss_a_known_acceptance_and_an_auto_schedule(
+        mode: str, alpha: float, itl: float, drafts: float, why: str) -> None:
+    step = _judged(_speculating(mode=mode), _window(alpha, itl, drafts))
+
+    assert step.rollback is None, why
+    assert step.analysis.verdict_reason != "NoSchedulePays", why
+
+
+def test_a_verdict_already_failing_keeps_its_own_reason() -> None:
+    step = _judged(_speculating(), _window(0.1, itl=0.03))      # +50%: above the 1.10 limit
+
+    assert step.rollback is not None and step.rollback.reason.value == "InterTokenLatencyRegressed"
+
+
+@pytest.mark.parametrize(("table", "running", "k"), [
+    ([(1, 8, 3), (9, 32, 1)], 4.0, 3),
+    ([(1, 8, 3), (9, 32, 1)], 20.0, 1),
+    ([(1, 8, 3), (9, 32, 0)], 20.0, 3),       # drafting off there: the window's drafts were made below it
+])
+def test_the_acceptance_floor_under_a_table_is_the_break_even_of_the_k_drafted_at_the_pods_batch(
+        table: list[tuple[int, int, int]], running: float, k: int) -> None:
+    body = _body(mode="Table")
+    body["spec"]["speculation"]["schedule"]["table"] = [{"minBatch": lo, "maxBatch": hi, "k": kk}
+                                                       for lo, hi, kk in table]
+    step = _judged(_after(body, decide(_observed(body), T0)), sample(0.6, k=k, running=running))
+
+    basis = step.analysis.acceptance_floor_basis
+    assert f"k={k} " in basis, basis
+    assert f"at batch {round(running)} " in basis, basis
+
+
+def test_the_acceptance_floor_of_a_fixed_schedule_is_at_numspeculativetokens() -> None:
+    step = _judged(_speculating(mode="Fixed"), sample(0.6, k=5, running=20.0))
+    assert "k=5 " in step.analysis.acceptance_floor_basis

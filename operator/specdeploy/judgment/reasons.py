@@ -20,6 +20,7 @@ class FailureReason(StrEnum):
     E2E_LATENCY_ABOVE_SLO = "E2ELatencyAboveSLO"
     QUEUE_TIME_REGRESSED = "QueueTimeRegressed"                        # objective Throughput / Both
     OUTPUT_THROUGHPUT_REGRESSED = "OutputThroughputRegressed"          # tokens per second per GPU
+    NO_SCHEDULE_PAYS = "NoSchedulePays"    # Auto: measurably slower, and no k pays at the measured acceptance
 
 
 class InconclusiveReason(StrEnum):
@@ -50,6 +51,7 @@ class RollbackReason(StrEnum):
     E2E_LATENCY_ABOVE_SLO = FailureReason.E2E_LATENCY_ABOVE_SLO.value
     QUEUE_TIME_REGRESSED = FailureReason.QUEUE_TIME_REGRESSED.value
     OUTPUT_THROUGHPUT_REGRESSED = FailureReason.OUTPUT_THROUGHPUT_REGRESSED.value
+    NO_SCHEDULE_PAYS = FailureReason.NO_SCHEDULE_PAYS.value
     SPECULATIVE_POD_OUT_OF_MEMORY = "SpeculativePodOutOfMemory"
     INCONCLUSIVE_TOO_LONG = "InconclusiveTooLong"
 

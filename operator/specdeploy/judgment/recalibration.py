@@ -39,7 +39,8 @@ from specdeploy.judgment.samples import DeploymentSample
 from specdeploy.planning.compat import expressible_on
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import Plan
-from specdeploy.planning.schedule import ScheduleRange, calibration_key, schedule_cost
+from specdeploy.planning.schedule import ScheduleRange, calibration_key, schedule_cost, step_speedup
+from specdeploy.planning.speedup import SpeculationCost
 
 RECALIBRATED = "ScheduleRecalibrated"
 """The reason of a change: the Event's and `lastDecision.reason`."""
@@ -125,14 +126,7 @@ def recalibrate(
         record = ScheduleCalibration(key=key, changes=record.changes, last_change_at=record.last_change_at)
     record = record or ScheduleCalibration(key=key)
     current = plan.schedule
-    batch = sample.speculative.running_per_pod
-    decision = calibrate(
-        sample.position_counts, current, schedule_cost(plan.spec, plan.target, plan.draft,
-                                                       find_gpu(plan.spec.resources.gpu.product)),
-        max_k=spec.speculation.num_speculative_tokens, max_num_seqs=spec.serving.max_num_seqs,
-        batch=batch if batch is not None else math.nan,
-        last_change_at=_last_change_at(speculation, speculation.calibration), now=now.timestamp(),
-    )
+    decision = _calibrated(spec, speculation, plan, sample, now)
     if decision.change and decision.schedule is not None and not expressible_on(spec.engine.kind, decision.schedule):
         decision = _not_expressible(decision)
     message = _message(decision, current.ranges)
@@ -149,6 +143,48 @@ def recalibrate(
         }
         change = Recalibration(message, decision)
     return speculation.model_copy(update={"calibration": record.model_copy(update=update)}), change
+
+
+def _calibrated(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: Plan,
+                sample: DeploymentSample, now: datetime) -> CalibrationDecision:
+    assert plan.schedule is not None
+    batch = sample.speculative.running_per_pod
+    return calibrate(
+        sample.position_counts, plan.schedule, _cost(plan),
+        max_k=spec.speculation.num_speculative_tokens, max_num_seqs=spec.serving.max_num_seqs,
+        batch=batch if batch is not None else math.nan,
+        last_change_at=_last_change_at(speculation, speculation.calibration), now=now.timestamp(),
+    )
+
+
+def _cost(plan: Plan) -> SpeculationCost:
+    return schedule_cost(plan.spec, plan.target, plan.draft, find_gpu(plan.spec.resources.gpu.product))
+
+
+@dataclass(frozen=True)
+class BestAtLoad:
+    """The best any k does at the load the pods run, under the acceptance measured per draft position."""
+
+    k: int
+    speedup: float                  # predicted tokens per second ÷ without speculation (the rollback's pods)
+    batch: int
+    acceptance: tuple[float, ...]
+    drafts: float
+
+
+def best_at_load(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: Plan | None,
+                 sample: DeploymentSample, now: datetime) -> BestAtLoad | None:
+    """What the best k would do at this sample's batch, from the acceptance it measured per position; None unless
+    an `Auto` schedule runs and the window holds the evidence calibration needs (judgment/calibration.py)."""
+    if spec.speculation.schedule_mode != ScheduleMode.AUTO or plan is None or plan.schedule is None:
+        return None
+    decision = _calibrated(spec, speculation, plan, sample, now)
+    if decision.evidence is None or not decision.evidence.enough or not decision.acceptance or decision.batch is None:
+        return None
+    cost = _cost(plan)
+    k, speedup = max(((k, step_speedup(cost, decision.acceptance, decision.batch, k))
+                      for k in range(1, spec.speculation.num_speculative_tokens + 1)), key=lambda found: found[1])
+    return BestAtLoad(k, speedup, decision.batch, decision.acceptance, decision.evidence.drafts)
 
 
 def _not_expressible(decision: CalibrationDecision) -> CalibrationDecision:

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from specdeploy.api.resource import SpeculativeDeployment
-from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
+from specdeploy.api.spec import EngineKind, Objective, ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import AnalysisStatus, SpeculationStatus
 from specdeploy.judgment import evidence
 from specdeploy.judgment.oom import OutOfMemory
-from specdeploy.judgment.reasons import InconclusiveReason
-from specdeploy.judgment.recalibration import Recalibration, recalibrate, table_text
+from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
+from specdeploy.judgment.recalibration import Recalibration, best_at_load, recalibrate, table_text
 from specdeploy.judgment.rollback import (
     RETRY_ANNOTATION,
     Reenabled,
@@ -36,15 +36,19 @@ from specdeploy.judgment.rollback import (
 from specdeploy.judgment.samples import DeploymentSample, chain_acceptance
 from specdeploy.judgment.verdict import (
     Assessment,
+    Failing,
     Floor,
+    Healthy,
     Inconclusive,
     Policy,
     Verdict,
     assess,
+    interval,
     previous_baseline,
 )
 from specdeploy.planning.acceptance_floor import FIXED, acceptance_floor
 from specdeploy.planning.plan import Plan
+from specdeploy.planning.schedule import ScheduleRange
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,33 @@ class SpeculationStep:
     recalibrated: Recalibration | None = None   # the Auto schedule changed in this step (status records it)
 
 
-def _floor(spec: SpeculativeDeploymentSpec, sample: DeploymentSample) -> Floor | None:
-    """minAcceptanceRate, or unset (Auto) the cost model's break-even at the batch the pods run now."""
-    found = acceptance_floor(spec, sample.speculative.running_per_pod)
+def _floor(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, plan: Plan | None) -> Floor | None:
+    """minAcceptanceRate, or unset (Auto) the cost model's break-even at the batch the pods run now, for the k
+    drafted there."""
+    batch = sample.speculative.running_per_pod
+    found = acceptance_floor(spec, batch, _drafted_k(plan, batch))
     return Floor(found.rate, found.describe(), fixed=found.source == FIXED) if found is not None else None
+
+
+def _on_table(plan: Plan | None, batch: float | None) -> tuple[tuple[ScheduleRange, ...], int] | None:
+    """The table the pods run (not for a Fixed schedule) and `batch` as a whole number within its ranges; None
+    without a table or a measured batch."""
+    schedule = plan.schedule if plan is not None and plan.engine_schedule is not None else None
+    if schedule is None or batch is None or not math.isfinite(batch):
+        return None
+    table = schedule.ranges
+    return table, min(max(round(batch), table[0].min_batch), table[-1].max_batch)
+
+
+def _drafted_k(plan: Plan | None, batch: float | None) -> int | None:
+    """The k a schedule drafts at `batch` (the nearest drafting range below a k = 0 one: the window's drafts were
+    made there); None for a Fixed schedule or an unmeasured batch."""
+    found = _on_table(plan, batch)
+    if found is None:
+        return None
+    table, at = found
+    drafting = [r.k for r in table if r.min_batch <= at and r.k > 0]
+    return drafting[-1] if drafting else None
 
 
 def schedule_at_load(plan: Plan | None, sample: DeploymentSample | None) -> str | None:
@@ -68,20 +95,50 @@ def schedule_at_load(plan: Plan | None, sample: DeploymentSample | None) -> str 
     averaged and the k the table drafts there. None for a Fixed schedule (k is k at every batch) or without a
     measured batch. A rollback's evidence carries it, so a schedule that loses at one load is named at that load
     (and a loss in a k = 0 range is the engine's cost of a schedule that does not draft, not the drafts')."""
-    schedule = plan.schedule if plan is not None and plan.engine_schedule is not None else None
     batch = sample.speculative.running_per_pod if sample is not None else None
-    if schedule is None or batch is None or not math.isfinite(batch):
+    found = _on_table(plan, batch)
+    if found is None or batch is None:
         return None
-    table = schedule.ranges
-    at = min(max(round(batch), table[0].min_batch), table[-1].max_batch)
+    table, at = found
     drafted = next(r.k for r in table if r.min_batch <= at <= r.max_batch)
     where = f"k {drafted}" if drafted else "k 0, drafting off in the engine"
     return f"at {evidence.number(batch, 1)} running requests per pod the schedule drafts {where} (table {table_text(table)})"
 
 
-def _policy(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, analysis: AnalysisStatus | None) -> Policy:
+def loss_no_schedule_fixes(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: Plan | None,
+                           sample: DeploymentSample, assessment: Assessment, now: datetime) -> Failing | None:
+    """An `Auto` schedule that loses and cannot be re-derived into one that pays: Failing NoSchedulePays.
+
+    Both must hold. Measured: the speculative pods' per-token latency is above the baseline's with the whole 95%
+    interval above 1 — a loss beyond noise, though it may hold the `maxP99InterTokenLatencyRatio` limit, which is
+    a tolerance for changes whose worth the operator cannot predict. Predicted: at the acceptance measured per
+    draft position (calibration's evidence) no k pays at the pods' batch — the best is slower than no
+    speculation, and a k = 0 range still costs a step (vllm#49986) — so the schedule, which only moves k, cannot
+    fix it; the rollback can. A loss the model thinks another k would turn into a gain is calibration's to fix.
+    Only where per-token latency counts (objectives Latency and Both), and over a Healthy verdict or one that
+    held the limit (NotEnoughEvidence); every other verdict stands."""
+    verdict, found = assessment.verdict, assessment.per_token
+    if (spec.speculation.schedule_mode != ScheduleMode.AUTO or spec.analysis.objective == Objective.THROUGHPUT
+            or found is None or assessment.baseline is None or not found.low > 1.0):
+        return None
+    if not (isinstance(verdict, Healthy) or (
+            isinstance(verdict, Inconclusive) and verdict.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE)):
+        return None
+    best = best_at_load(spec, speculation, plan, sample, now)
+    if best is None or best.speedup >= 1.0:
+        return None
+    rates = ", ".join(evidence.number(rate) for rate in best.acceptance)
+    return Failing(FailureReason.NO_SCHEDULE_PAYS, (
+        f"per-token latency {interval(found)} vs the {assessment.baseline}, and at the acceptance measured per "
+        f"draft position ({rates}; {evidence.count(best.drafts)} drafts) no k pays at {best.batch} running "
+        f"requests per pod: the best, k {best.k}, is predicted at {evidence.number(best.speedup)}× of no "
+        f"speculation — a loss no schedule fixes"))
+
+
+def _policy(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, analysis: AnalysisStatus | None,
+            plan: Plan | None) -> Policy:
     return Policy(spec.analysis.checks, spec.analysis.baseline.mode, spec.analysis.min_requests,
-                  _floor(spec, sample), analysis.previous_baseline if analysis is not None else None,
+                  _floor(spec, sample, plan), analysis.previous_baseline if analysis is not None else None,
                   objective=spec.analysis.objective, gpus_per_pod=spec.resources.gpu_count)
 
 
@@ -151,7 +208,9 @@ def step_speculation(
     result: Verdict
     if sample is not None:
         sample = _normalised(spec, sample)
-        assessment: Assessment = assess(sample, _policy(spec, sample, analysis))
+        assessment: Assessment = assess(sample, _policy(spec, sample, analysis, plan))
+        if (loss := loss_no_schedule_fixes(spec, speculation, plan, sample, assessment, now)) is not None:
+            assessment = dataclasses.replace(assessment, verdict=loss)
         result = assessment.verdict
         state = next_analysis_state(analysis, sample, assessment, now)
     else:  # an OOM death between samples: decide on it alone, counters unchanged

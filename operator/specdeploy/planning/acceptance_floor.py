@@ -122,16 +122,20 @@ class AcceptanceFloor:
         return f"draft {ratio:.0%} of a target step" if ratio >= 0.01 else f"draft {ratio:.1%} of a target step"
 
 
-def acceptance_floor(spec: SpeculativeDeploymentSpec, batch_size: float | None = None) -> AcceptanceFloor | None:
+def acceptance_floor(spec: SpeculativeDeploymentSpec, batch_size: float | None = None,
+                     k: int | None = None) -> AcceptanceFloor | None:
     """The acceptance floor of `spec` at `batch_size` running sequences per pod (None: DEFAULT_BATCH_SIZE).
 
     Fixed when `spec.analysis.checks.minAcceptanceRate` is set, else Auto from the cost model; None when
     speculation is disabled, or for Auto when a model cannot be resolved (see the module docstring).
+    `k`: the tokens drafted per step at that batch — under a schedule, the table's k there (the engine's
+    accepted ÷ drafted counts the drafts of the k in force); None: `numSpeculativeTokens`.
     """
     if not spec.speculation.enabled:
         return None
     batch = _batch(batch_size, spec.serving.max_num_seqs)
-    auto = _auto(_Key(_cost_fields(spec), batch, spec))
+    drafted = k if k is not None and k > 0 else spec.speculation.num_speculative_tokens
+    auto = _auto(_Key(_cost_fields(spec), batch, drafted, spec))
     fixed = spec.analysis.checks.min_acceptance_rate
     if fixed is None:
         return auto
@@ -174,16 +178,16 @@ class _Key:
 
     fields: tuple[object, ...]
     batch: int
+    k: int
     spec: SpeculativeDeploymentSpec = field(compare=False, hash=False, repr=False)
 
 
 @lru_cache(maxsize=4096)
 def _auto(key: _Key) -> AcceptanceFloor | None:
-    cost = _cost(_Key(key.fields, 0, key.spec))
+    cost = _cost(_Key(key.fields, 0, 0, key.spec))
     if cost is None:
         return None
-    spec, batch = key.spec, key.batch
-    k = spec.speculation.num_speculative_tokens
+    spec, batch, k = key.spec, key.batch, key.k
     break_even = _rate_where(cost, batch, k, 1.0)
     return AcceptanceFloor(
         rate=min(max(_rate_where(cost, batch, k, 1.0 + AUTO_MARGIN), 0.0), 1.0),
