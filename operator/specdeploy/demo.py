@@ -2,9 +2,7 @@
 
 A real control plane with fake GPU nodes, the Helm chart, the operator (acting as the chart's
 ServiceAccount, not admin), engine pods brought alive as simulators and scraped by a real Prometheus,
-traffic, an acceptance collapse, the rollback, its Event and the Alertmanager alert; then a load ramp on a second
-SD with an Auto batch-size schedule: the engine stops drafting at high load and drafts again at low load, with no
-restart and no rollback.
+traffic, an acceptance collapse, the rollback, its Event and the Alertmanager alert.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +22,10 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.simadmin import endpoints, sim_admin
 from specdeploy.devcluster.traffic import Traffic
 from specdeploy.devcluster.waiters import get_json
-from specdeploy.planning.plan import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "specdeploy"
@@ -60,44 +55,6 @@ spec:
     # The default checks: per-token latency 1.10×, end-to-end 1.20×, TTFT 1.50× the control's, judged on the
     # means with a 95% interval; minAcceptanceRate unset, so the floor is the cost model's break-even.
 """
-
-# The load ramp's SD: Llama-3.1-70B on 4 H100s with an 8B draft, k by batch size derived by the operator (Auto).
-# Its table stops drafting from 288 running sequences (a k = 0 range needs a compute-bound target: no smaller
-# pair in the catalog has one below that), so maxNumSeqs 320 gives the peak a k = 0 range to reach. The
-# simulators run 10× slower than real time (SPECDEPLOY_SIM_OPTIONS), so 320 sequences per pod take ~20 requests/s
-# per pod on this machine, not 200. At k = 0 vLLM still runs the drafter (vllm#49548, 20–31% in vllm#49986; the
-# simulator charges 25%): the checks allow that (1.5×) so the peak is the schedule's to absorb, not a rollback.
-# The k = 0 pod also serves fewer requests/s than the control, so it ends a peak behind it: the samples whose
-# window spans the end of the peak compare its last peak steps with a control already idle and can fail.
-# failureLimit 6 is more than one window's samples (15 s / 3 s), so such a transition alone never rolls back.
-RAMP_NAME = "llama-70b-auto"
-RAMP_SD = f"{NAMESPACE}/{RAMP_NAME}"
-RAMP_RESOURCE = f"""
-apiVersion: specdeploy.io/v1alpha1
-kind: SpeculativeDeployment
-metadata: {{name: {RAMP_NAME}, namespace: {NAMESPACE}}}
-spec:
-  replicas: 1
-  engine:
-    env: [{{name: SPECDEPLOY_SIM_OPTIONS, value: "--time-scale 10"}}]
-  model: {{name: meta-llama/Llama-3.1-70B-Instruct}}
-  speculation:
-    method: draft_model
-    draft: {{name: meta-llama/Llama-3.1-8B-Instruct}}
-    numSpeculativeTokens: 3
-    schedule: {{mode: Auto}}
-  resources: {{gpu: {{product: H100-80GB, count: 4}}, tensorParallelSize: 4}}
-  serving: {{maxModelLen: 2048, maxNumSeqs: 320}}
-  analysis:
-    interval: 3s
-    window: 15s
-    minRequests: 10
-    failureLimit: 6
-    baseline: {{mode: Control, controlReplicas: 1}}
-    checks: {{maxP99InterTokenLatencyRatio: 1.5, maxP99E2ELatencyRatio: 1.5, maxP99TimeToFirstTokenRatio: 2.0}}
-"""
-RAMP_LOW_QPS = 4.0       # requests/s over both pods: ~20 running sequences per pod, k 2
-RAMP_PEAK_QPS = 40.0     # added to the low load: every pod at maxNumSeqs 320, k 0 on the speculative one
 
 
 @dataclass
@@ -210,113 +167,6 @@ class Demo:
         self.console.print("Git still holds the spec as written: the rollback lives in status "
                            f"(metadata.generation is {obj['metadata']['generation']}).")
 
-    # --- the load ramp: k by batch size, inside the engine --------------------------------------------------
-
-    def ramp_sd(self) -> dict[str, Any]:
-        return get_json(self.cluster, "sd", RAMP_NAME, namespace=NAMESPACE)
-
-    def ramp_pods(self) -> dict[str, int]:
-        """The ramp SD's pods: name -> restarts of its engine container."""
-        listing = get_json(self.cluster, "pods", "-l", f"specdeploy.io/name={RAMP_NAME}", namespace=NAMESPACE)
-        return {pod["metadata"]["name"]: sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or [])
-                for pod in listing["items"] if not pod["metadata"].get("deletionTimestamp")}
-
-    def engine_info(self, variant: str) -> dict[str, Any]:
-        """GET /admin/info of the ramp SD's one pod of `variant`: the running batch and the k in use."""
-        return dict(httpx.get(f"{endpoints(self.cluster, RAMP_SD, variant)[0]}/admin/info", timeout=5).json())
-
-    def apply_ramp(self) -> dict[str, int]:
-        self.step(f"kubectl apply: {RAMP_SD} — Llama-3.1-70B + an 8B draft on 4 H100s, "
-                  "spec.speculation.schedule {mode: Auto}: 1 speculative pod + 1 control")
-        self.kubectl("apply", "-f", "-", input=RAMP_RESOURCE)
-        wait_for(lambda: _condition(self.ramp_sd(), "Ready") == "True", 120, "the ramp SD to be Ready")
-        wait_for(lambda: endpoints(self.cluster, RAMP_SD, "speculative") and endpoints(self.cluster, RAMP_SD, "control"),
-                 60, "the ramp SD's simulators")
-        spec = SpeculativeDeploymentSpec.model_validate(self.ramp_sd()["spec"])
-        schedule = make_plan(spec).schedule
-        assert schedule is not None
-        self.console.print("The schedule the operator derived (`specdeploy plan` prints the same; speedup against "
-                           "no speculation, predicted):", highlight=False)
-        for r in schedule.ranges:
-            self.console.print(f"  batch {r.min_batch:>3}–{r.max_batch:<3}  k {r.k}  "
-                               f"{r.speedup_at_min_batch:.2f}× → {r.speedup_at_max_batch:.2f}×", highlight=False)
-        config = next(a for a in _args(self.cluster, RAMP_NAME) if a.startswith("{"))
-        self.console.print(f"rendered into the engine's --speculative-config: {config}", highlight=False)
-        self.show("get", "sd", RAMP_NAME, "-n", NAMESPACE)
-        pods = self.ramp_pods()
-        self.console.print(f"pods: {', '.join(f'{name} (restarts {n})' for name, n in pods.items())}", highlight=False)
-        return pods
-
-    def ramp_watch(self, label: str, until: Callable[[dict[str, Any], dict[str, Any]], bool], seconds: float,
-                   pods: dict[str, int]) -> None:
-        """A line every 2 s: the speculative engine's batch and k, the control's batch, and the SD's status, until
-        `until(sd, speculative engine info)`; fails at once on a rollback, a restart or a new pod."""
-        self.console.print("  ".join(f"{h:>12}" for h in ("time", "load", "spec batch", "k in use", "ctl batch",
-                                                          "speculating", "speedup", "verdict")), highlight=False)
-        started = time.monotonic()
-        while True:
-            obj, info, control = self.ramp_sd(), self.engine_info("speculative"), self.engine_info("control")
-            status = obj.get("status", {})
-            analysis = status.get("analysis") or {}
-            speedup = analysis.get("speedup")
-            row = [f"{time.monotonic() - started:5.0f}s", label, str(info["running"]), str(info["kInUse"]),
-                   str(control["running"]), str((status.get("speculation") or {}).get("active")),
-                   "-" if not speedup else f"{speedup['value']:.2f}×", str(analysis.get("verdict"))]
-            self.console.print("  ".join(f"{cell:>12}" for cell in row), highlight=False)
-            if (status.get("speculation") or {}).get("lastRollback"):
-                raise RuntimeError(f"the ramp SD rolled back: {status['speculation']['lastRollback']}")
-            if (now := self.ramp_pods()) != pods:
-                raise RuntimeError(f"the ramp SD's pods changed: {pods} -> {now}")
-            if until(obj, info):
-                return
-            if time.monotonic() - started > seconds:
-                raise TimeoutError(f"waited {seconds:.0f} s for {label}; status.analysis: {json.dumps(analysis)}")
-            time.sleep(2)
-
-    def ramp_checkpoint(self, what: str, pods: dict[str, int]) -> None:
-        """After a phase: the `kubectl get sd` line, the pods and their restarts, and no rollback."""
-        self.show("get", "sd", RAMP_NAME, "-n", NAMESPACE)
-        now = self.ramp_pods()
-        speculation = self.ramp_sd()["status"].get("speculation") or {}
-        self.console.print(f"{what}: pods {', '.join(f'{name} (restarts {n})' for name, n in now.items())}"
-                           f"{' — the same pods, no restart' if now == pods else ' — CHANGED'}; "
-                           f"rollbacks {speculation.get('rollbacks', 0)}, lastRollback "
-                           f"{speculation.get('lastRollback')}", highlight=False)
-
-    def load_ramp(self) -> None:
-        pods = self.apply_ramp()
-        traffic = _ramp_traffic(self.cluster, RAMP_LOW_QPS)
-        peak: Traffic | None = None
-        try:
-            self.step(f"Low load: {RAMP_LOW_QPS:g} requests/s (~20 running sequences per pod): the engine drafts "
-                      "k = 2, the speculative pod is faster than the control")
-            phase = time.monotonic()
-            window = 15.0
-            self.ramp_watch("low", lambda o, i: i["kInUse"] > 0 and _sampled_after(o, phase + window)
-                            and _speedup_value(o) > 1.15, 120, pods)
-            self.ramp_checkpoint("low load", pods)
-            self.step(f"Peak: +{RAMP_PEAK_QPS:g} requests/s: every pod at maxNumSeqs 320, in the schedule's k = 0 "
-                      "range from 288 — the engine stops drafting by itself, with no restart")
-            peak = _ramp_traffic(self.cluster, RAMP_PEAK_QPS)
-            phase = time.monotonic()
-            self.ramp_watch("peak", lambda o, i: i["kInUse"] == 0 and i["running"] >= 288
-                            and _sampled_after(o, phase + window) and 0 < _speedup_value(o) < 0.9, 150, pods)
-            self.ramp_checkpoint("peak", pods)
-            self.step(f"Back to {RAMP_LOW_QPS:g} requests/s (the peak's clients leave, their unanswered requests "
-                      "cancelled): the batch falls and the engine drafts again. The samples whose 15 s window spans the "
-                      "peak's end may fail (the k = 0 pod ends the peak behind the control); failureLimit 6 outlasts them")
-            peak.stop()
-            phase = time.monotonic()
-            self.ramp_watch("low again", lambda o, i: i["kInUse"] > 0 and i["running"] < 79
-                            and _sampled_after(o, phase + window) and _speedup_value(o) > 1.15, 150, pods)
-            self.ramp_checkpoint("low load again", pods)
-            self.console.print("No restart and no rollback: the schedule switched drafting off and on inside the "
-                               "engine; the analysis judged the same pods throughout.", highlight=False)
-        finally:
-            traffic.stop()
-            if peak is not None:
-                peak.stop()
-
 
 def _condition(obj: dict[str, Any], kind: str) -> str | None:
     return next((c["status"] for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
@@ -334,36 +184,13 @@ def _speedup(value: Any) -> str:
     return "-" if not value else f"{value['value']:.2f}× ({value['low']:.2f}–{value['high']:.2f})"
 
 
-def _speedup_value(obj: dict[str, Any]) -> float:
-    speedup = (obj.get("status", {}).get("analysis") or {}).get("speedup")
-    return float(speedup["value"]) if speedup else 0.0
-
-
-def _sampled_after(obj: dict[str, Any], moment: float) -> bool:
-    """The SD's last sample was taken after `moment` (time.monotonic())."""
-    text = (obj.get("status", {}).get("analysis") or {}).get("lastSampleAt")
-    if not text:
-        return False
-    taken = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    return taken >= time.time() - (time.monotonic() - moment)
-
-
-def _ramp_traffic(cluster: DevCluster, qps: float) -> Traffic:
-    """Whole answers (no streaming: the peak stays cheap for this machine) at temperature 0, short prompts, one
-    long chunk (a chunk waits for its answers before the next starts, which would pause the load). stop() cancels
-    the answers still under way at once: a speculative pod at k = 0 serves fewer requests/s than the control, so
-    after a peak it has the longer queue, and draining it while the control idles would read as a regression."""
-    return Traffic(cluster, RAMP_SD, qps, duration=600, chunk_seconds=600, prompt_tokens="32-64",
-                   output_tokens="16-48", temperature="0", stream=False, drain_seconds=0.0).start()
-
-
 def _alerts(url: str) -> list[dict[str, Any]]:
     answer = httpx.get(f"{url}/api/v2/alerts", params={"filter": f'namespace="{NAMESPACE}"'}, timeout=5)
     return [a for a in answer.json() if a["labels"].get("alertname") == "SpeculationRolledBack"]
 
 
-def _args(cluster: DevCluster, name: str = NAME) -> list[str]:
-    deployment = get_json(cluster, "deployment", name, namespace=NAMESPACE)
+def _args(cluster: DevCluster) -> list[str]:
+    deployment = get_json(cluster, "deployment", NAME, namespace=NAMESPACE)
     return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
 
 
@@ -410,9 +237,6 @@ def run_demo(*, tty: bool, cleanup: bool, state_dir: Path | None) -> int:
         rolled = demo.watch(lambda o: (o["status"].get("speculation") or {}).get("active") is False, 150,
                             "the rollback")
         demo.rollback_story(rolled)
-        traffic.stop()
-        traffic = None
-        demo.load_ramp()
     finally:
         if traffic is not None:
             traffic.stop()
@@ -423,6 +247,5 @@ def run_demo(*, tty: bool, cleanup: bool, state_dir: Path | None) -> int:
             cluster.down()
     if not cleanup and operator is not None:
         console.print(_next_steps(cluster, operator, log))
-    console.print("[bold green]demo finished: speculation was rolled back, with an Event and an alert; and a load "
-                  "peak turned drafting off and on inside the engine, with no restart and no rollback[/]")
+    console.print("[bold green]demo finished: speculation was rolled back, with an Event and an alert[/]")
     return 0

@@ -36,8 +36,6 @@ class Traffic:
     stream: bool = True          # False: whole answers, so a high request rate stays cheap for the client
     #: The words prompts are drawn from; real vLLM serving the stand-in models needs theirs (standins.half_words).
     prompt_words: tuple[str, ...] = PROMPT_WORDS
-    #: How long a chunk waits for its answers after its time (or `stop()`) before it cancels them.
-    drain_seconds: float = 10.0
     on_chunk: Callable[[LoadReport], None] | None = None
     records: list[RequestRecord] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -58,7 +56,7 @@ class Traffic:
             try:
                 report = run_load(targets, self.qps, min(self.chunk_seconds, left), output_tokens=self.output_tokens,
                                   prompt_tokens=self.prompt_tokens, temperature=self.temperature, seed=chunk,
-                                  drain_seconds=self.drain_seconds, stream=self.stream, stop=self._stop,
+                                  drain_seconds=10.0, stream=self.stream, stop=self._stop,
                                   prompt_words=self.prompt_words)
             except httpx.HTTPError:  # a target went away after it was listed (its pod rolled): list again
                 self._stop.wait(0.5)
