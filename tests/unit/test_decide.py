@@ -219,6 +219,18 @@ def test_the_retry_annotation_brings_speculation_back_and_resolves_the_alert() -
     assert actions.children.deployments[Variant.SPECULATIVE]["metadata"]["annotations"][ANNOTATION_SPECULATING] == "true"
 
 
+def test_the_cooldowns_re_enable_says_it_is_on_trial() -> None:
+    body, decided = _rolled_back()
+    body = _after(body, noticed(decided))
+    body["spec"]["analysis"].update({"reenable": "Auto", "cooldown": "1m"})
+    actions = decide(_observed(body, pods=_pods(False)), T0 + timedelta(seconds=121))
+    speculation = actions.status.speculation
+    assert speculation is not None and speculation.decided and speculation.trial
+    rolled = next(c for c in actions.status.conditions if c.type == "RolledBack")
+    assert rolled.reason == "Reenabled" and "on trial (re-enabled by the cooldown: until a Healthy sample, the " \
+        "first failing one rolls it back)" in rolled.message, rolled.message
+
+
 # -- refusals --------------------------------------------------------------------------------------------
 
 def test_a_spec_that_does_not_validate_changes_nothing_and_says_why() -> None:

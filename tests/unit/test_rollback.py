@@ -17,6 +17,7 @@ from specdeploy.api.status import (
     Diagnosis,
     MeanLatency,
     PreviousBaselineStatus,
+    ScheduleCalibration,
     SpeculationStatus,
     Speedup,
 )
@@ -27,6 +28,7 @@ from specdeploy.judgment.reasons import FailureReason, InconclusiveReason, Reena
 from specdeploy.judgment.rollback import (
     MAX_BACKOFF_DOUBLINGS,
     Keep,
+    Reenabled,
     Rollback,
     auto_reenable_at,
     cooldown_seconds,
@@ -223,9 +225,40 @@ def test_rolled_back_records_why_and_counts() -> None:
                                      evidence="P99 … 1.37×"))
     assert rolled_back(after, decision, NOW + timedelta(hours=1)).rollbacks == 2
     assert rolled_back(None, decision, NOW).rollbacks == 1
-    back = reenabled(after, NOW + timedelta(hours=2))
-    assert (back.decided, back.since, back.rollbacks, back.last_rollback) == (
-        True, "2026-03-01T14:00:00Z", 1, after.last_rollback)
+    back = reenabled(after, NOW + timedelta(hours=2), Reenabled(ReenableReason.RETRY_REQUESTED, "…"))
+    assert (back.decided, back.since, back.rollbacks, back.last_rollback, back.trial) == (
+        True, "2026-03-01T14:00:00Z", 1, after.last_rollback, False)
+    assert reenabled(after, NOW, Reenabled(ReenableReason.COOLDOWN_ELAPSED, "…")).trial
+    assert not reenabled(after, NOW, Reenabled(ReenableReason.SPECULATION_SPEC_CHANGED, "…")).trial
+
+
+def test_a_rollback_keeps_the_calibration_so_a_re_enable_comes_back_with_the_calibrated_table() -> None:
+    calibrated = ACTIVE.model_copy(update={"calibration": ScheduleCalibration(key="k", changes=1)})
+    after = rolled_back(calibrated, Rollback(RollbackReason.INTER_TOKEN_LATENCY_REGRESSED, "…"), NOW)
+    assert after.calibration == calibrated.calibration
+
+
+@pytest.mark.parametrize(("trial", "failures", "rolls"), [
+    (True, 1, True),      # on trial: the first failing sample decides
+    (False, 1, False),    # otherwise failureLimit (3) in a row
+    (False, 3, True),
+])
+def test_on_trial_the_first_failing_sample_rolls_back(trial: bool, failures: int, rolls: bool) -> None:
+    speculation = ACTIVE.model_copy(update={"rollbacks": 1, "trial": trial})
+    state = AnalysisStatus(consecutive_failures=failures)
+    failing = Failing(FailureReason.INTER_TOKEN_LATENCY_REGRESSED, "per-token latency +20%")
+    decision = decide(state, failing, analysis(failureLimit=3), trial=speculation)
+    assert isinstance(decision, Rollback) == rolls
+    if trial:
+        assert isinstance(decision, Rollback)
+        assert decision.evidence.startswith("a failing sample on trial (re-enabled by the cooldown after rollback 1")
+        assert decision.evidence.endswith("per-token latency +20%")
+
+
+def test_on_trial_an_inconclusive_sample_decides_nothing() -> None:
+    speculation = ACTIVE.model_copy(update={"rollbacks": 1, "trial": True})
+    quiet = Inconclusive(InconclusiveReason.TOO_FEW_REQUESTS, "3 requests")
+    assert isinstance(decide(AnalysisStatus(), quiet, analysis(), trial=speculation), Keep)
 
 
 @pytest.mark.parametrize(("rollbacks", "seconds"), [(1, 1800), (2, 3600), (3, 7200), (4, 14400),

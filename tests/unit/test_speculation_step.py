@@ -249,6 +249,7 @@ def test_changing_spec_speculation_brings_it_back() -> None:
         "speculation": resource.spec.speculation.model_copy(update={"num_speculative_tokens": 2})})})
     step = step_speculation(changed, speculation, None, True, None, [], T0 + timedelta(minutes=1))
     assert step.speculation.decided and step.reenabled is not None
+    assert not step.speculation.trial, "a re-enable the user asked for is judged as new speculation, no trial"
 
 
 def test_auto_reenable_after_the_cooldown() -> None:
@@ -259,6 +260,27 @@ def test_auto_reenable_after_the_cooldown() -> None:
     assert not early.speculation.decided
     due = step_speculation(resource, speculation, None, True, None, [], at + timedelta(seconds=600))
     assert due.speculation.decided
+
+
+def test_the_cooldowns_re_enable_is_a_trial_the_first_failing_sample_ends_and_a_healthy_one_passes() -> None:
+    resource = _resource({"reenable": "Auto", "cooldown": "10m", "failureLimit": 3})
+    speculation = _rolled_back(resource).model_copy(update={"active": False})
+    at = datetime.fromisoformat(speculation.last_rollback.at.replace("Z", "+00:00"))  # type: ignore[union-attr]
+    due = step_speculation(resource, speculation, None, True, None, [], at + timedelta(minutes=10))
+    assert due.speculation.decided and due.speculation.trial
+
+    regressed = _sample(0.8, itl=0.05, control_itl=0.02)
+    failed = step_speculation(resource, due.speculation, due.analysis, True, regressed, [], at + timedelta(minutes=11))
+    assert failed.rollback is not None, "on trial one failing sample is enough, not failureLimit 3"
+    assert failed.rollback.evidence.startswith("a failing sample on trial (re-enabled by the cooldown after rollback 1")
+    assert not failed.speculation.decided and not failed.speculation.trial and failed.speculation.rollbacks == 2
+
+    faster = _sample(0.8, itl=0.012, control_itl=0.02)
+    passed = step_speculation(resource, due.speculation, due.analysis, True, faster, [], at + timedelta(minutes=11))
+    assert passed.speculation.decided and not passed.speculation.trial
+    after = step_speculation(resource, passed.speculation, passed.analysis, True, regressed, [],
+                             at + timedelta(minutes=12))
+    assert after.rollback is None, "judged Healthy once: failureLimit counts again"
 
 
 def test_a_rejected_generation_changes_nothing() -> None:

@@ -192,6 +192,10 @@ class SpeculationStatus(StatusModel):
     retry_annotation_seen: str | None = Field(
         None, description="The specdeploy.io/retry-speculation value already acted on"
     )
+    trial: bool = Field(
+        False, description="Re-enabled by `reenable: Auto` after the cooldown and not yet judged Healthy: the first "
+        "failing sample rolls it back, not failureLimit in a row"
+    )
     calibration: ScheduleCalibration | None = Field(
         None, description="Auto schedules: the acceptance per draft position the schedule follows")
 

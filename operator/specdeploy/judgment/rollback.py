@@ -6,7 +6,7 @@ is an argument.
         case Rollback(reason, evidence): speculation = rolled_back(status.speculation, decision, now)
         case Keep(): ...
     if (back := reenable(status.speculation, spec.analysis, ...)) is not None:
-        speculation = reenabled(status.speculation, now)
+        speculation = reenabled(status.speculation, now, back)
 
 Counting (docs/analysis.md "Counting"): a Failing sample adds to `consecutiveFailures` and clears
 `consecutiveInconclusive`; an Inconclusive one adds to `consecutiveInconclusive` and leaves the failures
@@ -166,17 +166,23 @@ def next_analysis_state(previous: AnalysisStatus | None, sample: DeploymentSampl
 
 
 def decide(state: AnalysisStatus, result: Verdict, analysis: Analysis,
-           out_of_memory: Sequence[OutOfMemory] = ()) -> Decision:
+           out_of_memory: Sequence[OutOfMemory] = (), *, trial: SpeculationStatus | None = None) -> Decision:
     """Roll back or keep, given the counters after `result` and the speculative pods' OOM deaths.
 
     OOM first (at once, when `checks.rollbackOnOOM`); then `failureLimit` consecutive Failing samples
-    (the current one must be Failing: its evidence is what the rollback reports); then, with
+    (the current one must be Failing: its evidence is what the rollback reports) — or, `trial` (the speculation
+    status of a cooldown's re-enable not yet judged Healthy), the first Failing one; then, with
     `onInconclusive: Rollback`, `inconclusiveLimit` consecutive Inconclusive ones.
     """
     if out_of_memory and analysis.checks.rollback_on_oom:
         more = f" (and {len(out_of_memory) - 1} more)" if len(out_of_memory) > 1 else ""
         return Rollback(RollbackReason.SPECULATIVE_POD_OUT_OF_MEMORY, out_of_memory[0].evidence() + more)
     failures, limit = state.consecutive_failures, analysis.failure_limit
+    if isinstance(result, Failing) and trial is not None and trial.trial:
+        return Rollback(RollbackReason(result.reason.value),
+                        f"a failing sample on trial (re-enabled by the cooldown after rollback {trial.rollbacks}, "
+                        f"not yet judged Healthy: the first failing sample decides, not failureLimit {limit}); "
+                        f"{result.evidence}")
     if isinstance(result, Failing) and failures >= limit:
         return Rollback(RollbackReason(result.reason.value),
                         f"{failures} consecutive failing samples (failureLimit {limit}); the last: {result.evidence}")
@@ -192,18 +198,24 @@ def decide(state: AnalysisStatus, result: Verdict, analysis: Analysis,
 
 
 def rolled_back(speculation: SpeculationStatus | None, decision: Rollback, now: datetime) -> SpeculationStatus:
-    """status.speculation after a rollback: off since now, one more rollback, and why."""
+    """status.speculation after a rollback: off since now, one more rollback, and why. What runs (active, the
+    speculating pods) is as observed, and an Auto schedule's calibration stays: a re-enable comes back with the
+    table last calibrated, not the prior."""
     at = evidence.rfc3339(now)
     rollbacks = (speculation.rollbacks if speculation else 0) + 1
     record = RollbackRecord(at=at, reason=decision.reason.value, evidence=decision.evidence)
-    observed = {"active": speculation.active, "speculating_pods": speculation.speculating_pods} if speculation else {}
-    return SpeculationStatus(decided=False, since=at, rollbacks=rollbacks, last_rollback=record, **observed)
+    kept = {"active": speculation.active, "speculating_pods": speculation.speculating_pods,
+            "calibration": speculation.calibration} if speculation else {}
+    return SpeculationStatus(decided=False, since=at, rollbacks=rollbacks, last_rollback=record, **kept)
 
 
-def reenabled(speculation: SpeculationStatus, now: datetime) -> SpeculationStatus:
+def reenabled(speculation: SpeculationStatus, now: datetime, back: Reenabled) -> SpeculationStatus:
     """status.speculation when speculation comes back: on since now; the rollback count and record stay
-    (they set the next cooldown and tell the story)."""
-    return speculation.model_copy(update={"decided": True, "since": evidence.rfc3339(now)})
+    (they set the next cooldown and tell the story). A re-enable by the cooldown is a trial: nothing measured
+    that the cause of the rollback is gone, so the first failing sample takes it back (`decide`); one the
+    user asked for (the annotation, a changed spec) is judged as any new speculation."""
+    return speculation.model_copy(update={"decided": True, "since": evidence.rfc3339(now),
+                                          "trial": back.reason == ReenableReason.COOLDOWN_ELAPSED})
 
 
 def speculation_hash(speculation: Speculation) -> str:

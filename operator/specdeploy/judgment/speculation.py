@@ -189,7 +189,8 @@ def step_speculation(
                 retry_annotation=annotation, retry_annotation_seen=speculation.retry_annotation_seen,
             )
             if back is not None:
-                speculation = reenabled(speculation, now).model_copy(update={"retry_annotation_seen": annotation})
+                speculation = reenabled(speculation, now, back).model_copy(
+                    update={"retry_annotation_seen": annotation})
                 analysis = (analysis or AnalysisStatus()).model_copy(
                     update={"consecutive_failures": 0, "consecutive_inconclusive": 0})
     if not speculation.decided:
@@ -216,7 +217,9 @@ def step_speculation(
     else:  # an OOM death between samples: decide on it alone, counters unchanged
         result = Inconclusive(InconclusiveReason.NO_DATA, "no sample in this reconcile")
         state = analysis or AnalysisStatus()
-    decision = decide(state, result, spec.analysis, deaths)
+    decision = decide(state, result, spec.analysis, deaths, trial=speculation)
+    if speculation.trial and isinstance(result, Healthy):     # judged: from now on failureLimit counts
+        speculation = speculation.model_copy(update={"trial": False})
     if isinstance(decision, Rollback) and (where := schedule_at_load(plan, sample)) is not None:
         decision = dataclasses.replace(decision, evidence=f"{decision.evidence}; {where}")
     if isinstance(decision, Rollback):

@@ -287,8 +287,10 @@ def _rolled_back(speculation: SpeculationStatus) -> tuple[ConditionStatus, str, 
     if record is None:
         return ConditionStatus.FALSE, Reason.NOT_ROLLED_BACK, "speculation has not been rolled back"
     if speculation.decided:
+        trial = (" on trial (re-enabled by the cooldown: until a Healthy sample, the first failing one rolls it "
+                 "back)" if speculation.trial else "")
         return ConditionStatus.FALSE, Reason.REENABLED, (
-            f"speculating again since {speculation.since}; the last rollback ({record.reason}, {record.at}): "
+            f"speculating again since {speculation.since}{trial}; the last rollback ({record.reason}, {record.at}): "
             f"{record.evidence}"
         )
     if speculation.active:
