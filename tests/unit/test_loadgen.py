@@ -151,10 +151,10 @@ def test_a_run_against_two_simulators_spreads_the_load_and_measures_it(stream: b
     assert sorted(report.by_target.values()) in ([report.sent // 2, report.sent - report.sent // 2],)
     assert report.output_tokens == 24 * report.ok
     if stream:
-        assert 0 < report.ttft.p50 < report.e2e.p50 < 2.0
+        assert 0 < report.ttft.p50 < report.e2e.p50 < 10.0    # answered, not hung: within the drain
         assert report.tpot.p50 > 0 and report.itl.count > 0
     else:  # whole answers: no first token nor chunk gaps to time, only end to end
-        assert 0 < report.e2e.p50 < 2.0 and report.e2e.count == report.ok
+        assert 0 < report.e2e.p50 < 10.0 and report.e2e.count == report.ok
         assert report.ttft.count == report.tpot.count == report.itl.count == 0
     assert report.duration < 2.0 + 10
 
