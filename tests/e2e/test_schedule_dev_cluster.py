@@ -1,29 +1,20 @@
-"""spec.speculation.schedule on the dev cluster (issue 15): an `Auto` schedule under a load ramp, and a schedule
-that hurts at every load.
+"""spec.speculation.schedule on the dev cluster (issue 15): an `Auto` schedule at low load, and a schedule that
+hurts at every load.
 
-Auto. Llama-3.3-70B (TP 4, H100) with Llama-3.1-8B drafting, maxNumSeqs 300. The operator derives k 2 on 1–78,
-k 1 on 79–287 and k 0 on 288–300 (`specdeploy plan`): the only reasonable catalog pair found whose Auto table
-drafts nothing within a few hundred sequences (the 8B targets with a small draft never fall to k = 0: their best
-k stays above the 0.80× of a k = 0 step). At 1 request/s per pod the speculative pod runs a handful of
-sequences at k 2 and is ~1.5× faster per token than the control (simulator, acceptance 0.48 at k 2, i.e. the
-prior's α 0.6, so the measured acceptance agrees with the prior and calibration keeps the table). The high load
-overloads both pods (≈22 requests/s per pod against ≈20 they serve): each runs maxNumSeqs sequences, the
-speculative one at k 0, after a burst that fills both at once — climbing slowly through 79–287 would run k 1
-where the simulator prices it at 0.65× (short contexts make the steps compute-bound sooner than the planner's
-1,024 tokens), which is vllm#49548's threshold problem, not what this test is about.
+Auto. Llama-3.3-70B (TP 4, H100) with Llama-3.1-8B drafting, maxNumSeqs 300, vLLM. The operator derives k 2 on
+1–78, k 1 on 79–287 and k 0 on 288–300 (`specdeploy plan`). At 1 request/s per pod the speculative pod runs a
+handful of sequences at k 2 and is ~1.5× faster per token than the control (simulator, acceptance 0.48 at k 2,
+i.e. the prior's α 0.6, so the measured acceptance agrees with the prior and calibration keeps the table). Every
+other simulator knob is its default: in the k 2 range zeroDraftOverhead (vLLM's k = 0 cost) plays no part.
 
-The simulator's `zeroDraftOverhead` is 0 here: a k = 0 step costs what a step without speculation costs. With
-its default 0.25 (vllm#49986's 20–31% for the drafter's forward pass still running) a pod held in the k = 0
-range is 0.8× the control, and the default maxP99InterTokenLatencyRatio 1.10 rolls it back: the schedule only
-avoids the k-drafting loss, the rollback still owns the k = 0 cost (docs/schedules.md, "The cost of k = 0").
+No high-load test: "no loss at high load" cannot hold for vLLM (a k = 0 step still runs the drafter, 20–31% over
+no speculation, vllm#49986; the rollback owns a vLLM pod held in a k = 0 range), and for TensorRT-LLM, whose
+k = 0 is free, the dev cluster's load generator did not hold both pods at maxNumSeqs for the 45 s a sample
+needs. What was measured is in docs/schedules.md, "What the dev-cluster e2e shows".
 
 The hurting schedule. Llama-3.1-8B with Llama-3.2-1B, `mode: Table` at k 4 on every batch size, and an
 acceptance of 0.02: every step drafts 4 tokens for ~1 — slower at every load. It is rolled back at low load and
 at high load.
-
-State: the low-load half and the hurting table pass (measured: speedup 1.49, interval 1.46-1.52, in 44 s; the
-hurting table rolls back on InterTokenLatencyRegressed at 2 and 16 requests/s, speedups 0.64 and 0.57, ~40 s each).
-The high-load half is skipped (HIGH_LOAD_OPEN says why).
 
 Analysis interval/window/minRequests are shortened (5 s / 30 s / 10) so a phase takes tens of seconds, not the
 5-minute default window; every other analysis setting is the default.
@@ -51,11 +42,16 @@ from specdeploy.devcluster.waiters import get_json, wait_for_object
 pytestmark = pytest.mark.e2e
 
 AUTO_NAME = "llama-auto"
-AUTO_KNOBS = json.dumps({"acceptance": 0.48, "zeroDraftOverhead": 0})
-AUTO_SD = f"""
+# The measured acceptance at the prior's (0.48 at k 2: the prior's α 0.6), so calibration keeps the table.
+# Every other simulator knob is its default, zeroDraftOverhead (vLLM's k = 0 cost) included.
+AUTO_KNOBS = json.dumps({"acceptance": 0.48})
+
+
+def _auto_sd(name: str) -> str:
+    return f"""
 apiVersion: specdeploy.io/v1alpha1
 kind: SpeculativeDeployment
-metadata: {{name: {AUTO_NAME}}}
+metadata: {{name: {name}}}
 spec:
   replicas: 1
   engine:
@@ -74,11 +70,11 @@ spec:
     minRequests: 10
     baseline: {{mode: Control, controlReplicas: 1}}
 """
-WINDOW_S = 30
-# Requests/s over both pods. Low: ~7 sequences per pod at k 2. High: a burst of 300 per pod, then more than
-# the ~20/s per pod they serve at 300 sequences of ~600 tokens, so both stay at maxNumSeqs.
+
+
+AUTO_SD = _auto_sd(AUTO_NAME)
+# Requests/s over both pods: ~7 sequences per pod, in the k 2 range.
 LOW_QPS = 2
-HIGH_QPS = "0-4s:150,4-600s:44"
 
 HURT_NAME = "llama-hurt"
 HURT_KNOBS = json.dumps({"acceptance": 0.02})
@@ -149,7 +145,7 @@ def _info(cluster: DevCluster, sd: str, variant: str) -> dict[str, Any]:
 
 def _traffic(cluster: DevCluster, sd: str, qps: float | str) -> Traffic:
     """Whole answers at temperature 0 (the acceptance knob is then the measured rate), short prompts and ~600
-    tokens out: 300 sequences fit the speculative pod's KV cache (282,208 tokens) and keep it at maxNumSeqs."""
+    tokens out."""
     return Traffic(cluster, sd, qps=qps, duration=600, chunk_seconds=600, prompt_tokens="50-150",
                    output_tokens="500-700", temperature="0", stream=False).start()
 
@@ -179,39 +175,30 @@ def _speedup(analysis: dict[str, Any]) -> dict[str, Any]:
     return dict(analysis.get("speedup") or {})
 
 
-HIGH_LOAD_OPEN = (
-    "issue 15: the high-load phase is not reliable yet. Under the overload both pods sit at maxNumSeqs and the "
-    "speculative one drafts 0 (checked through /admin/info), its per-token speedup 1.11 (95% interval 0.81-1.53) "
-    "in one run, but one run in three rolled back on TimeToFirstTokenRegressed (the draft's prefill and the climb "
-    "through the k 1 range), and the acceptance floor is then taken at k=3 at the observed batch (0.77 vs a "
-    "measured 0.52). Needs a decision on what 'no loss at high load' means for TTFT and the floor.")
+def _planned_table(manifest: str, tmp_path: Path) -> list[list[int]]:
+    """[[minBatch, maxBatch, k], ...] of the plan's speculationSchedule."""
+    return [[r["minBatch"], r["maxBatch"], r["k"]] for r in _planned(manifest, tmp_path)["speculationSchedule"]]
+
+
+def _start(dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any], manifest: str,
+           name: str) -> str:
+    analysing_operator()
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+    sd = f"{namespace}/{name}"
+    wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 120,
+             "both variants' simulators")
+    return sd
 
 
 def test_an_auto_schedule_renders_the_derived_table_and_speeds_up_low_load_without_a_rollback(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any], tmp_path: Path
 ) -> None:
-    _auto_ramp(dev_cluster, namespace, analysing_operator, tmp_path, high_load=False)
-
-
-@pytest.mark.skip(reason=HIGH_LOAD_OPEN)
-def test_an_auto_schedule_drafts_nothing_at_high_load_without_a_loss_or_a_rollback(
-    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any], tmp_path: Path
-) -> None:
-    _auto_ramp(dev_cluster, namespace, analysing_operator, tmp_path, high_load=True)
-
-
-def _auto_ramp(dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any], tmp_path: Path,
-               high_load: bool) -> None:
     started = time.monotonic()
-    analysing_operator()
-    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=AUTO_SD)
-    sd = f"{namespace}/{AUTO_NAME}"
-    wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 120,
-             "both variants' simulators")
+    sd = _start(dev_cluster, namespace, analysing_operator, AUTO_SD, AUTO_NAME)
 
-    # (a) The speculative pod runs the table the planner derives, with a k = 0 range the high load reaches.
-    planned = [[r["minBatch"], r["maxBatch"], r["k"]] for r in _planned(AUTO_SD, tmp_path)["speculationSchedule"]]
-    assert planned[-1][2] == 0 and planned[-1][0] <= 300 and planned[0][2] > 0, planned
+    # (a) The speculative pod runs the table the planner derives, in vLLM's --speculative-config.
+    planned = _planned_table(AUTO_SD, tmp_path)
+    assert planned[0][:2] == [1, 78] and planned[0][2] == 2, planned
     config, _ = _engine_table(dev_cluster, AUTO_NAME, namespace)
     assert config["num_speculative_tokens_per_batch_size"] == planned, config
     assert config["num_speculative_tokens"] == max(k for _, _, k in planned)
@@ -221,49 +208,19 @@ def _auto_ramp(dev_cluster: DevCluster, namespace: str, analysing_operator: Call
     info = _info(dev_cluster, sd, "speculative")
     assert info["kSchedule"]["fromBatchSize"] == [[first, k] for first, _, k in planned], info
 
-    # (b) Low load: faster than the control, with confidence.
+    # (b) Low load: faster than the control, with confidence, and no rollback.
     low = _traffic(dev_cluster, sd, LOW_QPS)
     try:
         quiet = _samples(dev_cluster, AUTO_NAME, namespace, lambda a: _speedup(a).get("low", 0) > 1.0, 2, 120,
                          "two samples at low load whose speedup interval is above 1")
-        assert _info(dev_cluster, sd, "speculative")["running"] <= 78     # k 2's range
+        now = _info(dev_cluster, sd, "speculative")
+        assert now["running"] <= planned[0][1] and now["kInUse"] == planned[0][2], now     # k 2's range
     finally:
         low.stop()
-    low_speedup = _speedup(quiet[-1])
-    low_done = time.monotonic()
-    if not high_load:
-        speculation = _speculation(_sd(dev_cluster, AUTO_NAME, namespace))
-        assert speculation.get("rollbacks", 0) == 0 and speculation["decided"] is True, speculation
-        print(f"auto schedule {planned}: low-load speedup {low_speedup}; {low_done - started:.0f} s")
-        return
-
-    # (c) High load: both pods at maxNumSeqs, the speculative one drafting nothing, and no loss.
-    high = _traffic(dev_cluster, sd, HIGH_QPS)
-    try:
-        def saturated() -> bool:
-            now = _info(dev_cluster, sd, "speculative")
-            return bool(now["running"] >= planned[-1][0] and now["kInUse"] == 0)
-
-        wait_for(saturated, 60, "the speculative pod at maxNumSeqs, drafting nothing", interval=0.5,
-                 describe=lambda: json.dumps(_info(dev_cluster, sd, "speculative")))
-        full = time.time()
-        busy = _samples(dev_cluster, AUTO_NAME, namespace, lambda a: bool(_speedup(a)), 2, 90,
-                        "two samples whose window lies wholly at high load", after=full + WINDOW_S)
-    finally:
-        high.stop()
-    print("high-load samples:", json.dumps([_speedup(a) for a in busy]))
-    for analysis in busy:
-        assert analysis.get("verdict") != "Failing", analysis
-        # Not significantly below 1: a k 1 or k 2 step at 300 sequences would be ~0.6× the control.
-        assert _speedup(analysis)["high"] >= 1.0, analysis
-
-    # (d) No rollback at any point.
-    obj = _sd(dev_cluster, AUTO_NAME, namespace)
-    speculation = _speculation(obj)
-    assert speculation.get("rollbacks", 0) == 0 and speculation["decided"] is True and speculation["active"] is True
-    print(f"auto schedule {planned}: low-load speedup {low_speedup}, high-load speedups "
-          f"{[_speedup(a) for a in busy]}; low phase done at {low_done - started:.0f} s, "
-          f"whole test {time.monotonic() - started:.0f} s")
+    speculation = _speculation(_sd(dev_cluster, AUTO_NAME, namespace))
+    assert speculation.get("rollbacks", 0) == 0 and speculation["decided"] is True, speculation
+    print(f"vllm auto schedule {planned}: low-load speedups {[_speedup(a) for a in quiet]}; "
+          f"{time.monotonic() - started:.0f} s")
 
 
 @pytest.mark.parametrize("qps", [2, 16], ids=["low-load", "high-load"])
