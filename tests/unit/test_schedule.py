@@ -139,6 +139,24 @@ def test_a_larger_target_stops_drafting_where_no_k_pays() -> None:
     assert 200 < zero.min_batch < 400
 
 
+def test_tensorrt_llm_drafts_zero_where_no_k_beats_no_speculation_for_its_k_zero_is_free() -> None:
+    """TensorRT-LLM skips the drafter past its schedule, so its k = 0 is no speculation (1.0×), not vLLM's 0.80×:
+    the same 70B + 8B pair stops drafting where k 1 stops paying, well before vLLM's table does, and no range
+    that drafts is predicted below 1×."""
+    def table(engine: str) -> tuple[Any, ...]:
+        spec = make_spec(model=LLAMA_70B.name, draft=LLAMA_8B.name, k=3, max_num_seqs=300, tp=4, engine=engine,
+                         schedule={"mode": "Auto"})
+        schedule = speculation_schedule(spec, LLAMA_70B, LLAMA_8B, find_gpu("H100-80GB"))
+        return schedule.ranges
+
+    vllm, trtllm = table("vllm"), table("trtllm")
+    assert [r.k for r in vllm] == [r.k for r in trtllm] == [2, 1, 0]
+    assert trtllm[-1].min_batch < vllm[-1].min_batch
+    assert trtllm[-1].speedup_at_min_batch == 1.0 and vllm[-1].speedup_at_min_batch == ZERO_K_SPEEDUP
+    assert all(r.speedup_at_max_batch >= 1.0 for r in trtllm if r.k > 0)
+    assert vllm[1].speedup_at_max_batch < 1.0      # vLLM drafts k 1 at a loss rather than pay its k = 0
+
+
 # --- properties ------------------------------------------------------------------------------------------
 
 

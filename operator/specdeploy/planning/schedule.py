@@ -15,6 +15,7 @@ a step at k = 0 gives. The acceptance is the catalog's prior per method until a 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from specdeploy.api.spec import Quantization, ScheduleMode, SpeculativeDeploymentSpec
+from specdeploy.api.spec import EngineKind, Quantization, ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import ScheduleCalibration
 from specdeploy.engines.base import BatchK
 from specdeploy.planning.acceptance import expected_tokens_from_positions, prior_position_acceptance
@@ -38,6 +39,12 @@ as soon as the best k loses more than the mildest measured k = 0 cost. Turning s
 (1.0) needs a restart, which the schedule cannot do; that is the rollback's job."""
 
 ZERO_K_SPEEDUP = 1.0 - ZERO_K_SLOWDOWN
+
+ZERO_K_SPEEDUP_BY_ENGINE = {EngineKind.TRTLLM: 1.0}
+"""Engines whose k = 0 costs nothing: TensorRT-LLM skips the drafter for an iteration past `max_concurrency` or
+`draft_len_schedule`'s largest threshold (tensorrt_llm/_torch/speculative/drafter.py, `should_use_spec_decode`),
+so its table drafts 0 as soon as no k beats no speculation at all. vLLM (and SGLang, whose adaptive tiers never
+reach 0) keep ZERO_K_SPEEDUP."""
 
 
 @dataclass(frozen=True)
@@ -86,10 +93,16 @@ class SpeculationSchedule:
 
 
 def step_speedup(cost: SpeculationCost, position_acceptance: Sequence[float], batch: int, k: int) -> float:
-    """The predicted speedup at `batch` running sequences drafting `k` tokens; ZERO_K_SPEEDUP at k = 0."""
+    """The predicted speedup at `batch` running sequences drafting `k` tokens; at k = 0 the engine's cost of a step
+    that drafts nothing (`zero_k_speedup`)."""
     if k == 0:
-        return ZERO_K_SPEEDUP
+        return zero_k_speedup(cost)
     return cost.speedup_for_tokens(batch, expected_tokens_from_positions(position_acceptance, k), k)
+
+
+def zero_k_speedup(cost: SpeculationCost) -> float:
+    """A step drafting 0 tokens inside a schedule ÷ the same step without speculation, for the cost's engine."""
+    return cost.zero_k_speedup if cost.zero_k_speedup is not None else ZERO_K_SPEEDUP
 
 
 def best_k_at(cost: SpeculationCost, position_acceptance: Sequence[float], batch: int, max_k: int) -> int:
@@ -98,7 +111,7 @@ def best_k_at(cost: SpeculationCost, position_acceptance: Sequence[float], batch
     def speedup_at(k: int) -> float:
         return step_speedup(cost, position_acceptance, batch, k)
 
-    if max(speedup_at(k) for k in range(1, max_k + 1)) <= ZERO_K_SPEEDUP:
+    if max(speedup_at(k) for k in range(1, max_k + 1)) <= zero_k_speedup(cost):
         return 0
     return knee(speedup_at, max_k)
 
@@ -155,8 +168,10 @@ def table_schedule(
 
 def schedule_cost(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None,
                   gpu: GpuProduct | None) -> SpeculationCost:
-    """The roofline's costs a schedule of `spec` is derived from, on `gpu` (None: REFERENCE_GPU)."""
-    return speculation_cost(spec, target, draft, gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU])
+    """The roofline's costs a schedule of `spec` is derived from, on `gpu` (None: REFERENCE_GPU), with its engine's
+    cost of a step that drafts nothing."""
+    cost = speculation_cost(spec, target, draft, gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU])
+    return dataclasses.replace(cost, zero_k_speedup=ZERO_K_SPEEDUP_BY_ENGINE.get(spec.engine.kind, ZERO_K_SPEEDUP))
 
 
 def calibration_key(spec: SpeculativeDeploymentSpec) -> str:

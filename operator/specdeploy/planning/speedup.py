@@ -99,6 +99,7 @@ class SpeculationCost:
     gpu: GpuProduct
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
     draft_pass_overhead_s: float = DRAFT_PASS_OVERHEAD_S
+    zero_k_speedup: float | None = None     # a schedule's k = 0 step ÷ no speculation; None: planning.schedule's
 
     def baseline_step_seconds(self, batch: int) -> float:
         """One engine step without speculation: one token per sequence."""
