@@ -40,7 +40,13 @@ from enum import StrEnum
 
 from specdeploy.api.spec import ScheduleMode
 from specdeploy.judgment.samples import PositionCounts
-from specdeploy.planning.schedule import ScheduleRange, SpeculationSchedule, derive_schedule, step_speedup
+from specdeploy.planning.schedule import (
+    ScheduleRange,
+    SpeculationSchedule,
+    derive_schedule,
+    k_at,
+    step_speedup,
+)
 from specdeploy.planning.speedup import SpeculationCost
 
 Z_95 = 1.959963984540054
@@ -265,11 +271,6 @@ def acceptance_per_position(
     return tuple(estimates)
 
 
-def _k_at(ranges: Sequence[ScheduleRange], batch: int) -> int:
-    """The k a table drafts at `batch`; past its last range, the last range's (as vLLM reads a table)."""
-    return next((r.k for r in ranges if r.min_batch <= batch <= r.max_batch), ranges[-1].k)
-
-
 def compare(
     cost: SpeculationCost, acceptance: Sequence[float], before: Sequence[ScheduleRange],
     after: Sequence[ScheduleRange], max_num_seqs: int,
@@ -279,10 +280,10 @@ def compare(
     ends = [start - 1 for start in starts[1:]] + [max_num_seqs]
 
     def speedup(ranges: Sequence[ScheduleRange], batch: int) -> float:
-        return step_speedup(cost, acceptance, batch, _k_at(ranges, batch))
+        return step_speedup(cost, acceptance, batch, k_at(ranges, batch))
 
     return tuple(
-        RangeComparison(start, end, _k_at(before, start), _k_at(after, start),
+        RangeComparison(start, end, k_at(before, start), k_at(after, start),
                         speedup(before, start), speedup(before, end), speedup(after, start), speedup(after, end))
         for start, end in zip(starts, ends, strict=True)
     )
@@ -325,8 +326,8 @@ def calibrate(
     acceptance = tuple(p.rate for p in positions)
     derived = derive_schedule(cost, acceptance, max_k, max_num_seqs)
     observed = min(max(round(batch), 1), max_num_seqs) if math.isfinite(batch) else 1
-    before = step_speedup(cost, acceptance, observed, _k_at(current.ranges, observed))
-    after = step_speedup(cost, acceptance, observed, _k_at(derived, observed))
+    before = step_speedup(cost, acceptance, observed, k_at(current.ranges, observed))
+    after = step_speedup(cost, acceptance, observed, k_at(derived, observed))
     gain = after / before - 1.0
     decision = CalibrationDecision(
         change=False, reason=None, evidence=evidence, positions=positions, acceptance=acceptance, schedule=derived,

@@ -48,7 +48,7 @@ from specdeploy.judgment.verdict import (
 )
 from specdeploy.planning.acceptance_floor import FIXED, acceptance_floor
 from specdeploy.planning.plan import Plan
-from specdeploy.planning.schedule import ScheduleRange
+from specdeploy.planning.schedule import ScheduleRange, k_at
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def schedule_at_load(plan: Plan | None, sample: DeploymentSample | None) -> str 
     if found is None or batch is None:
         return None
     table, at = found
-    drafted = next(r.k for r in table if r.min_batch <= at <= r.max_batch)
+    drafted = k_at(table, at)
     where = f"k {drafted}" if drafted else "k 0, drafting off in the engine"
     return f"at {evidence.number(batch, 1)} running requests per pod the schedule drafts {where} (table {table_text(table)})"
 

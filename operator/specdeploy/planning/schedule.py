@@ -92,6 +92,11 @@ class SpeculationSchedule:
         return [r.to_wire() for r in self.ranges]
 
 
+def k_at(ranges: Sequence[ScheduleRange], batch: int) -> int:
+    """The k a table drafts at `batch`; past its last range, the last range's (as vLLM reads a table)."""
+    return next((r.k for r in ranges if r.min_batch <= batch <= r.max_batch), ranges[-1].k)
+
+
 def step_speedup(cost: SpeculationCost, position_acceptance: Sequence[float], batch: int, k: int) -> float:
     """The predicted speedup at `batch` running sequences drafting `k` tokens; at k = 0 the engine's cost of a step
     that drafts nothing (`zero_k_speedup`)."""
