@@ -45,13 +45,10 @@ AUTO_NAME = "llama-auto"
 # The measured acceptance at the prior's (0.48 at k 2: the prior's α 0.6), so calibration keeps the table.
 # Every other simulator knob is its default, zeroDraftOverhead (vLLM's k = 0 cost) included.
 AUTO_KNOBS = json.dumps({"acceptance": 0.48})
-
-
-def _auto_sd(name: str) -> str:
-    return f"""
+AUTO_SD = f"""
 apiVersion: specdeploy.io/v1alpha1
 kind: SpeculativeDeployment
-metadata: {{name: {name}}}
+metadata: {{name: {AUTO_NAME}}}
 spec:
   replicas: 1
   engine:
@@ -71,8 +68,6 @@ spec:
     baseline: {{mode: Control, controlReplicas: 1}}
 """
 
-
-AUTO_SD = _auto_sd(AUTO_NAME)
 # Requests/s over both pods: ~7 sequences per pod, in the k 2 range.
 LOW_QPS = 2
 
@@ -120,12 +115,12 @@ def _sample_time(analysis: dict[str, Any]) -> float:
     return datetime.fromisoformat(analysis["lastSampleAt"].replace("Z", "+00:00")).timestamp()
 
 
-def _engine_table(cluster: DevCluster, name: str, namespace: str) -> tuple[dict[str, Any], list[str]]:
-    """The speculative Deployment's --speculative-config, and its args."""
+def _engine_table(cluster: DevCluster, name: str, namespace: str) -> dict[str, Any]:
+    """The speculative Deployment's --speculative-config."""
     args = get_json(cluster, "deployment", name, namespace=namespace)["spec"]["template"]["spec"]["containers"][0]["args"]
     config = next(arg.split("=", 1)[1] if arg.startswith("--speculative-config=") else args[i + 1]
                   for i, arg in enumerate(args) if arg.split("=", 1)[0] == "--speculative-config")
-    return json.loads(config), args
+    return dict(json.loads(config))
 
 
 def _planned(manifest: str, tmp_path: Path) -> dict[str, Any]:
@@ -199,7 +194,7 @@ def test_an_auto_schedule_renders_the_derived_table_and_speeds_up_low_load_witho
     # (a) The speculative pod runs the table the planner derives, in vLLM's --speculative-config.
     planned = _planned_table(AUTO_SD, tmp_path)
     assert planned[0][:2] == [1, 78] and planned[0][2] == 2, planned
-    config, _ = _engine_table(dev_cluster, AUTO_NAME, namespace)
+    config = _engine_table(dev_cluster, AUTO_NAME, namespace)
     assert config["num_speculative_tokens_per_batch_size"] == planned, config
     assert config["num_speculative_tokens"] == max(k for _, _, k in planned)
     control_args = get_json(dev_cluster, "deployment", f"{AUTO_NAME}-control",
@@ -228,12 +223,8 @@ def test_a_schedule_that_hurts_at_every_load_is_rolled_back(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any], qps: float
 ) -> None:
     started = time.monotonic()
-    analysing_operator()
-    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=HURT_SD)
-    sd = f"{namespace}/{HURT_NAME}"
-    wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 120,
-             "both variants' simulators")
-    config, _ = _engine_table(dev_cluster, HURT_NAME, namespace)
+    sd = _start(dev_cluster, namespace, analysing_operator, HURT_SD, HURT_NAME)
+    config = _engine_table(dev_cluster, HURT_NAME, namespace)
     assert config["num_speculative_tokens_per_batch_size"] == [[1, 16, 4], [17, 64, 4]], config
     speedups: list[dict[str, Any]] = []
 
@@ -257,6 +248,8 @@ def test_a_schedule_that_hurts_at_every_load_is_rolled_back(
     assert speculation["decided"] is False and speculation["rollbacks"] >= 1, speculation
     record = speculation["lastRollback"]
     assert record["reason"] and record["evidence"], record
+    # Under a schedule the evidence names the load it lost at and the k drafted there.
+    assert "running requests per pod the schedule drafts k 4 (table 1–16: k 4, 17–64: k 4)" in record["evidence"], record
     args = get_json(dev_cluster, "deployment", HURT_NAME, namespace=namespace)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--speculative-config" not in " ".join(args)
     # Whatever the reason that came first, the pods were slower than the control whenever it was measured.
