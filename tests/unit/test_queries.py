@@ -95,12 +95,17 @@ ENGINE_TIME = {Signal.PREFILL_TIME_SUM_SERIES, Signal.PREFILL_TIME_COUNT_SERIES,
 """vLLM's own histograms of the time without the queue; SGLang and TensorRT-LLM are judged on TTFT (E2E) − queue."""
 
 PER_POSITION = {
-    EngineKind.VLLM: {Signal.DRAFTS, Signal.ACCEPTED_PER_POSITION},
-    EngineKind.TRTLLM: {Signal.ACCEPTED_PER_POSITION, Signal.DRAFTED_PER_POSITION},
+    EngineKind.VLLM: {Signal.DRAFTS, Signal.ACCEPTED_PER_POSITION, Signal.LATEST_DRAFTS,
+                      Signal.LATEST_ACCEPTED_PER_POSITION},
+    EngineKind.TRTLLM: {Signal.ACCEPTED_PER_POSITION, Signal.DRAFTED_PER_POSITION, Signal.LATEST_ACCEPTED_PER_POSITION,
+                        Signal.LATEST_DRAFTED_PER_POSITION},
     EngineKind.SGLANG: set(),
 }
-"""The calibration's evidence per engine: vLLM counts drafts as a whole, TensorRT-LLM per position, SGLang not at all."""
-CALIBRATION = {Signal.DRAFTS, Signal.ACCEPTED_PER_POSITION, Signal.DRAFTED_PER_POSITION}
+"""The calibration's evidence per engine, over the window and its latest slice: vLLM counts drafts as a whole,
+TensorRT-LLM per position, SGLang not at all."""
+CALIBRATION = {Signal.DRAFTS, Signal.ACCEPTED_PER_POSITION, Signal.DRAFTED_PER_POSITION, Signal.LATEST_DRAFTS,
+               Signal.LATEST_ACCEPTED_PER_POSITION, Signal.LATEST_DRAFTED_PER_POSITION}
+LATEST = {Signal.LATEST_DRAFTS, Signal.LATEST_ACCEPTED_PER_POSITION, Signal.LATEST_DRAFTED_PER_POSITION}
 
 
 def _answered(engine: EngineKind) -> list[Signal]:
@@ -120,6 +125,8 @@ def test_every_engine_answers_every_signal_with_one_grouped_query(engine: Engine
             assert query.promql.count(SELECTOR) == 1
         elif query.signal == Signal.PODS:   # the pods reporting now
             assert "[" not in query.promql and query.promql.count(SELECTOR) == 1
+        elif query.signal in LATEST:        # the window's latest slice
+            assert query.promql.count("[30s]") == query.promql.count(SELECTOR) == 1
         else:
             assert query.promql.count("[5m]") == query.promql.count(SELECTOR) >= 1
 
@@ -234,6 +241,10 @@ def test_only_the_slice_series_are_answered_by_a_range(signal: Signal) -> None:
      f"sum by ({GROUP_LABELS}, token_position) (increase(trtllm_spec_decode_accepted_tokens_total{SELECTOR}[5m]))"),
     (EngineKind.TRTLLM, Signal.DRAFTED_PER_POSITION,
      f"sum by ({GROUP_LABELS}, token_position) (increase(trtllm_spec_decode_drafted_tokens_total{SELECTOR}[5m]))"),
+    (EngineKind.VLLM, Signal.LATEST_DRAFTS,
+     f"sum by ({GROUP_LABELS}) (increase(vllm:spec_decode_num_drafts_total{SELECTOR}[30s]))"),
+    (EngineKind.TRTLLM, Signal.LATEST_DRAFTED_PER_POSITION,
+     f"sum by ({GROUP_LABELS}, token_position) (increase(trtllm_spec_decode_drafted_tokens_total{SELECTOR}[30s]))"),
 ])
 def test_the_calibration_reads_counts_per_position_over_the_window(engine: EngineKind, signal: Signal,
                                                                      text: str) -> None:

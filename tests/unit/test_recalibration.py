@@ -10,14 +10,19 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from analysis_samples import T0, sample
+from analysis_samples import T0, cumulative, sample
 
 from specdeploy.api import names
 from specdeploy.api.resource import SpeculativeDeployment, parse_resource
 from specdeploy.api.status import SpeculativeDeploymentStatus
 from specdeploy.controller.reconciler import plan_resource
 from specdeploy.judgment import recalibration
-from specdeploy.judgment.calibration import MIN_PERIOD_SECONDS, CalibrationDecision, KeepReason
+from specdeploy.judgment.calibration import (
+    MIN_PERIOD_SECONDS,
+    CalibrationDecision,
+    KeepReason,
+    acceptance_now,
+)
 from specdeploy.judgment.recalibration import RECALIBRATED, recalibrate
 from specdeploy.judgment.samples import DeploymentSample, Signal
 from specdeploy.judgment.speculation import schedule_at_load, step_speculation
@@ -374,3 +379,95 @@ def test_the_acceptance_floor_under_a_table_is_the_break_even_of_the_k_drafted_a
 def test_the_acceptance_floor_of_a_fixed_schedule_is_at_numspeculativetokens() -> None:
     step = _judged(_speculating(mode="Fixed"), sample(0.6, k=5, running=20.0))
     assert "k=5 " in step.analysis.acceptance_floor_basis
+
+
+# -- when acceptance moves within the window: the latest slice's counts, and a loss the model states ----------------
+
+LATEST_JITTER = (0.0,) * 9 + (0.6,)
+"""The speculative pods' per-token latency steady through the window, then 60% up in its latest slice."""
+
+
+def _shifted(alpha_before: float, alpha_now: float, itl: float = 0.014, latest_jitter: tuple[float, ...] = LATEST_JITTER,
+             drafts: float = 200_000, latest_drafts: float = 20_000) -> DeploymentSample:
+    """A window at 8 running sequences a pod whose drafts accepted `alpha_before` per position (α, α²) until its
+    latest slice and `alpha_now` in it; per-token latency `itl` (the control at 20 ms) × (1 + latest_jitter[i])."""
+    before = drafts - latest_drafts
+
+    def counts(alpha: float, n: float) -> dict[int, float]:
+        return {1: n * alpha, 2: n * alpha**2}
+
+    window = {p: a + b for (p, a), b in zip(counts(alpha_before, before).items(), counts(alpha_now, latest_drafts).values(),
+                                            strict=True)}
+    found = sample(alpha_now, itl=itl, control_itl=0.02, k=2, drafts=drafts, running=8.0, latest_drafts=latest_drafts,
+                   positions={Signal.ACCEPTED_PER_POSITION: window,
+                              Signal.LATEST_ACCEPTED_PER_POSITION: counts(alpha_now, latest_drafts)})
+    spec = dataclasses.replace(found.speculative, series={
+        **found.speculative.series,
+        **dict(zip((Signal.INTER_TOKEN_LATENCY_SUM_SERIES, Signal.INTER_TOKEN_LATENCY_COUNT_SERIES),
+                   cumulative(itl, 500, latest_jitter), strict=True))})
+    return dataclasses.replace(found, speculative=spec)
+
+
+def test_acceptance_that_turned_in_the_latest_slice_fails_at_once_on_the_models_loss_and_the_latest_slice() -> None:
+    """The window still says 0.6 and 30% faster; its latest slice says 0.1 and slower than the control. At 0.1 the
+    table's k 2 is predicted at 0.78×, and no k pays (k 1: 0.91×)."""
+    step = _judged(_speculating(), _shifted(0.6, 0.1))
+
+    assert step.rollback is not None and step.rollback.reason.value == "NoSchedulePays", step.verdict
+    said = step.verdict.evidence
+    assert said.startswith("position 1's acceptance moved from 0.60 ± 0.002 over the rest of the window to 0.10 ± "
+                           "0.004 in its last 30 s; at the acceptance measured per draft position (0.10, 0.01, 0.00, "
+                           "0.00, 0.00; 20,000 drafts) the schedule's k 2 is predicted at 0.78× of no speculation and "
+                           "no k pays at 8 running requests per pod: the best, k 1, is predicted at 0.91× of no "
+                           "speculation; in the window's latest slice per-token latency was +"), said
+    assert said.endswith("still mixes slices from before) — a loss no schedule fixes"), said
+
+
+@pytest.mark.parametrize(("alpha_now", "latest_jitter", "why"), [
+    (0.1, (0.0,) * 10, "the latest slice is faster than the control: the measurement contradicts the model"),
+    (0.5, LATEST_JITTER, "at 0.5 k 2 pays: a table's to follow, not a loss"),
+])
+def test_a_loss_the_model_states_needs_the_latest_slice_to_agree_and_no_k_to_pay(
+        alpha_now: float, latest_jitter: tuple[float, ...], why: str) -> None:
+    step = _judged(_speculating(), _shifted(0.6, alpha_now, latest_jitter=latest_jitter))
+
+    assert step.rollback is None, why
+    assert step.analysis.verdict_reason != "NoSchedulePays", why
+
+
+def test_a_loss_within_the_models_error_is_left_to_the_measurement() -> None:
+    """The table runs k 1 (calibrated at α 0.3); at α 0.2 it is predicted at 0.99×, within the model's ±5%: no k
+    pays, but only a measured loss (the window's interval above 1) makes that a failure."""
+    body = _speculating()
+    body = _after(body, decide(_observed(body, _measured(0.3)), LATER))
+    assert _table(body) == [(1, 32, 1)]
+    step = _judged(body, _shifted(0.6, 0.2))
+
+    assert step.rollback is None and step.analysis.verdict_reason != "NoSchedulePays", step.verdict
+
+
+def test_calibration_follows_the_latest_slice_when_acceptance_moved_and_says_so() -> None:
+    """0.6 over the window's first 4.5 minutes, 0.3 in its last 30 s: the window's blend (0.57) derives the table
+    running; the latest slice derives k 1, and the decision names the move."""
+    body = _speculating()
+    found = _shifted(0.6, 0.3, latest_jitter=(0.0,) * 10)
+    actions = decide(_observed(body, found), LATER)
+
+    calibration = actions.status.speculation.calibration if actions.status.speculation else None
+    assert calibration is not None and calibration.changes == 1
+    assert [(e.min_batch, e.max_batch, e.k) for e in calibration.schedule] == [(1, 32, 1)]
+    assert calibration.positions[0].rate == pytest.approx(0.3)
+    assert "position 1's acceptance moved from 0.60" in calibration.last_decision.message
+
+
+def test_a_steady_acceptance_is_read_over_the_whole_window() -> None:
+    """The latest slice within noise of the rest: the window's counts, ten times the drafts."""
+    found = _shifted(0.6, 0.595, latest_jitter=(0.0,) * 10)
+    measured = acceptance_now(found.position_counts, found.latest_position_counts)
+    assert measured.shift is None and measured.counts == found.position_counts
+
+
+def test_a_latest_slice_too_thin_to_calibrate_from_leaves_the_window() -> None:
+    found = _shifted(0.6, 0.1, latest_drafts=500)
+    measured = acceptance_now(found.position_counts, found.latest_position_counts)
+    assert measured.shift is None and measured.counts == found.position_counts

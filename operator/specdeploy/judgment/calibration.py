@@ -22,7 +22,8 @@ in order:
    acceptance collapse is the rollback's, and a schedule that never drafts still pays k = 0's cost).
 4. The gain at the batch the pods run now (running requests per pod over the window): the new table's predicted
    speedup ÷ the current table's, both under the measured acceptance, below 1 + MIN_RELATIVE_GAIN → keep
-   (GainBelowMinimum).
+   (GainBelowMinimum); a new table itself predicted slower than no speculation there → keep (LosesAtLoad: the
+   best a table does at that load still loses, so moving k is no fix, and the rollback's pods, at 1×, are).
 5. The period: less than MIN_PERIOD_SECONDS since the last change → keep (WithinMinimumPeriod), with the time
    from which it may change.
 
@@ -84,6 +85,7 @@ class KeepReason(StrEnum):
     TOO_FEW_DRAFTS = "TooFewDrafts"               # position 1's interval is wider than MAX_HALF_WIDTH
     SAME_SCHEDULE = "SameSchedule"                # the measurement derives the table running
     NEVER_PAYS = "NeverPays"                      # the measurement derives k = 0 at every batch size
+    LOSES_AT_LOAD = "LosesAtLoad"                 # the derived table is predicted below 1× at the observed batch
     GAIN_BELOW_MINIMUM = "GainBelowMinimum"       # under MIN_RELATIVE_GAIN at the observed batch
     WITHIN_MINIMUM_PERIOD = "WithinMinimumPeriod"  # the last change is less than MIN_PERIOD_SECONDS ago
     NOT_EXPRESSIBLE = "NotExpressible"            # the engine cannot run the derived table (judgment/recalibration.py)
@@ -188,6 +190,54 @@ def evidence_of(counts: PositionCounts) -> Evidence:
     rate = min(max(accepted / drafted, 0.0), 1.0)
     half_width = Z_95 * standard_error(accepted, drafted)
     return Evidence(drafted, rate, half_width, drafted >= MIN_DRAFTS and half_width <= MAX_HALF_WIDTH)
+
+
+@dataclass(frozen=True)
+class AcceptanceShift:
+    """Position 1's acceptance moved within the window: over the rest of it (`before`) and over its latest slice
+    (`latest`), each known to calibration's evidence rule, their 95% intervals apart."""
+
+    before: Evidence
+    latest: Evidence
+
+
+@dataclass(frozen=True)
+class AcceptanceNow:
+    """The counts per draft position that describe the acceptance now: the latest slice's after a shift, else the
+    window's (None without counts)."""
+
+    counts: PositionCounts | None
+    shift: AcceptanceShift | None = None
+
+
+def _without(window: PositionCounts, latest: PositionCounts) -> PositionCounts:
+    """The window's counts less its latest slice's (each clipped at 0: both are increase() extrapolations)."""
+    top = len(window.accepted)
+    accepted = tuple(max(window.accepted[i] - (latest.accepted[i] if i < len(latest.accepted) else 0.0), 0.0)
+                     for i in range(top))
+    drafted = None if window.drafted is None else tuple(
+        max(window.drafted[i] - latest.drafted_at(i + 1), 0.0) for i in range(len(window.drafted)))
+    return PositionCounts(max(window.drafts - latest.drafts, 0.0), accepted, drafted)
+
+
+def acceptance_now(window: PositionCounts | None, latest: PositionCounts | None) -> AcceptanceNow:
+    """The window's counts, unless position 1's acceptance in the latest slice differs from the rest of the window
+    beyond both 95% intervals, each side holding the evidence a calibration needs (MIN_DRAFTS, ±MAX_HALF_WIDTH):
+    then the latest slice's.
+
+    The window averages acceptance over five minutes. When the prompt mix turns, its average is a blend of before
+    and after that lags the change by most of a window — and a blend predicts that the k running still pays after
+    the new acceptance has made it lose. The latest slice alone is what runs now; it is used only when it is
+    known as well as calibration requires and is not the window's own noise (a steady acceptance keeps the larger
+    window's counts). A busy pod drafts the 1,000–2,400 drafts the rule asks for in seconds; a quiet one may not
+    in one slice, and then the window stands.
+    """
+    if window is None or latest is None:
+        return AcceptanceNow(window)
+    now, before = evidence_of(latest), evidence_of(_without(window, latest))
+    if not (now.enough and before.enough) or abs(now.rate - before.rate) <= now.half_width + before.half_width:
+        return AcceptanceNow(window)
+    return AcceptanceNow(latest, AcceptanceShift(before, now))
 
 
 def non_increasing(rates: Sequence[float], weights: Sequence[float]) -> tuple[float, ...]:
@@ -340,6 +390,8 @@ def calibrate(
         return _keep(decision, KeepReason.NEVER_PAYS)
     if gain < MIN_RELATIVE_GAIN:
         return _keep(decision, KeepReason.GAIN_BELOW_MINIMUM)
+    if after < 1.0:
+        return _keep(decision, KeepReason.LOSES_AT_LOAD)
     if now - last_change_at < MIN_PERIOD_SECONDS:
         return _keep(decision, KeepReason.WITHIN_MINIMUM_PERIOD, earliest_change_at=last_change_at + MIN_PERIOD_SECONDS)
     return dataclasses.replace(decision, change=True)

@@ -63,6 +63,7 @@ class Comparison:
     slices: int
     requests: float            # the speculative pods' requests behind the means
     baseline_requests: float
+    latest: float | None = None     # the ratio in the window's latest slice (paired comparisons only)
 
     @property
     def log_half_width(self) -> float:
@@ -145,7 +146,7 @@ def paired_ratio(speculative: list[Slice], baseline: list[Slice]) -> Comparison 
     center = math.log(spec_mean / base_mean)
     half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     return Comparison(math.exp(center), math.exp(center - half), math.exp(center + half), len(pairs),
-                      spec_n, base_n)
+                      spec_n, base_n, latest=math.exp(logs[-1]))
 
 
 @dataclass(frozen=True)

@@ -162,6 +162,13 @@ def slice_seconds(window_seconds: float) -> float:
     return round(window_seconds * 1000 / SLICES) / 1000
 
 
+def latest_seconds(window_seconds: float) -> float:
+    """The span of the `LATEST_*` signals: the window's last slice (5m → 30 s, the default analysis interval), the
+    newest evidence a sample adds. Shorter than two scrapes, increase() finds nothing there and the window alone
+    is used."""
+    return slice_seconds(window_seconds)
+
+
 def _series(histogram: str, part: str, window_seconds: float) -> str:
     step = slice_seconds(window_seconds)
     return render(CUMULATIVE_SERIES, counter=f"{histogram}_{part}", range=promql_duration(window_seconds + step),
@@ -175,7 +182,7 @@ def _part(signal: Signal) -> str:
 def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | None:
     """The query for `signal` on `engine`'s metric names; None when the engine exports nothing for it."""
     names = metric_names(engine)
-    window = promql_duration(window_seconds)
+    window, latest = promql_duration(window_seconds), promql_duration(latest_seconds(window_seconds))
     match signal:
         case Signal.ACCEPTANCE_RATE:
             return _acceptance_rate(names, window)
@@ -248,6 +255,14 @@ def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | N
             return _per_position(names.accepted_tokens_per_pos_total, names.position_label, window)
         case Signal.DRAFTED_PER_POSITION:
             return _per_position(names.drafted_tokens_per_pos_total, names.position_label, window)
+        case Signal.LATEST_DRAFTS:
+            if names.drafts_total is None:
+                return None
+            return render(COUNT_FROM_COUNTER, counter=names.drafts_total, window=latest)
+        case Signal.LATEST_ACCEPTED_PER_POSITION:
+            return _per_position(names.accepted_tokens_per_pos_total, names.position_label, latest)
+        case Signal.LATEST_DRAFTED_PER_POSITION:
+            return _per_position(names.drafted_tokens_per_pos_total, names.position_label, latest)
 
 
 def _per_position(counter: str | None, position_label: str | None, window: str) -> str | None:

@@ -34,12 +34,20 @@ from specdeploy.api.status import (
     SpeculationStatus,
 )
 from specdeploy.judgment import evidence
-from specdeploy.judgment.calibration import CalibrationDecision, KeepReason, calibrate
+from specdeploy.judgment.calibration import (
+    AcceptanceNow,
+    AcceptanceShift,
+    CalibrationDecision,
+    KeepReason,
+    acceptance_now,
+    calibrate,
+)
+from specdeploy.judgment.queries import latest_seconds
 from specdeploy.judgment.samples import DeploymentSample
 from specdeploy.planning.compat import expressible_on
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import Plan
-from specdeploy.planning.schedule import ScheduleRange, calibration_key, schedule_cost, step_speedup
+from specdeploy.planning.schedule import ScheduleRange, calibration_key, k_at, schedule_cost, step_speedup
 from specdeploy.planning.speedup import SpeculationCost
 
 RECALIBRATED = "ScheduleRecalibrated"
@@ -71,8 +79,23 @@ def _last_change_at(speculation: SpeculationStatus, calibration: ScheduleCalibra
     return max(times, default=-math.inf)
 
 
-def _message(decision: CalibrationDecision, before: Sequence[ScheduleRange]) -> str:
+def shift_text(shift: AcceptanceShift, latest: float) -> str:
+    """The shift in words: "position 1's acceptance moved from 0.60 ± 0.004 over the rest of the window to 0.20 ±
+    0.006 in its last 30 s"."""
+    return (f"position 1's acceptance moved from {evidence.number(shift.before.rate)} ± "
+            f"{evidence.number(shift.before.half_width, 3)} over the rest of the window to "
+            f"{evidence.number(shift.latest.rate)} ± {evidence.number(shift.latest.half_width, 3)} in its last "
+            f"{evidence.seconds(latest)}")
+
+
+def _message(decision: CalibrationDecision, before: Sequence[ScheduleRange], now: AcceptanceNow,
+             latest: float) -> str:
     """The decision in a sentence, with the acceptance, the tables and the predicted speedups."""
+    text = _decision_text(decision, before)
+    return text if now.shift is None else f"{text}; {shift_text(now.shift, latest)}: calibrated from that slice"
+
+
+def _decision_text(decision: CalibrationDecision, before: Sequence[ScheduleRange]) -> str:
     found = decision.evidence
     if not decision.acceptance:
         if found is None or not math.isfinite(found.half_width):
@@ -126,10 +149,11 @@ def recalibrate(
         record = ScheduleCalibration(key=key, changes=record.changes, last_change_at=record.last_change_at)
     record = record or ScheduleCalibration(key=key)
     current = plan.schedule
-    decision = _calibrated(spec, speculation, plan, sample, now)
+    measured = acceptance_now(sample.position_counts, sample.latest_position_counts)
+    decision = _calibrated(spec, speculation, plan, sample, measured, now)
     if decision.change and decision.schedule is not None and not expressible_on(spec.engine.kind, decision.schedule):
         decision = _not_expressible(decision)
-    message = _message(decision, current.ranges)
+    message = _message(decision, current.ranges, measured, latest_seconds(sample.window_seconds))
     update: dict[str, object] = {"last_decision": _decision_status(decision, message)}
     change = None
     if decision.change and decision.schedule is not None:
@@ -146,11 +170,11 @@ def recalibrate(
 
 
 def _calibrated(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: Plan,
-                sample: DeploymentSample, now: datetime) -> CalibrationDecision:
+                sample: DeploymentSample, measured: AcceptanceNow, now: datetime) -> CalibrationDecision:
     assert plan.schedule is not None
     batch = sample.speculative.running_per_pod
     return calibrate(
-        sample.position_counts, plan.schedule, _cost(plan),
+        measured.counts, plan.schedule, _cost(plan),
         max_k=spec.speculation.num_speculative_tokens, max_num_seqs=spec.serving.max_num_seqs,
         batch=batch if batch is not None else math.nan,
         last_change_at=_last_change_at(speculation, speculation.calibration), now=now.timestamp(),
@@ -163,13 +187,18 @@ def _cost(plan: Plan) -> SpeculationCost:
 
 @dataclass(frozen=True)
 class BestAtLoad:
-    """The best any k does at the load the pods run, under the acceptance measured per draft position."""
+    """The best any k does at the load the pods run, under the acceptance measured per draft position, and what the
+    table running does there."""
 
     k: int
     speedup: float                  # predicted tokens per second ÷ without speculation (the rollback's pods)
     batch: int
     acceptance: tuple[float, ...]
     drafts: float
+    running_k: int                  # the k the table running drafts at `batch`
+    running_speedup: float          # its predicted speedup there
+    shift: AcceptanceShift | None   # the acceptance is the latest slice's: it moved within the window
+    latest_seconds: float
 
 
 def best_at_load(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: Plan | None,
@@ -178,13 +207,17 @@ def best_at_load(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus
     an `Auto` schedule runs and the window holds the evidence calibration needs (judgment/calibration.py)."""
     if spec.speculation.schedule_mode != ScheduleMode.AUTO or plan is None or plan.schedule is None:
         return None
-    decision = _calibrated(spec, speculation, plan, sample, now)
-    if decision.evidence is None or not decision.evidence.enough or not decision.acceptance or decision.batch is None:
+    measured = acceptance_now(sample.position_counts, sample.latest_position_counts)
+    decision = _calibrated(spec, speculation, plan, sample, measured, now)
+    if (decision.evidence is None or not decision.evidence.enough or not decision.acceptance or decision.batch is None
+            or decision.speedup_before is None):
         return None
     cost = _cost(plan)
     k, speedup = max(((k, step_speedup(cost, decision.acceptance, decision.batch, k))
                       for k in range(1, spec.speculation.num_speculative_tokens + 1)), key=lambda found: found[1])
-    return BestAtLoad(k, speedup, decision.batch, decision.acceptance, decision.evidence.drafts)
+    return BestAtLoad(k, speedup, decision.batch, decision.acceptance, decision.evidence.drafts,
+                      k_at(plan.schedule.ranges, decision.batch), decision.speedup_before, measured.shift,
+                      latest_seconds(sample.window_seconds))
 
 
 def _not_expressible(decision: CalibrationDecision) -> CalibrationDecision:

@@ -60,6 +60,11 @@ class Signal(StrEnum):
     DRAFTS = "drafts"
     ACCEPTED_PER_POSITION = "accepted_per_position"
     DRAFTED_PER_POSITION = "drafted_per_position"
+    # The same over the window's latest slice (judgment/queries.py latest_seconds): where acceptance stands now,
+    # against which the rest of the window tells whether it moved (judgment/calibration.py acceptance_now).
+    LATEST_DRAFTS = "latest_drafts"
+    LATEST_ACCEPTED_PER_POSITION = "latest_accepted_per_position"
+    LATEST_DRAFTED_PER_POSITION = "latest_drafted_per_position"
 
     @property
     def is_series(self) -> bool:
@@ -149,6 +154,7 @@ class SignalValues:
     waiting: float | None = None
     pods: float | None = None
     drafts: float | None = None
+    latest_drafts: float | None = None
     series: Mapping[Signal, Points] = field(default_factory=dict)
     positions: Mapping[Signal, PerPosition] = field(default_factory=dict)
 
@@ -171,14 +177,24 @@ class SignalValues:
 
     @property
     def position_counts(self) -> PositionCounts | None:
-        """Drafts and accepted tokens per position; None without them (SGLang exports none, a variant that does not
-        speculate has none, and a window without drafts counts nothing).
+        """Drafts and accepted tokens per position over the window; None without them (SGLang exports none, a variant
+        that does not speculate has none, and a window without drafts counts nothing).
 
         Positions run from 1 to the highest one reported; a position missing below it counted nothing. TensorRT-LLM
         has no drafts counter: its drafts are those that proposed position 1.
         """
-        accepted = self.positions.get(Signal.ACCEPTED_PER_POSITION, {})
-        drafted = self.positions.get(Signal.DRAFTED_PER_POSITION)
+        return self._counts(Signal.ACCEPTED_PER_POSITION, Signal.DRAFTED_PER_POSITION, self.drafts)
+
+    @property
+    def latest_position_counts(self) -> PositionCounts | None:
+        """The same over the window's latest slice."""
+        return self._counts(Signal.LATEST_ACCEPTED_PER_POSITION, Signal.LATEST_DRAFTED_PER_POSITION,
+                            self.latest_drafts)
+
+    def _counts(self, accepted_signal: Signal, drafted_signal: Signal, drafts_total: float | None
+                ) -> PositionCounts | None:
+        accepted = self.positions.get(accepted_signal, {})
+        drafted = self.positions.get(drafted_signal)
         top = max((*accepted, *(drafted or {})), default=0)
         if top == 0:
             return None
@@ -186,7 +202,7 @@ class SignalValues:
             drafted_at = tuple(_count(drafted.get(position)) for position in range(1, top + 1))
             drafts = drafted_at[0]
         else:
-            drafted_at, drafts = None, _count(self.drafts)
+            drafted_at, drafts = None, _count(drafts_total)
         if drafts <= 0:
             return None
         return PositionCounts(drafts, tuple(_count(accepted.get(position)) for position in range(1, top + 1)),
@@ -260,6 +276,11 @@ class DeploymentSample:
     def position_counts(self) -> PositionCounts | None:
         """The speculative pods' drafts and accepted tokens per draft position (SignalValues.position_counts)."""
         return self.speculative.position_counts
+
+    @property
+    def latest_position_counts(self) -> PositionCounts | None:
+        """The same over the window's latest slice."""
+        return self.speculative.latest_position_counts
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from specdeploy.api.resource import SpeculativeDeployment
 from specdeploy.api.spec import EngineKind, Objective, ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import AnalysisStatus, SpeculationStatus
 from specdeploy.judgment import evidence
+from specdeploy.judgment.calibration import MIN_RELATIVE_GAIN
 from specdeploy.judgment.oom import OutOfMemory
 from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
-from specdeploy.judgment.recalibration import Recalibration, best_at_load, recalibrate, table_text
+from specdeploy.judgment.recalibration import Recalibration, best_at_load, recalibrate, shift_text, table_text
 from specdeploy.judgment.rollback import (
     RETRY_ANNOTATION,
     Reenabled,
@@ -43,6 +44,7 @@ from specdeploy.judgment.verdict import (
     Policy,
     Verdict,
     assess,
+    change,
     interval,
     previous_baseline,
 )
@@ -105,34 +107,62 @@ def schedule_at_load(plan: Plan | None, sample: DeploymentSample | None) -> str 
     return f"at {evidence.number(batch, 1)} running requests per pod the schedule drafts {where} (table {table_text(table)})"
 
 
+PREDICTED_LOSS = MIN_RELATIVE_GAIN
+"""A table predicted this much slower than no speculation at the measured acceptance is a loss the model can state
+on its own: the roofline is held to published measurements within ±5% at best (docs/speedup-model.md), the same
+margin a calibration's gain must clear."""
+
+
 def loss_no_schedule_fixes(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: Plan | None,
                            sample: DeploymentSample, assessment: Assessment, now: datetime) -> Failing | None:
     """An `Auto` schedule that loses and cannot be re-derived into one that pays: Failing NoSchedulePays.
 
-    Both must hold. Measured: the speculative pods' per-token latency is above the baseline's with the whole 95%
-    interval above 1 — a loss beyond noise, though it may hold the `maxP99InterTokenLatencyRatio` limit, which is
-    a tolerance for changes whose worth the operator cannot predict. Predicted: at the acceptance measured per
-    draft position (calibration's evidence) no k pays at the pods' batch — the best is slower than no
-    speculation, and a k = 0 range still costs a step (vllm#49986) — so the schedule, which only moves k, cannot
-    fix it; the rollback can. A loss the model thinks another k would turn into a gain is calibration's to fix.
-    Only where per-token latency counts (objectives Latency and Both), and over a Healthy verdict or one that
-    held the limit (NotEnoughEvidence); every other verdict stands."""
+    Predicted, always: at the acceptance measured per draft position (calibration's evidence; the latest slice's
+    when it moved within the window, judgment/calibration.py `acceptance_now`) no k pays at the pods' batch — the
+    best is slower than no speculation, and a k = 0 range still costs a step (vllm#49986) — so the schedule, which
+    only moves k, cannot fix it; the rollback can. And a loss, one of:
+    - measured: the per-token latency is above the baseline's with the whole 95% interval above 1 — a loss beyond
+      noise, though it may hold the `maxP99InterTokenLatencyRatio` limit, which is a tolerance for changes whose
+      worth the operator cannot predict;
+    - predicted beyond the model's error, and not contradicted: the table running is predicted more than
+      PREDICTED_LOSS below 1× there, and in the window's latest slice the speculative pods were slower per token
+      than the baseline. When acceptance turns, the window's interval mixes slices from before the turn and
+      excludes 1 only once most of the window has passed; the acceptance counts tell at once, and failureLimit
+      consecutive samples make that three slices each slower.
+    A loss the model thinks another k would turn into a gain is calibration's to fix. Only where per-token latency
+    counts (objectives Latency and Both), and over a Healthy verdict or one that held the limit
+    (NotEnoughEvidence); every other verdict stands."""
     verdict, found = assessment.verdict, assessment.per_token
     if (spec.speculation.schedule_mode != ScheduleMode.AUTO or spec.analysis.objective == Objective.THROUGHPUT
-            or found is None or assessment.baseline is None or not found.low > 1.0):
+            or found is None or assessment.baseline is None):
         return None
     if not (isinstance(verdict, Healthy) or (
             isinstance(verdict, Inconclusive) and verdict.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE)):
+        return None
+    measured = found.low > 1.0
+    predicted = found.latest is not None and found.latest > 1.0
+    if not (measured or predicted):
         return None
     best = best_at_load(spec, speculation, plan, sample, now)
     if best is None or best.speedup >= 1.0:
         return None
     rates = ", ".join(evidence.number(rate) for rate in best.acceptance)
+    moved = f"{shift_text(best.shift, best.latest_seconds)}; " if best.shift is not None else ""
+    at = f"at the acceptance measured per draft position ({rates}; {evidence.count(best.drafts)} drafts)"
+    no_k = (f"no k pays at {best.batch} running requests per pod: the best, k {best.k}, is predicted at "
+            f"{evidence.number(best.speedup)}× of no speculation")
+    if measured:
+        return Failing(FailureReason.NO_SCHEDULE_PAYS, (
+            f"per-token latency {interval(found)} vs the {assessment.baseline}, and {moved}{at} {no_k} — a loss no "
+            "schedule fixes"))
+    if best.running_speedup >= 1.0 - PREDICTED_LOSS:
+        return None
+    assert found.latest is not None
     return Failing(FailureReason.NO_SCHEDULE_PAYS, (
-        f"per-token latency {interval(found)} vs the {assessment.baseline}, and at the acceptance measured per "
-        f"draft position ({rates}; {evidence.count(best.drafts)} drafts) no k pays at {best.batch} running "
-        f"requests per pod: the best, k {best.k}, is predicted at {evidence.number(best.speedup)}× of no "
-        f"speculation — a loss no schedule fixes"))
+        f"{moved}{at} the schedule's k {best.running_k} is predicted at {evidence.number(best.running_speedup)}× of "
+        f"no speculation and {no_k}; in the window's latest slice per-token latency was {change(found.latest)} vs "
+        f"the {assessment.baseline} (the window's {interval(found)} still mixes slices from before) — a loss no "
+        "schedule fixes"))
 
 
 def _policy(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, analysis: AnalysisStatus | None,
