@@ -262,7 +262,7 @@ def test_auto_reenable_after_the_cooldown() -> None:
     assert due.speculation.decided
 
 
-def test_the_cooldowns_re_enable_is_a_trial_the_first_failing_sample_ends_and_a_healthy_one_passes() -> None:
+def test_the_cooldowns_re_enable_is_a_trial_the_first_failing_sample_ends_and_a_healthy_window_passes() -> None:
     resource = _resource({"reenable": "Auto", "cooldown": "10m", "failureLimit": 3})
     speculation = _rolled_back(resource).model_copy(update={"active": False})
     at = datetime.fromisoformat(speculation.last_rollback.at.replace("Z", "+00:00"))  # type: ignore[union-attr]
@@ -276,11 +276,15 @@ def test_the_cooldowns_re_enable_is_a_trial_the_first_failing_sample_ends_and_a_
     assert not failed.speculation.decided and not failed.speculation.trial and failed.speculation.rollbacks == 2
 
     faster = _sample(0.8, itl=0.012, control_itl=0.02)
-    passed = step_speculation(resource, due.speculation, due.analysis, True, faster, [], at + timedelta(minutes=11))
+    early = step_speculation(resource, due.speculation, due.analysis, True, faster, [], at + timedelta(minutes=11))
+    assert early.speculation.decided and early.speculation.trial, \
+        "a minute in, the 5-minute window still holds the pods that did not speculate: Healthy does not judge them"
+    passed = step_speculation(resource, early.speculation, early.analysis, True, faster, [],
+                              at + timedelta(minutes=15))
     assert passed.speculation.decided and not passed.speculation.trial
     after = step_speculation(resource, passed.speculation, passed.analysis, True, regressed, [],
-                             at + timedelta(minutes=12))
-    assert after.rollback is None, "judged Healthy once: failureLimit counts again"
+                             at + timedelta(minutes=16))
+    assert after.rollback is None, "judged Healthy once on a window of its own: failureLimit counts again"
 
 
 def test_a_rejected_generation_changes_nothing() -> None:

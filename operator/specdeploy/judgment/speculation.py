@@ -165,6 +165,14 @@ def loss_no_schedule_fixes(spec: SpeculativeDeploymentSpec, speculation: Specula
         "schedule fixes"))
 
 
+def _window_since(speculation: SpeculationStatus, spec: SpeculativeDeploymentSpec, now: datetime) -> bool:
+    """Whether a whole analysis window has passed since speculation came back: until then a Healthy verdict still
+    averages the slices of the pods that did not speculate, and the re-enabled pods' own counts may not have two
+    scrapes yet — it does not end a trial."""
+    since = evidence.parse_rfc3339(speculation.since) if speculation.since else None
+    return since is None or (now - since).total_seconds() >= spec.analysis.window
+
+
 def _policy(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, analysis: AnalysisStatus | None,
             plan: Plan | None) -> Policy:
     return Policy(spec.analysis.checks, spec.analysis.baseline.mode, spec.analysis.min_requests,
@@ -248,8 +256,8 @@ def step_speculation(
         result = Inconclusive(InconclusiveReason.NO_DATA, "no sample in this reconcile")
         state = analysis or AnalysisStatus()
     decision = decide(state, result, spec.analysis, deaths, trial=speculation)
-    if speculation.trial and isinstance(result, Healthy):     # judged: from now on failureLimit counts
-        speculation = speculation.model_copy(update={"trial": False})
+    if speculation.trial and isinstance(result, Healthy) and _window_since(speculation, spec, now):
+        speculation = speculation.model_copy(update={"trial": False})   # judged: from now on failureLimit counts
     if isinstance(decision, Rollback) and (where := schedule_at_load(plan, sample)) is not None:
         decision = dataclasses.replace(decision, evidence=f"{decision.evidence}; {where}")
     if isinstance(decision, Rollback):
