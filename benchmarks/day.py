@@ -114,6 +114,7 @@ JUDGED = {"rollbackOnly": "Fixed", "auto": "Auto"}
 class Day:
     hour_seconds: float
     cooldown: str = "30m"       # the SD's analysis.cooldown (its default)
+    interval: str = "30s"       # the SD's analysis.interval (its default)
 
     @property
     def seconds(self) -> float:
@@ -137,7 +138,7 @@ class Day:
                         TemperatureMix.parse(TEMPERATURE))
 
 
-def resource(mode: str = "Fixed", k: int = 5, cooldown: str = "30m") -> SpeculativeDeployment:
+def resource(mode: str = "Fixed", k: int = 5, cooldown: str = "30m", interval: str = "30s") -> SpeculativeDeployment:
     return parse_resource({
         "apiVersion": "specdeploy.io/v1alpha1", "kind": "SpeculativeDeployment",
         "metadata": {"name": NAME, "namespace": NAMESPACE},
@@ -149,7 +150,7 @@ def resource(mode: str = "Fixed", k: int = 5, cooldown: str = "30m") -> Speculat
             "resources": {"gpu": {"product": GPU, "count": 1}},
             "serving": {"maxModelLen": 8192, "maxNumSeqs": 32},
             "analysis": {"baseline": {"mode": "Control", "controlReplicas": 1}, "reenable": "Auto",
-                         "cooldown": cooldown},
+                         "cooldown": cooldown, "interval": interval},
         },
     })
 
@@ -253,7 +254,7 @@ class Judged:
     def __init__(self, name: str, mode: str, control: Lane, planned: list[PlannedRequest], seed: int, day: Day,
                  run: int) -> None:
         self.name, self.run = name, run
-        self.resource = resource(mode, cooldown=day.cooldown)
+        self.resource = resource(mode, cooldown=day.cooldown, interval=day.interval)
         self.on, self.off = served(self.resource), served(self.resource, speculate=False)
         self.planned, self.seed, self.day = planned, seed, day
         self.prometheus = VirtualPrometheus()
@@ -443,7 +444,7 @@ def _task(job: tuple[str, int, int, Day]) -> tuple[str, int, Any]:
 
 def run_day(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
-    day = Day(args.hour_seconds, args.cooldown)
+    day = Day(args.hour_seconds, args.cooldown, args.interval)
     runs = args.runs if args.runs is not None else 1
     jobs = [(what, run, args.seed * 1000 + run, day)
             for run in range(runs) for what in ("judged", *SETTINGS[1:])]
@@ -483,7 +484,7 @@ def run_day(args: argparse.Namespace) -> dict[str, Any]:
         "scenario": "day", "runs": runs, "seed": args.seed,
         "policies": policies,
         "params": {
-            "hourSeconds": day.hour_seconds, "daySeconds": day.seconds, "cooldown": day.cooldown, "qps": [NIGHT_QPS, PEAK_QPS],
+            "hourSeconds": day.hour_seconds, "daySeconds": day.seconds, "cooldown": day.cooldown, "interval": day.interval, "qps": [NIGHT_QPS, PEAK_QPS],
             "dipHours": list(DIP_HOURS), "dipAlphaFactor": round(DIP_ALPHA_FACTOR, 4),
             "sloTpotSeconds": round(slo.tpot, 6), "sloTtftSeconds": slo.ttft, "temperature": TEMPERATURE,
             "gpu": GPU, "autoSchedule": [list(r) for r in (make_plan(resource("Auto").spec).engine_schedule or ())],
@@ -497,7 +498,7 @@ def text(summary: dict[str, Any]) -> str:
     lines = [f"day · {summary['runs']} run(s), seed {summary['seed']} · 24 h × {p['hourSeconds']:g} s · QPS "
              f"{p['qps'][0]:g} → {p['qps'][1]:g} → {p['qps'][0]:g} · α × {p['dipAlphaFactor']:g} from hour "
              f"{p['dipHours'][0]:g} to {p['dipHours'][1]:g} · SLO TPOT ≤ {p['sloTpotSeconds'] * 1000:.2f} ms, "
-             f"TTFT ≤ {p['sloTtftSeconds']:g} s · cooldown {p['cooldown']} · Auto {p['autoSchedule']}",
+             f"TTFT ≤ {p['sloTtftSeconds']:g} s · cooldown {p['cooldown']}, interval {p['interval']} · Auto {p['autoSchedule']}",
              f"{'policy':<14}{'P99 TPOT ms':>12}{'mean TPOT ms':>14}{'goodput tok/s':>15}{'in SLO':>8}"]
     oracle_row = summary["policies"]["oracle"]
     for name, row in summary["policies"].items():

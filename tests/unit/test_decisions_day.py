@@ -113,3 +113,19 @@ def test_the_auto_policy_calibrates_from_the_pods_counts_per_position(benchmarks
     assert calibration is not None and calibration.last_decision is not None
     assert calibration.last_decision.reason not in ("NoPositionCounts", "TooFewDrafts"), calibration.last_decision
     assert judged["rollbackOnly"].speculation.calibration is None
+
+
+def test_the_reaction_policy_serves_off_from_the_delay_and_the_table_for_the_trial(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/day_reaction.py: the Auto table outside the dip, off from `delay` into it, the table again for
+    `trial` seconds a cooldown after that rollback."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    day, reaction = importlib.import_module("day"), importlib.import_module("day_reaction")
+    a_day = day.Day(hour_seconds=600.0)         # the dip: 6000–8400 s
+    arrivals = (100.0, 6010.0, 6100.0, 7900.0, 7950.0, 8000.0, 9000.0)
+    settings = {name: [day.Served(at, 10, 0.1, 0.001 * (i + 1)) for at in arrivals]
+                for i, name in enumerate(("autoTable", "off"))}
+    served = reaction.reacted(settings, a_day, delay=60.0, trial=90.0)   # back at 7860 s, off again at 7950 s
+    table, off = 0.001, 0.002
+    assert [(r.arrival, r.tpot) for r in served] == [(100.0, table), (6010.0, table), (6100.0, off), (7900.0, table),
+                                                     (7950.0, off), (8000.0, off), (9000.0, table)]
