@@ -20,9 +20,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-import httpx
-
-from specdeploy_engine.loadgen.client import PROMPT_WORDS, send_workload
+from specdeploy_engine.loadgen.client import MAX_CONNECTIONS, PROMPT_WORDS, TargetUnreachable, send_workload
 from specdeploy_engine.loadgen.report import LoadReport, RequestRecord, Summary
 from specdeploy_engine.loadgen.workload import (
     Lengths,
@@ -34,8 +32,8 @@ from specdeploy_engine.loadgen.workload import (
 )
 
 __all__ = [
-    "Lengths", "LoadReport", "PlannedRequest", "QpsSchedule", "RequestRecord", "Summary", "TemperatureMix",
-    "Workload", "WorkloadError", "main", "parse_duration", "run_load", "run_load_async",
+    "Lengths", "LoadReport", "PlannedRequest", "QpsSchedule", "RequestRecord", "Summary", "TargetUnreachable",
+    "TemperatureMix", "Workload", "WorkloadError", "main", "parse_duration", "run_load", "run_load_async",
 ]
 
 DEFAULT_PROMPT = "lognormal:256,0.5,8,4096"
@@ -71,16 +69,19 @@ async def run_load_async(
     balance: str = "round-robin",
     seed: int = 0,
     drain_seconds: float = 60.0,
+    max_connections: int = MAX_CONNECTIONS,
     stream: bool = True,
     stop: threading.Event | None = None,
+    stop_drain_seconds: float | None = None,
     prompt_words: Sequence[str] = PROMPT_WORDS,
 ) -> LoadReport:
     """`run_load` for callers already in an event loop."""
     workload = Workload(_schedule(qps), _lengths(prompt_tokens), _lengths(output_tokens), _temperatures(temperature))
     planned = workload.plan(duration, max_requests=max_requests, seed=seed)
     return await send_workload(targets, planned, duration=duration, model=model, chat=chat, balance=balance,
-                               seed=seed, drain_seconds=drain_seconds, stream=stream,
-                               stop=stop, prompt_words=prompt_words)
+                               seed=seed, drain_seconds=drain_seconds, max_connections=max_connections,
+                               stream=stream, stop=stop, stop_drain_seconds=stop_drain_seconds,
+                               prompt_words=prompt_words)
 
 
 def run_load(targets: Sequence[str], qps: float | str | QpsSchedule, duration: float, **options: object) -> LoadReport:
@@ -88,9 +89,12 @@ def run_load(targets: Sequence[str], qps: float | str | QpsSchedule, duration: f
     `duration` seconds and return what the client measured. Options: max_requests, prompt_tokens and
     output_tokens (Lengths or their text: "256", "100-300", "lognormal:220,0.6"), temperature ("0.7" or
     "0:0.5,1.0:0.5"), chat, model (default: discovered from /v1/models), balance ("round-robin" or
-    "random"), seed, drain_seconds (how long to wait for answers after `duration`), stream (False: whole
-    answers, end-to-end latency only), stop (a threading.Event that ends the sending early when set),
-    prompt_words (the words prompts are drawn from; default a few English words)."""
+    "random"), seed, drain_seconds (how long to wait for answers after `duration`), max_connections (requests
+    under way at once, over all targets; default 1000), stream (False: whole answers, end-to-end latency only),
+    stop (a threading.Event that ends the sending early when set), stop_drain_seconds (how long the answers
+    under way still get once `stop` is set; default drain_seconds), prompt_words (the words prompts are drawn
+    from; default a few English words). Raises TargetUnreachable when no `model` is given and a target does
+    not name its model at /v1/models."""
     return asyncio.run(run_load_async(targets, qps, duration, **options))  # type: ignore[arg-type]
 
 
@@ -138,9 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (WorkloadError, ValueError) as error:
         print(f"specdeploy-load: {error}", file=sys.stderr)
         return 2
-    except (httpx.HTTPError, RuntimeError) as error:
-        print(f"specdeploy-load: cannot ask the targets for their model ({type(error).__name__}: {error}); "
-              "check the URLs or pass --model", file=sys.stderr)
+    except TargetUnreachable as error:
+        print(f"specdeploy-load: cannot ask the targets for their model ({error}); check the URLs or pass --model",
+              file=sys.stderr)
         return 2
     print(json.dumps(report.to_dict(), indent=1) if options.json else report.to_text())
     return 0 if report.failed == 0 and report.unfinished == 0 else 1
