@@ -140,8 +140,8 @@ def loss_no_schedule_fixes(spec: SpeculativeDeploymentSpec, speculation: Specula
             isinstance(verdict, Inconclusive) and verdict.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE)):
         return None
     measured = found.low > 1.0
-    predicted = found.latest is not None and found.latest > 1.0
-    if not (measured or predicted):
+    latest_slower = found.latest is not None and found.latest > 1.0
+    if not (measured or latest_slower):
         return None
     best = best_at_load(spec, speculation, plan, sample, now)
     if best is None or best.speedup >= 1.0:
@@ -165,7 +165,7 @@ def loss_no_schedule_fixes(spec: SpeculativeDeploymentSpec, speculation: Specula
         "schedule fixes"))
 
 
-def _window_since(speculation: SpeculationStatus, spec: SpeculativeDeploymentSpec, now: datetime) -> bool:
+def _a_window_since_reenabled(speculation: SpeculationStatus, spec: SpeculativeDeploymentSpec, now: datetime) -> bool:
     """Whether a whole analysis window has passed since speculation came back: until then a Healthy verdict still
     averages the slices of the pods that did not speculate, and the re-enabled pods' own counts may not have two
     scrapes yet — it does not end a trial."""
@@ -256,7 +256,7 @@ def step_speculation(
         result = Inconclusive(InconclusiveReason.NO_DATA, "no sample in this reconcile")
         state = analysis or AnalysisStatus()
     decision = decide(state, result, spec.analysis, deaths, trial=speculation)
-    if speculation.trial and isinstance(result, Healthy) and _window_since(speculation, spec, now):
+    if speculation.trial and isinstance(result, Healthy) and _a_window_since_reenabled(speculation, spec, now):
         speculation = speculation.model_copy(update={"trial": False})   # judged: from now on failureLimit counts
     if isinstance(decision, Rollback) and (where := schedule_at_load(plan, sample)) is not None:
         decision = dataclasses.replace(decision, evidence=f"{decision.evidence}; {where}")
