@@ -149,8 +149,7 @@ def recalibrate(
         record = ScheduleCalibration(key=key, changes=record.changes, last_change_at=record.last_change_at)
     record = record or ScheduleCalibration(key=key)
     current = plan.schedule
-    measured = acceptance_now(sample.position_counts, sample.latest_position_counts)
-    decision = _calibrated(spec, speculation, plan, sample, measured, now)
+    decision, measured = _calibrated(spec, speculation, plan, sample, now)
     if decision.change and decision.schedule is not None and not expressible_on(spec.engine.kind, decision.schedule):
         decision = _not_expressible(decision)
     message = _message(decision, current.ranges, measured, latest_seconds(sample.window_seconds))
@@ -170,15 +169,17 @@ def recalibrate(
 
 
 def _calibrated(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: Plan,
-                sample: DeploymentSample, measured: AcceptanceNow, now: datetime) -> CalibrationDecision:
+                sample: DeploymentSample, now: datetime) -> tuple[CalibrationDecision, AcceptanceNow]:
+    """The calibration of `sample`, from the acceptance it measured now (the latest slice's after a move)."""
     assert plan.schedule is not None
     batch = sample.speculative.running_per_pod
+    measured = acceptance_now(sample.position_counts, sample.latest_position_counts)
     return calibrate(
         measured.counts, plan.schedule, _cost(plan),
         max_k=spec.speculation.num_speculative_tokens, max_num_seqs=spec.serving.max_num_seqs,
         batch=batch if batch is not None else math.nan,
         last_change_at=_last_change_at(speculation, speculation.calibration), now=now.timestamp(),
-    )
+    ), measured
 
 
 def _cost(plan: Plan) -> SpeculationCost:
@@ -198,7 +199,6 @@ class BestAtLoad:
     running_k: int                  # the k the table running drafts at `batch`
     running_speedup: float          # its predicted speedup there
     shift: AcceptanceShift | None   # the acceptance is the latest slice's: it moved within the window
-    latest_seconds: float
 
 
 def best_at_load(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: Plan | None,
@@ -207,8 +207,7 @@ def best_at_load(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus
     an `Auto` schedule runs and the window holds the evidence calibration needs (judgment/calibration.py)."""
     if spec.speculation.schedule_mode != ScheduleMode.AUTO or plan is None or plan.schedule is None:
         return None
-    measured = acceptance_now(sample.position_counts, sample.latest_position_counts)
-    decision = _calibrated(spec, speculation, plan, sample, measured, now)
+    decision, measured = _calibrated(spec, speculation, plan, sample, now)
     if (decision.evidence is None or not decision.evidence.enough or not decision.acceptance or decision.batch is None
             or decision.speedup_before is None):
         return None
@@ -216,8 +215,7 @@ def best_at_load(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus
     k, speedup = max(((k, step_speedup(cost, decision.acceptance, decision.batch, k))
                       for k in range(1, spec.speculation.num_speculative_tokens + 1)), key=lambda found: found[1])
     return BestAtLoad(k, speedup, decision.batch, decision.acceptance, decision.evidence.drafts,
-                      k_at(plan.schedule.ranges, decision.batch), decision.speedup_before, measured.shift,
-                      latest_seconds(sample.window_seconds))
+                      k_at(plan.schedule.ranges, decision.batch), decision.speedup_before, measured.shift)
 
 
 def _not_expressible(decision: CalibrationDecision) -> CalibrationDecision:

@@ -21,6 +21,7 @@ from specdeploy.api.status import AnalysisStatus, SpeculationStatus
 from specdeploy.judgment import evidence
 from specdeploy.judgment.calibration import MIN_RELATIVE_GAIN
 from specdeploy.judgment.oom import OutOfMemory
+from specdeploy.judgment.queries import latest_seconds
 from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
 from specdeploy.judgment.recalibration import Recalibration, best_at_load, recalibrate, shift_text, table_text
 from specdeploy.judgment.rollback import (
@@ -147,7 +148,7 @@ def loss_no_schedule_fixes(spec: SpeculativeDeploymentSpec, speculation: Specula
     if best is None or best.speedup >= 1.0:
         return None
     rates = ", ".join(evidence.number(rate) for rate in best.acceptance)
-    moved = f"{shift_text(best.shift, best.latest_seconds)}; " if best.shift is not None else ""
+    moved = f"{shift_text(best.shift, latest_seconds(sample.window_seconds))}; " if best.shift is not None else ""
     at = f"at the acceptance measured per draft position ({rates}; {evidence.count(best.drafts)} drafts)"
     no_k = (f"no k pays at {best.batch} running requests per pod: the best, k {best.k}, is predicted at "
             f"{evidence.number(best.speedup)}× of no speculation")
