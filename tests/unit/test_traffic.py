@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from specdeploy.devcluster import traffic as traffic_module
+from specdeploy.devcluster import wait_for
 from specdeploy.devcluster.traffic import Traffic
 
 
@@ -85,7 +86,7 @@ def test_answers_slower_than_a_chunk_do_not_pause_the_sending(slow_pods: dict[st
 def test_stop_ends_the_sending_and_gives_answers_under_way_the_drain(slow_pods: dict[str, int]) -> None:
     traffic = Traffic(None, "ns/sd", qps=40, duration=60, chunk_seconds=0.5,
                       output_tokens="4", prompt_tokens="4", stream=False, drain_seconds=5.0).start()
-    time.sleep(1.5)
+    wait_for(lambda: slow_pods["now"] > 0, 10, "requests under way at the pods")
     stopped = time.monotonic()
     traffic.stop()
     assert time.monotonic() - stopped < 5.0     # the 2-s answers came; nothing waited for the 60 s
