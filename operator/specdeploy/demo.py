@@ -2,7 +2,9 @@
 
 A real control plane with fake GPU nodes, the Helm chart, the operator (acting as the chart's
 ServiceAccount, not admin), engine pods brought alive as simulators and scraped by a real Prometheus,
-traffic, an acceptance collapse, the rollback, its Event and the Alertmanager alert.
+traffic, an acceptance collapse, the rollback, its Event and the Alertmanager alert; then a load ramp on a second
+SD whose batch-size schedule the operator derived (`schedule: {mode: Auto}`): the engine stops drafting at the
+peak and drafts again after it, with no restart and no rollback.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +25,12 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.simadmin import endpoints, sim_admin
 from specdeploy.devcluster.traffic import Traffic
 from specdeploy.devcluster.waiters import get_json
+from specdeploy.planning.plan import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "specdeploy"
@@ -57,6 +62,44 @@ spec:
     # The default checks: per-token latency 1.10×, end-to-end 1.20×, TTFT 1.50× the control's, judged on the
     # means with a 95% interval; minAcceptanceRate unset, so the floor is the cost model's break-even.
 """
+
+# The load ramp's SD: Llama-3.3-70B on 4 H100s with an 8B draft on TensorRT-LLM, k per batch size derived by
+# the operator (Auto): k 2 to 78 running sequences, k 1 to 192, none from 193, rendered as TensorRT-LLM's
+# draft_len_schedule. TensorRT-LLM skips the drafter past the schedule's largest key, so its k = 0 costs nothing
+# (vLLM's still runs the drafter, 20–31% in vllm#49986: a vLLM pod held at k 0 is the rollback's, not a demo of
+# the schedule). The simulators' acceptance is the prior's (0.48 at k 2), so calibration keeps the table. The
+# analysis is shortened (interval 5 s, window 30 s) so a phase takes a minute; its checks and failureLimit are
+# the defaults. tests/e2e/test_schedule_dev_cluster.py runs the same SD through the same loads.
+RAMP_NAME = "llama-70b-auto"
+RAMP_SD = f"{NAMESPACE}/{RAMP_NAME}"
+RAMP_WINDOW_SECONDS = 30
+RAMP_RESOURCE = f"""
+apiVersion: specdeploy.io/v1alpha1
+kind: SpeculativeDeployment
+metadata: {{name: {RAMP_NAME}, namespace: {NAMESPACE}}}
+spec:
+  replicas: 1
+  engine:
+    kind: trtllm
+    env: [{{name: SPECDEPLOY_SIM_KNOBS, value: '{{"acceptance": 0.48}}'}}]
+  model: {{name: meta-llama/Llama-3.3-70B-Instruct}}
+  speculation:
+    method: draft_model
+    draft: {{name: meta-llama/Llama-3.1-8B-Instruct}}
+    numSpeculativeTokens: 3
+    schedule: {{mode: Auto}}
+  resources: {{gpu: {{product: H100-80GB, count: 4}}, tensorParallelSize: 4}}
+  serving: {{maxModelLen: 4096, maxNumSeqs: 300}}
+  analysis:
+    interval: 5s
+    window: {RAMP_WINDOW_SECONDS}s
+    minRequests: 10
+    baseline: {{mode: Control, controlReplicas: 1}}
+"""
+RAMP_LOW_QPS = 2.0       # requests/s over both pods: a handful of running sequences per pod, k 2
+RAMP_PEAK_QPS = 34.0     # added to the low load: more than two pods answer at 300 sequences, so both stay full
+RAMP_FASTER = 1.2        # a low-load phase ends on a sample whose speedup interval lies above this (the model: 1.5×)
+RAMP_FULL = 270          # "at the peak": this many running sequences or more on each pod (0.9 × maxNumSeqs)
 
 
 @dataclass
@@ -169,6 +212,117 @@ class Demo:
         self.console.print("Git still holds the spec as written: the rollback lives in status "
                            f"(metadata.generation is {obj['metadata']['generation']}).")
 
+    # --- the load ramp: k by batch size, inside the engine ------------------------------------------------
+
+    def ramp_sd(self) -> dict[str, Any]:
+        return get_json(self.cluster, "sd", RAMP_NAME, namespace=NAMESPACE)
+
+    def ramp_pods(self) -> dict[str, int]:
+        """The ramp SD's pods: name -> restarts of their containers."""
+        listing = get_json(self.cluster, "pods", "-l", f"specdeploy.io/name={RAMP_NAME}", namespace=NAMESPACE)
+        return {pod["metadata"]["name"]: sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or [])
+                for pod in listing["items"] if not pod["metadata"].get("deletionTimestamp")}
+
+    def engine_info(self, variant: str) -> dict[str, Any]:
+        """The ramp SD's pod of `variant`, as its simulator reports it: the running batch and the k in use."""
+        [url] = endpoints(self.cluster, RAMP_SD, variant)
+        return dict(httpx.get(f"{url}/admin/info", timeout=5).json())
+
+    def apply_ramp(self) -> dict[str, int]:
+        self.step(f"kubectl apply: {RAMP_SD} — Llama-3.3-70B + an 8B draft on 4 H100s, TensorRT-LLM, "
+                  "spec.speculation.schedule {mode: Auto}: 1 speculative pod + 1 control")
+        self.kubectl("apply", "-f", "-", input=RAMP_RESOURCE)
+        wait_for(lambda: _condition(self.ramp_sd(), "Ready") == "True", 120, "the ramp SD to be Ready")
+        wait_for(lambda: endpoints(self.cluster, RAMP_SD, "speculative") and endpoints(self.cluster, RAMP_SD, "control"),
+                 60, "the ramp SD's simulators")
+        schedule = make_plan(SpeculativeDeploymentSpec.model_validate(self.ramp_sd()["spec"])).schedule
+        assert schedule is not None
+        self.console.print("The schedule the operator derived (`specdeploy plan` prints it too; predicted speedup "
+                           "against no speculation):", highlight=False)
+        for r in schedule.ranges:
+            self.console.print(f"  batch {r.min_batch:>3}–{r.max_batch:<3}  k {r.k}  "
+                               f"{r.speedup_at_min_batch:.2f}× → {r.speedup_at_max_batch:.2f}×", highlight=False)
+        config = get_json(self.cluster, "configmap", f"{RAMP_NAME}-engine", namespace=NAMESPACE)["data"]
+        rendered = next(line.strip() for line in config["speculative.trtllm.yaml"].splitlines()
+                        if "draft_len_schedule" in line)
+        self.console.print(f"rendered into the speculative pod's TensorRT-LLM config: {rendered} (past its largest "
+                           "key the engine drafts nothing)", highlight=False)
+        self.show("get", "sd", RAMP_NAME, "-n", NAMESPACE)
+        pods = self.ramp_pods()
+        self.console.print(f"pods: {', '.join(pods)}", highlight=False)
+        return pods
+
+    def ramp_watch(self, label: str, until: Callable[[dict[str, Any], dict[str, Any], dict[str, Any]], bool],
+                   seconds: float, pods: dict[str, int]) -> None:
+        """A line every 2 s — the speculative engine's batch and k in use, the control's batch, the SD's status —
+        until `until(sd, speculative info, control info)`; fails at once on a rollback, a restart or a new pod."""
+        self.console.print("  ".join(f"{h:>12}" for h in ("time", "load", "spec batch", "k in use", "ctl batch",
+                                                          "speculating", "speedup", "verdict")), highlight=False)
+        started = time.monotonic()
+        while True:
+            obj, spec, control = self.ramp_sd(), self.engine_info("speculative"), self.engine_info("control")
+            status = obj.get("status", {})
+            analysis = status.get("analysis") or {}
+            row = [f"{time.monotonic() - started:5.0f}s", label, str(spec["running"]), str(spec["kInUse"]),
+                   str(control["running"]), str((status.get("speculation") or {}).get("active")),
+                   _speedup(analysis.get("speedup")), str(analysis.get("verdict"))]
+            self.console.print("  ".join(f"{cell:>12}" for cell in row), highlight=False)
+            if (status.get("speculation") or {}).get("lastRollback"):
+                raise RuntimeError(f"the ramp SD rolled back: {status['speculation']['lastRollback']}")
+            if (now := self.ramp_pods()) != pods:
+                raise RuntimeError(f"the ramp SD's pods changed: {pods} -> {now}")
+            if until(obj, spec, control):
+                return
+            if time.monotonic() - started > seconds:
+                raise TimeoutError(f"waited {seconds:.0f} s for {label}; status.analysis: {json.dumps(analysis)}")
+            time.sleep(2)
+
+    def ramp_checkpoint(self, what: str, pods: dict[str, int]) -> None:
+        """After a phase: the `kubectl get sd` line, the pods and their restarts, the rollbacks."""
+        self.show("get", "sd", RAMP_NAME, "-n", NAMESPACE)
+        now = self.ramp_pods()
+        speculation = self.ramp_sd()["status"].get("speculation") or {}
+        self.console.print(f"after {what}: {'the same pods' if now.keys() == pods.keys() else 'OTHER PODS'}, restarts "
+                           f"{sum(now.values())}, rollbacks {speculation.get('rollbacks', 0)}", highlight=False)
+
+    def load_ramp(self) -> None:
+        pods = self.apply_ramp()
+        low = _ramp_traffic(self.cluster, RAMP_LOW_QPS)
+        peak: Traffic | None = None
+        try:
+            self.step(f"Low load, {RAMP_LOW_QPS:g} requests/s: a few sequences per pod, the engine drafts k = 2 and "
+                      "the speculative pod is faster than the control")
+            since = time.time()
+            self.ramp_watch("low", lambda o, s, c: s["kInUse"] > 0 and _faster(o, since, RAMP_FASTER), 150, pods)
+            self.ramp_checkpoint("low load", pods)
+            self.step(f"Peak, +{RAMP_PEAK_QPS:g} requests/s: both pods fill to maxNumSeqs 300, past the schedule's "
+                      "last drafting range (192) — the engine stops drafting by itself, with no restart")
+            peak = _ramp_traffic(self.cluster, RAMP_PEAK_QPS)
+            full_since: list[float] = []
+
+            def at_peak(obj: dict[str, Any], spec: dict[str, Any], control: dict[str, Any]) -> bool:
+                if spec["running"] < RAMP_FULL or control["running"] < RAMP_FULL or spec["kInUse"] != 0:
+                    full_since.clear()
+                    return False
+                full_since[:] = full_since or [time.time()]
+                return _sampled_after(obj, full_since[0] + RAMP_WINDOW_SECONDS)
+
+            self.ramp_watch("peak", at_peak, 180, pods)
+            self.ramp_checkpoint("the peak", pods)
+            self.step(f"Back to {RAMP_LOW_QPS:g} requests/s (the peak's clients leave): the batch falls into the "
+                      "k = 2 range and the engine drafts again")
+            peak.stop()
+            since = time.time()
+            self.ramp_watch("low again", lambda o, s, c: s["kInUse"] > 0 and _faster(
+                o, since + RAMP_WINDOW_SECONDS, RAMP_FASTER), 180, pods)
+            self.ramp_checkpoint("the ramp", pods)
+            self.console.print("No restart and no rollback: the schedule switched drafting off and on inside the "
+                               "engine, and the analysis judged the same pods throughout.", highlight=False)
+        finally:
+            low.stop()
+            if peak is not None:
+                peak.stop()
+
 
 def _condition(obj: dict[str, Any], kind: str) -> str | None:
     return next((c["status"] for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
@@ -184,6 +338,27 @@ def _ms(value: Any) -> str:
 
 def _speedup(value: Any) -> str:
     return "-" if not value else f"{value['value']:.2f}× ({value['low']:.2f}–{value['high']:.2f})"
+
+
+def _sampled_after(obj: dict[str, Any], moment: float) -> bool:
+    """The SD's last sample was taken after `moment` (epoch seconds)."""
+    taken = (obj.get("status", {}).get("analysis") or {}).get("lastSampleAt")
+    return taken is not None and datetime.fromisoformat(taken.replace("Z", "+00:00")).timestamp() >= moment
+
+
+def _faster(obj: dict[str, Any], moment: float, by: float) -> bool:
+    """A sample taken after `moment` whose per-token speedup interval lies above `by`."""
+    speedup = (obj.get("status", {}).get("analysis") or {}).get("speedup") or {}
+    return _sampled_after(obj, moment) and speedup.get("low", 0) > by
+
+
+def _ramp_traffic(cluster: DevCluster, qps: float) -> Traffic:
+    """Whole answers (a peak stays cheap for this machine's client) at temperature 0, so the acceptance knob is
+    the measured rate; short prompts, ~600 tokens out, so the peak holds the pods full. stop() cancels the
+    answers still under way at once: the peak ends on both pods together."""
+    return Traffic(cluster, RAMP_SD, qps, duration=900, chunk_seconds=600,
+                   prompt_tokens="50-150", output_tokens="500-700", temperature="0", stream=False,
+                   drain_seconds=0.0).start()
 
 
 def _alerts(url: str) -> list[dict[str, Any]]:
@@ -239,6 +414,9 @@ def run_demo(*, tty: bool, cleanup: bool, state_dir: Path | None) -> int:
         rolled = demo.watch(lambda o: (o["status"].get("speculation") or {}).get("active") is False, 150,
                             "the rollback")
         demo.rollback_story(rolled)
+        traffic.stop()
+        traffic = None
+        demo.load_ramp()
     finally:
         if traffic is not None:
             traffic.stop()
@@ -249,5 +427,6 @@ def run_demo(*, tty: bool, cleanup: bool, state_dir: Path | None) -> int:
             cluster.down()
     if not cleanup and operator is not None:
         console.print(_next_steps(cluster, operator, log))
-    console.print("[bold green]demo finished: speculation was rolled back, with an Event and an alert[/]")
+    console.print("[bold green]demo finished: speculation was rolled back, with an Event and an alert; and a load "
+                  "peak turned drafting off and on inside the engine, with no restart and no rollback[/]")
     return 0
