@@ -4,12 +4,14 @@ arrivals, in virtual time — always on, always off, the rollback policy alone, 
 The day (one run is about 5 minutes of CPU: the judged pods and the settings run in up to 7 processes,
 `--jobs`):
 
-- 24 hours of `--hour-seconds` virtual seconds each (default 600: the day lasts 4 virtual hours, ~6 minutes of
-  wall time in 2 processes). The operator's judgment keeps its own clock (window 5m, interval 30s, failureLimit 3,
-  cooldown 30m, calibration's 30-minute period — virtual seconds), so it sees the day's load change 6× faster
-  than a real day: its window spans 30 minutes of the day, the cooldown and the period 3 hours. (At 150 s per
-  hour, the default until 2026-12-03, they spanned 2 and 12 hours: no calibration, re-enable or second look could
-  fall inside the 4-hour dip, and the day measured the compression more than the judgment.)
+- 24 hours of `--hour-seconds` virtual seconds each (default 3600: a day at its own length, ~1.08 million requests
+  per policy, ~26 minutes of wall time in 2 processes). The operator's judgment keeps its own clock (window 5m,
+  interval 30s, failureLimit 3, cooldown 30m, calibration's 30-minute period — virtual seconds), so only at 3600
+  does it see the load change as fast as it would on a real day. A shorter hour compresses the day around a
+  judgment that does not speed up: at 600 (the default until 2026-12-04 evening; ~6 minutes) its window spans 30
+  minutes of the day, the cooldown 3 hours, and the seconds it needs to see the dip weigh 6× their share of the
+  day's requests — a stress test of the reaction time, not the day. At 150 (until 2026-12-03) no calibration,
+  re-enable or second look could fall inside the 4-hour dip.
 - QPS per pod 1 + 23 · (1 − cos(2π · hour / 24)) / 2: 1 at midnight, 24 at noon, smooth; a step every
   15 virtual seconds. The load generator's default lengths (prompts ~256, answers ~128 tokens) and the
   benchmark's temperature mix (70% greedy, 30% at T = 1).
@@ -93,7 +95,7 @@ NAMESPACE, NAME = "bench", "llama-8b-draft"
 GPU = "H100-80GB"
 T0 = 1_749_999_600.0
 HOURS = 24
-HOUR_SECONDS = 600.0
+HOUR_SECONDS = 3600.0
 NIGHT_QPS, PEAK_QPS = 1.0, 24.0
 QPS_STEP_SECONDS = 15.0
 DIP_HOURS = (10.0, 14.0)

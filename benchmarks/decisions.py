@@ -4,7 +4,7 @@ how long a detection takes. No cluster: seconds per run.
     python benchmarks/decisions.py --scenario healthy|latency-regression|acceptance-drop|load-ramp \\
         [--tpot-ms X] [--regression R] [--qps Q] [--runs N] [--seed S] [--policy current|previous|both] [--json] \\
         [--window 5m] [--interval 30s] [--failure-limit 3] [--min-requests 20] [--scrape 15s] [--jobs J]
-    python benchmarks/decisions.py --scenario day [--runs N] [--seed S] [--json] [--hour-seconds 600] [--cooldown 30m] [--interval 30s] [--jobs J]
+    python benchmarks/decisions.py --scenario day [--runs N] [--seed S] [--json] [--hour-seconds 3600] [--cooldown 30m] [--interval 30s] [--jobs J]
 
 `--scenario day` is a different experiment: a simulated day served by five policies (always on, always off,
 the rollback policy alone, `Auto`, an oracle), compared on P99 and mean TPOT and goodput; benchmarks/day.py

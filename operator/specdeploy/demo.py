@@ -257,7 +257,8 @@ class Demo:
         """A line every 2 s — the speculative engine's batch and k in use, the control's batch, the SD's status —
         until `until(sd, speculative info, control info)`; fails at once on a rollback, a restart or a new pod."""
         self.console.print("  ".join(f"{h:>12}" for h in ("time", "load", "spec batch", "k in use", "ctl batch",
-                                                          "speculating", "speedup", "verdict")), highlight=False)
+                                                          "speculating", "speedup", "verdict", "reason")), highlight=False,
+                           soft_wrap=True)
         started = time.monotonic()
         while True:
             obj, spec, control = self.ramp_sd(), self.engine_info("speculative"), self.engine_info("control")
@@ -265,8 +266,8 @@ class Demo:
             analysis = status.get("analysis") or {}
             row = [f"{time.monotonic() - started:5.0f}s", label, str(spec["running"]), str(spec["kInUse"]),
                    str(control["running"]), str((status.get("speculation") or {}).get("active")),
-                   _speedup(analysis.get("speedup")), str(analysis.get("verdict"))]
-            self.console.print("  ".join(f"{cell:>12}" for cell in row), highlight=False)
+                   _speedup(analysis.get("speedup")), str(analysis.get("verdict")), analysis.get("verdictReason") or "-"]
+            self.console.print("  ".join(f"{cell:>12}" for cell in row), highlight=False, soft_wrap=True)
             if (status.get("speculation") or {}).get("lastRollback"):
                 raise RuntimeError(f"the ramp SD rolled back: {status['speculation']['lastRollback']}")
             if (now := self.ramp_pods()) != pods:
