@@ -55,4 +55,6 @@ def test_demo_shows_a_rollback_end_to_end(tmp_path: Path) -> None:
         assert line.endswith(": the same pods, restarts 0, rollbacks 0"), line
     assert "rendered into the speculative pod's TensorRT-LLM config: draft_len_schedule" in output, ramp[:3000]
     assert "No restart and no rollback" in ramp
-    print(f"the ramp's phases ended on (batch, k, control batch, active, speedup, low, verdict): {last}")
+    verdicts = sorted({(match[1], match[9], match[10]) for match in RAMP_ROW.finditer(ramp)})
+    print(f"the ramp's phases ended on (batch, k, control batch, active, speedup, low, verdict): {last}; "
+          f"verdicts seen: {verdicts}")
