@@ -228,7 +228,8 @@ class Demo:
         [url] = endpoints(self.cluster, RAMP_SD, variant)
         return dict(httpx.get(f"{url}/admin/info", timeout=5).json())
 
-    def apply_ramp(self) -> dict[str, int]:
+    def apply_ramp(self) -> tuple[dict[str, int], int]:
+        """Apply the ramp SD; its pods (name -> restarts) and the largest batch at which its schedule drafts."""
         self.step(f"kubectl apply: {RAMP_SD} — Llama-3.3-70B + an 8B draft on 4 H100s, TensorRT-LLM, "
                   "spec.speculation.schedule {mode: Auto}: 1 speculative pod + 1 control")
         self.kubectl("apply", "-f", "-", input=RAMP_RESOURCE)
@@ -250,7 +251,7 @@ class Demo:
         self.show("get", "sd", RAMP_NAME, "-n", NAMESPACE)
         pods = self.ramp_pods()
         self.console.print(f"pods: {', '.join(pods)}", highlight=False)
-        return pods
+        return pods, max(r.max_batch for r in schedule.ranges if r.k > 0)
 
     def ramp_watch(self, label: str, until: Callable[[dict[str, Any], dict[str, Any], dict[str, Any]], bool],
                    seconds: float, pods: dict[str, int]) -> None:
@@ -287,7 +288,7 @@ class Demo:
                            f"{sum(now.values())}, rollbacks {speculation.get('rollbacks', 0)}", highlight=False)
 
     def load_ramp(self) -> None:
-        pods = self.apply_ramp()
+        pods, drafting_to = self.apply_ramp()
         low = _ramp_traffic(self.cluster, RAMP_LOW_QPS)
         peak: Traffic | None = None
         try:
@@ -297,7 +298,7 @@ class Demo:
             self.ramp_watch("low", lambda o, s, c: s["kInUse"] > 0 and _faster(o, since, RAMP_FASTER), 150, pods)
             self.ramp_checkpoint("low load", pods)
             self.step(f"Peak, +{RAMP_PEAK_QPS:g} requests/s: both pods fill to maxNumSeqs 300, past the schedule's "
-                      "last drafting range (192) — the engine stops drafting by itself, with no restart")
+                      f"last drafting range (to {drafting_to}) — the engine stops drafting by itself, with no restart")
             peak = _ramp_traffic(self.cluster, RAMP_PEAK_QPS)
             full_since: list[float] = []
 
@@ -378,6 +379,7 @@ def _next_steps(cluster: DevCluster, operator: subprocess.Popen[bytes], log: Pat
 The cluster is still up. Try:
   export {env}
   kubectl describe sd {NAME} -n {NAMESPACE}                     # conditions and Events
+  kubectl describe sd {RAMP_NAME} -n {NAMESPACE}                # the Auto schedule's SD after the ramp
   kubectl annotate sd {NAME} -n {NAMESPACE} specdeploy.io/retry-speculation=1 --overwrite   # speculate again
   specdeploy load --sd {SD} --qps 8 --duration 60s            # more traffic
   specdeploy sim-admin --sd {SD} --variant speculative --set oom=true   # an OOM crash
