@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,9 @@ from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.simadmin import endpoints, sim_admin
 from specdeploy.devcluster.traffic import Traffic
 from specdeploy.devcluster.waiters import get_json
+from specdeploy.judgment.evidence import parse_rfc3339
 from specdeploy.planning.plan import make_plan
+from specdeploy.report import schedule_table
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "specdeploy"
@@ -236,13 +237,10 @@ class Demo:
         wait_for(lambda: _condition(self.ramp_sd(), "Ready") == "True", 120, "the ramp SD to be Ready")
         wait_for(lambda: endpoints(self.cluster, RAMP_SD, "speculative") and endpoints(self.cluster, RAMP_SD, "control"),
                  60, "the ramp SD's simulators")
-        schedule = make_plan(SpeculativeDeploymentSpec.model_validate(self.ramp_sd()["spec"])).schedule
-        assert schedule is not None
-        self.console.print("The schedule the operator derived (`specdeploy plan` prints it too; predicted speedup "
-                           "against no speculation):", highlight=False)
-        for r in schedule.ranges:
-            self.console.print(f"  batch {r.min_batch:>3}–{r.max_batch:<3}  k {r.k}  "
-                               f"{r.speedup_at_min_batch:.2f}× → {r.speedup_at_max_batch:.2f}×", highlight=False)
+        plan = make_plan(SpeculativeDeploymentSpec.model_validate(self.ramp_sd()["spec"]))
+        assert plan.schedule is not None
+        self.console.print("The schedule the operator derived, as `specdeploy plan` prints it:", highlight=False)
+        self.console.print(schedule_table(plan))
         config = get_json(self.cluster, "configmap", f"{RAMP_NAME}-engine", namespace=NAMESPACE)["data"]
         rendered = next(line.strip() for line in config["speculative.trtllm.yaml"].splitlines()
                         if "draft_len_schedule" in line)
@@ -251,7 +249,7 @@ class Demo:
         self.show("get", "sd", RAMP_NAME, "-n", NAMESPACE)
         pods = self.ramp_pods()
         self.console.print(f"pods: {', '.join(pods)}", highlight=False)
-        return pods, max(r.max_batch for r in schedule.ranges if r.k > 0)
+        return pods, max(r.max_batch for r in plan.schedule.ranges if r.k > 0)
 
     def ramp_watch(self, label: str, until: Callable[[dict[str, Any], dict[str, Any], dict[str, Any]], bool],
                    seconds: float, pods: dict[str, int]) -> None:
@@ -345,7 +343,7 @@ def _speedup(value: Any) -> str:
 def _sampled_after(obj: dict[str, Any], moment: float) -> bool:
     """The SD's last sample was taken after `moment` (epoch seconds)."""
     taken = (obj.get("status", {}).get("analysis") or {}).get("lastSampleAt")
-    return taken is not None and datetime.fromisoformat(taken.replace("Z", "+00:00")).timestamp() >= moment
+    return taken is not None and parse_rfc3339(taken).timestamp() >= moment
 
 
 def _faster(obj: dict[str, Any], moment: float, by: float) -> bool:

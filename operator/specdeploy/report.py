@@ -141,7 +141,7 @@ _SCHEDULE_MEANING = {
 }
 
 
-def _schedule(plan: Plan) -> Group | None:
+def schedule_table(plan: Plan) -> Group | None:
     """k per batch range and the predicted speedup at each end of the range (planning.schedule)."""
     schedule = plan.schedule
     if schedule is None:
@@ -223,7 +223,7 @@ def render_plan(name: str, plan: Plan, command: EngineCommand | None, console: C
     speedup = _speedup(plan)
     if speedup is not None:
         console.print(Panel(speedup, title="predicted speedup", title_align="left"))
-    schedule = _schedule(plan)
+    schedule = schedule_table(plan)
     if schedule is not None:
         console.print(Panel(schedule, title="speculation schedule", title_align="left"))
     console.print(Panel(_analysis(plan), title="analysis", title_align="left"))

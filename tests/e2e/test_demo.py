@@ -44,7 +44,7 @@ def test_demo_shows_a_rollback_end_to_end(tmp_path: Path) -> None:
                           float(match[7]), f"{match[9]} {match[10]}")
     assert set(last) == {"low", "peak", "low again"}, ramp[-6000:]
     for phase in ("low", "low again"):
-        batch, k, _, active, speedup, low, _ = last[phase]
+        _, k, _, active, _, low, _ = last[phase]
         assert k > 0 and active == "True" and low > 1.2, (phase, last[phase])
     batch, k, control, active, speedup, _, verdict = last["peak"]
     assert batch >= 270 and control >= 270 and k == 0 and active == "True", last["peak"]
