@@ -129,3 +129,19 @@ def test_the_reaction_policy_serves_off_from_the_delay_and_the_table_for_the_tri
     table, off = 0.001, 0.002
     assert [(r.arrival, r.tpot) for r in served] == [(100.0, table), (6010.0, table), (6100.0, off), (7900.0, table),
                                                      (7950.0, off), (8000.0, off), (9000.0, table)]
+
+
+def test_the_reaction_policy_re_enables_at_each_doubling_cooldown_inside_the_dip(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the day's own length the SD's cooldown (30m, doubling) re-enables three times inside the 4-hour dip: the
+    bound serves the table for `trial` seconds at each, as the judged `auto` pays each re-enable there."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    day, reaction = importlib.import_module("day"), importlib.import_module("day_reaction")
+    a_day = day.Day(hour_seconds=3600.0)        # the dip: 36000–50400 s
+    assert reaction.spans(a_day, delay=100.0, trial=60.0) == [
+        ("autoTable", 0.0, 36100.0),
+        ("off", 36100.0, 37900.0), ("autoTable", 37900.0, 37960.0),      # 30 minutes after the first rollback
+        ("off", 37960.0, 41560.0), ("autoTable", 41560.0, 41620.0),      # 60 after the second
+        ("off", 41620.0, 48820.0), ("autoTable", 48820.0, 48880.0),      # 120 after the third
+        ("off", 48880.0, 50400.0), ("autoTable", 50400.0, 86460.0),      # 240 after the fourth: past the dip
+    ]
