@@ -12,8 +12,8 @@ dip (`cooldown_seconds`: 30 minutes after the first rollback, then 60, 120 …, 
 serves `trial` seconds with the Auto table before it is rolled back again. At the dip's end the Auto table serves
 again at once: a re-enable that knows the dip is over, which no judgment has (the policy is a bound, not a
 simulation of one). `--on` names the setting that speculates in it (default the Auto table; `k1` asks what a
-table drafting k = 1 would cost in the dip). For each (delay, trial) it prints that policy's P99 TPOT and goodput against the oracle's and
-always-off's: the reaction the judgment would need for the issue's points to be reachable at all.
+table drafting k = 1 would cost in the dip). For each (delay, trial) it prints that policy's P99 TPOT and goodput
+against the oracle's and always-off's: the reaction the judgment would need for the issue's points to be reachable.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import multiprocessing
 import sys
 from typing import Any
 
-from day import MINUTE, Day, Served, metrics, oracle, resource, run_setting, setting_models, slo_for
+from day import MINUTE, SETTINGS, Day, Served, metrics, oracle, resource, run_setting, setting_models, slo_for
 
 from specdeploy.judgment.rollback import cooldown_seconds
 
@@ -60,15 +60,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hour-seconds", type=float, default=3600.0)
     parser.add_argument("--delays", default="0,30,60,90,110,180", help="seconds from the dip's start to rollback")
     parser.add_argument("--trials", default="0,15,30,60", help="seconds each re-enable inside the dip serves")
-    parser.add_argument("--on", default="autoTable", choices=("autoTable", "k1", "k2", "k3", "k4", "k5"),
+    parser.add_argument("--on", default="autoTable", choices=SETTINGS[1:],
                         help="the setting that speculates outside the dip and in each trial")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args(argv)
     day = Day(args.hour_seconds)
     seed = args.seed * 1000          # run 0 of decisions.py --scenario day --seed S
-    names = ("off", "k1", "k2", "k3", "k4", "k5", "autoTable")
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-        settings = dict(pool.map(_setting, [(name, seed, args.hour_seconds) for name in names], chunksize=1))
+        settings = dict(pool.map(_setting, [(name, seed, args.hour_seconds) for name in SETTINGS], chunksize=1))
     slo = slo_for(setting_models()["off"])
     best: dict[str, Any] = metrics(oracle(settings, slo, day)[0], slo, day.seconds)
     off: dict[str, Any] = metrics(settings["off"], slo, day.seconds)
