@@ -16,19 +16,15 @@ from specdeploy.api import names
 from specdeploy.api.resource import SpeculativeDeployment, parse_resource
 from specdeploy.api.status import SpeculativeDeploymentStatus
 from specdeploy.controller.reconciler import plan_resource
-from specdeploy.judgment import recalibration
 from specdeploy.judgment.calibration import (
     MIN_PERIOD_SECONDS,
-    CalibrationDecision,
-    KeepReason,
     acceptance_now,
 )
-from specdeploy.judgment.recalibration import RECALIBRATED, recalibrate
+from specdeploy.judgment.recalibration import RECALIBRATED
 from specdeploy.judgment.samples import DeploymentSample, Signal
 from specdeploy.judgment.speculation import schedule_at_load, step_speculation
-from specdeploy.planning.compat import expressible_on
 from specdeploy.planning.plan import make_plan
-from specdeploy.planning.schedule import ScheduleRange, calibrated_acceptance, calibration_key
+from specdeploy.planning.schedule import calibrated_acceptance, calibration_key
 from specdeploy.reconcile.children import Variant, desired_children, engine_command
 from specdeploy.reconcile.decide import Actions, Observed, decide
 from specdeploy.reconcile.observed import observe_pods
@@ -240,30 +236,6 @@ def test_calibration_key_ignores_the_pinned_revision() -> None:
     pinned = spec.model_copy(update={"speculation": spec.speculation.model_copy(
         update={"draft": draft.model_copy(update={"revision": "0" * 40})})})
     assert calibration_key(pinned) == calibration_key(spec)
-
-
-def test_a_table_tensorrt_llm_cannot_run_is_not_proposed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """TensorRT-LLM drafts max_draft_len at its smallest batch sizes: a table whose k rises with the batch is
-    kept (NotExpressible), and the running table stays."""
-    rising = (ScheduleRange(1, 8, 1, 1.1, 1.1), ScheduleRange(9, 32, 2, 1.2, 1.2))
-    assert not expressible_on(_resource(_body(engine="trtllm")).spec.engine.kind, rising)
-    assert expressible_on(_resource(_body()).spec.engine.kind, rising)
-
-    def change(*_: Any, **__: Any) -> CalibrationDecision:
-        return CalibrationDecision(True, None, schedule=rising, acceptance=(0.5,) * 5, batch=8,
-                                   speedup_before=1.0, speedup_after=1.2, gain=0.2)
-
-    monkeypatch.setattr(recalibration, "calibrate", change)
-    body = _speculating(engine="trtllm")
-    resource, previous = _resource(body), _previous(body)
-    assert previous.speculation is not None
-    plan = _planned(body).plan
-    speculation, change_made = recalibrate(resource.spec, previous.speculation, plan,
-                                           _measured(0.3, drafted=True), LATER)
-    assert change_made is None
-    assert speculation.calibration is not None and speculation.calibration.positions == []
-    assert speculation.calibration.last_decision is not None
-    assert speculation.calibration.last_decision.reason == KeepReason.NOT_EXPRESSIBLE.value
 
 
 def test_step_speculation_without_a_plan_calibrates_nothing() -> None:

@@ -3,6 +3,7 @@ with it (memory, findings, `plan -o json`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -221,6 +222,31 @@ def test_a_drafter_with_a_fixed_cost_can_draft_more_at_a_larger_batch() -> None:
     So k goes 1 → 2 → 1 at α 0.3 — the schedule is derived point by point, not assumed to fall."""
     ranges = derive_schedule(DENSE_COSTS["llama-8b + EAGLE-3"], geometric(0.3, 8), 8, 1024)
     assert [r.k for r in ranges] == [1, 2, 1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(DENSE_COSTS)), st.floats(0.0, 0.97), st.integers(1, 8), st.integers(1, 1024))
+def test_for_tensorrt_llm_k_never_rises_with_the_batch(name: str, alpha: float, max_k: int, max_num_seqs: int
+                                                       ) -> None:
+    """TensorRT-LLM drafts its table's largest k from batch 1 up: where the best k rises with the batch (a fixed-cost
+    drafter), Auto raises the smaller batches to it, so what it derives is what the engine runs."""
+    free = DENSE_COSTS[name]
+    acceptance = geometric(alpha, max_k)
+    ranges = derive_schedule(dataclasses.replace(free, largest_k_first=True), acceptance, max_k, max_num_seqs)
+    unconstrained = derive_schedule(free, acceptance, max_k, max_num_seqs)
+    assert all(a.k > b.k for a, b in zip(ranges, ranges[1:], strict=False))
+    assert ranges[0].min_batch == 1 and ranges[-1].max_batch == max_num_seqs
+    for batch in {1, max_num_seqs, *(r.min_batch for r in unconstrained), *(r.max_batch for r in unconstrained)}:
+        later = max(r.k for r in unconstrained if r.max_batch >= batch)
+        assert k_at(ranges, batch) == later, "the most the unconstrained table drafts at this batch or above"
+
+
+def test_a_tensorrt_llm_auto_table_drafts_its_largest_k_first() -> None:
+    spec = make_spec("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", engine="trtllm", k=7,
+                     schedule={"mode": "Auto"})
+    plan = make_plan(spec)
+    assert plan.schedule is not None and plan.compatibility.compatible
+    assert plan.schedule.ranges[0].k == plan.schedule.largest_k
 
 
 def test_moe_drafts_more_once_every_expert_is_read_anyway() -> None:

@@ -149,7 +149,7 @@ class CalibrationDecisionStatus(StatusModel):
 
     kind: str = Field(description="Changed or Kept")
     reason: str = Field(description="ScheduleRecalibrated, or why kept: TooFewDrafts, SameSchedule, NeverPays, "
-                        "LosesAtLoad, GainBelowMinimum, WithinMinimumPeriod, NotExpressible, NoPositionCounts")
+                        "LosesAtLoad, GainBelowMinimum, WithinMinimumPeriod, NoPositionCounts")
     message: str = Field("", description="The decision in a sentence, with the numbers")
     batch: int | None = Field(None, description="The observed batch the speedups are predicted at")
     speedup_before: float | None = Field(None, description="The running table's predicted speedup at batch")

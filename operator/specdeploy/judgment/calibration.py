@@ -88,7 +88,6 @@ class KeepReason(StrEnum):
     LOSES_AT_LOAD = "LosesAtLoad"                 # the derived table is predicted below 1× at the observed batch
     GAIN_BELOW_MINIMUM = "GainBelowMinimum"       # under MIN_RELATIVE_GAIN at the observed batch
     WITHIN_MINIMUM_PERIOD = "WithinMinimumPeriod"  # the last change is less than MIN_PERIOD_SECONDS ago
-    NOT_EXPRESSIBLE = "NotExpressible"            # the engine cannot run the derived table (judgment/recalibration.py)
 
 
 class PositionSource(StrEnum):

@@ -13,13 +13,12 @@ itself (`lastDecision`) and leaves the positions, and so the table, as they were
 The minimum period runs from the later of the last change calibration made and `speculation.since` (the
 decision's last change: a re-enable restarts the pods as a change does).
 
-A derived table the engine cannot run (TensorRT-LLM: a larger k at a larger batch than at batch 1) is not
-proposed: it is kept with NotExpressible, and the rollback stays for what no schedule fixes.
+The derived table is one the engine can run: for TensorRT-LLM, whose table drafts its largest k at batch 1, the
+derivation never lets k rise with the batch (planning.schedule.derive_schedule).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,7 +43,6 @@ from specdeploy.judgment.calibration import (
 )
 from specdeploy.judgment.queries import latest_seconds
 from specdeploy.judgment.samples import DeploymentSample
-from specdeploy.planning.compat import expressible_on
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import Plan
 from specdeploy.planning.schedule import ScheduleRange, calibration_key, k_at, schedule_cost, step_speedup
@@ -150,8 +148,6 @@ def recalibrate(
     record = record or ScheduleCalibration(key=key)
     current = plan.schedule
     decision, measured = _calibrated(spec, speculation, plan, sample, now)
-    if decision.change and decision.schedule is not None and not expressible_on(spec.engine.kind, decision.schedule):
-        decision = _not_expressible(decision)
     message = _message(decision, current.ranges, measured, latest_seconds(sample.window_seconds))
     update: dict[str, object] = {"last_decision": _decision_status(decision, message)}
     change = None
@@ -216,8 +212,3 @@ def best_at_load(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus
                       for k in range(1, spec.speculation.num_speculative_tokens + 1)), key=lambda found: found[1])
     return BestAtLoad(k, speedup, decision.batch, decision.acceptance, decision.evidence.drafts,
                       k_at(plan.schedule.ranges, decision.batch), decision.speedup_before, measured.shift)
-
-
-def _not_expressible(decision: CalibrationDecision) -> CalibrationDecision:
-    """A change the engine cannot run, kept: the table stays what the engine runs now."""
-    return dataclasses.replace(decision, change=False, reason=KeepReason.NOT_EXPRESSIBLE)

@@ -46,6 +46,11 @@ ZERO_K_SPEEDUP_BY_ENGINE = {EngineKind.TRTLLM: 1.0}
 so its table drafts 0 as soon as no k beats no speculation at all. vLLM (and SGLang, whose adaptive tiers never
 reach 0) keep ZERO_K_SPEEDUP."""
 
+LARGEST_K_FIRST = frozenset({EngineKind.TRTLLM})
+"""Engines whose table drafts its largest k at the smallest batch sizes: TensorRT-LLM's `draft_len_schedule` gives
+batch sizes up to its smallest key `max_draft_len`, the most drafted anywhere. Auto derives for them a table whose k
+never rises with the batch (`derive_schedule`), so the table it renders is the one it derived."""
+
 
 @dataclass(frozen=True)
 class ScheduleRange:
@@ -154,12 +159,29 @@ def derive_schedule(
 
     `position_acceptance[i]` is the share of drafts whose position i+1 is accepted (non-increasing; the prior
     of `prior_position_acceptance` or vLLM's per-position counters); k goes up to the smaller of `max_k` and
-    the positions given.
+    the positions given. For an engine that drafts its largest k first (`cost.largest_k_first`) each batch size
+    drafts the most the best k reaches at it or any larger size: a drafter with a fixed cost per pass can be worth
+    more tokens at a larger batch (docs/schedules.md), and such an engine can only run that k from batch 1 up.
     """
     top = min(max_k, len(position_acceptance))
     choose = cache(lambda batch: best_k_at(cost, position_acceptance, batch, top))
-    return _ranges(_starts(choose, max_num_seqs), max_num_seqs,
-                   lambda batch, k: step_speedup(cost, position_acceptance, batch, k))
+    starts = _starts(choose, max_num_seqs)
+    if cost.largest_k_first:
+        starts = _never_rising(starts)
+    return _ranges(starts, max_num_seqs, lambda batch, k: step_speedup(cost, position_acceptance, batch, k))
+
+
+def _never_rising(starts: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`starts` with each run's k raised to the largest k of any later run, equal neighbours merged."""
+    raised: list[tuple[int, int]] = []
+    largest = 0
+    for start, k in reversed(starts):
+        largest = max(largest, k)
+        if raised and raised[-1][1] == largest:
+            raised[-1] = (start, largest)
+        else:
+            raised.append((start, largest))
+    return raised[::-1]
 
 
 def table_schedule(
@@ -174,9 +196,10 @@ def table_schedule(
 def schedule_cost(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None,
                   gpu: GpuProduct | None) -> SpeculationCost:
     """The roofline's costs a schedule of `spec` is derived from, on `gpu` (None: REFERENCE_GPU), with its engine's
-    cost of a step that drafts nothing."""
+    cost of a step that drafts nothing and whether its table drafts its largest k first."""
     cost = speculation_cost(spec, target, draft, gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU])
-    return dataclasses.replace(cost, zero_k_speedup=ZERO_K_SPEEDUP_BY_ENGINE.get(spec.engine.kind, ZERO_K_SPEEDUP))
+    return dataclasses.replace(cost, zero_k_speedup=ZERO_K_SPEEDUP_BY_ENGINE.get(spec.engine.kind, ZERO_K_SPEEDUP),
+                               largest_k_first=spec.engine.kind in LARGEST_K_FIRST)
 
 
 def calibration_key(spec: SpeculativeDeploymentSpec) -> str:

@@ -100,6 +100,7 @@ class SpeculationCost:
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
     draft_pass_overhead_s: float = DRAFT_PASS_OVERHEAD_S
     zero_k_speedup: float | None = None     # a schedule's k = 0 step ÷ no speculation; None: planning.schedule's
+    largest_k_first: bool = False           # the engine's table drafts its largest k at batch 1 (planning.schedule)
 
     def baseline_step_seconds(self, batch: int) -> float:
         """One engine step without speculation: one token per sequence."""
