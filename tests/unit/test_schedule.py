@@ -19,6 +19,7 @@ from specdeploy.planning.acceptance import (
     expected_tokens_per_step,
     prior_position_acceptance,
 )
+from specdeploy.planning.compat import schedule_findings
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.memory import plan_memory
 from specdeploy.planning.modelinfo import ModelInfo
@@ -242,11 +243,18 @@ def test_for_tensorrt_llm_k_never_rises_with_the_batch(name: str, alpha: float, 
 
 
 def test_a_tensorrt_llm_auto_table_drafts_its_largest_k_first() -> None:
-    spec = make_spec("eagle3", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", engine="trtllm", k=7,
-                     schedule={"mode": "Auto"})
-    plan = make_plan(spec)
-    assert plan.schedule is not None and plan.compatibility.compatible
-    assert plan.schedule.ranges[0].k == plan.schedule.largest_k
+    """The fixed-cost drafter above (k 1 → 2 → 1 at α 0.3), measured per position as calibration passes it: on vLLM
+    the table rises, on TensorRT-LLM its smaller batch sizes are raised to k 2, and the plan can run it."""
+    product = find_gpu("H100-80GB")
+    measured = geometric(0.3, 8)
+    tables = {}
+    for engine in ("vllm", "trtllm"):
+        spec = make_spec("eagle3", EAGLE3_8B.name, engine=engine, k=8, max_num_seqs=1024, schedule={"mode": "Auto"})
+        schedule = speculation_schedule(spec, LLAMA_8B, EAGLE3_8B, product, position_acceptance=measured)
+        tables[engine] = [r.k for r in schedule.ranges]
+        if engine == "trtllm":
+            assert not [f for f in schedule_findings(spec, schedule) if f.code == "ScheduleNotExpressible"]
+    assert tables == {"vllm": [1, 2, 1], "trtllm": [2, 1]}
 
 
 def test_moe_drafts_more_once_every_expert_is_read_anyway() -> None:

@@ -39,7 +39,7 @@ from specdeploy.engines.trtllm import DECODING_TYPES as TRTLLM_DECODING_TYPES
 from specdeploy.engines.vllm import engine_key as vllm_key
 from specdeploy.planning.managed_flags import MANAGED_FLAGS, find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
-from specdeploy.planning.schedule import ZERO_K_SPEEDUP, ScheduleRange, SpeculationSchedule
+from specdeploy.planning.schedule import LARGEST_K_FIRST, ZERO_K_SPEEDUP, ScheduleRange, SpeculationSchedule
 
 # MANAGED_FLAGS is re-exported for the renderers; it lives in planning.managed_flags with its parsing.
 __all__ = ["MANAGED_FLAGS", "SUPPORTED_METHODS", "check_compatibility", "draft_size_ratio"]
@@ -531,9 +531,9 @@ def schedule_support(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: 
 
 
 def expressible_on(engine: EngineKind, ranges: Sequence[ScheduleRange]) -> bool:
-    """Whether `engine` can run a table: TensorRT-LLM's draft_len_schedule gives its smallest batch sizes
-    max_draft_len, so a table drafting more at a larger batch than at batch 1 cannot be rendered for it."""
-    return engine != EngineKind.TRTLLM or ranges[0].k == max(r.k for r in ranges)
+    """Whether `engine` can run a table: one that drafts its largest k first (planning.schedule.LARGEST_K_FIRST,
+    TensorRT-LLM) cannot draft more at a larger batch than at batch 1. Auto never derives such a table; a Table can."""
+    return engine not in LARGEST_K_FIRST or ranges[0].k == max(r.k for r in ranges)
 
 
 def schedule_findings(spec: SpeculativeDeploymentSpec, schedule: SpeculationSchedule) -> Iterable[Finding]:
