@@ -248,9 +248,9 @@ def test_step_speculation_without_a_plan_calibrates_nothing() -> None:
 # -- the rollback under a schedule names the load it happened at --------------------------------------------
 
 
-def _judged(body: dict[str, Any], sample_: DeploymentSample) -> Any:
-    """One analysis step of `body` (failureLimit 1) while it speculates, with the plan its pods run."""
-    body["spec"]["analysis"]["failureLimit"] = 1
+def _judged(body: dict[str, Any], sample_: DeploymentSample, failure_limit: int = 1) -> Any:
+    """One analysis step of `body` (failureLimit 1 unless said) while it speculates, with the plan its pods run."""
+    body["spec"]["analysis"]["failureLimit"] = failure_limit
     resource = _resource(body)
     previous = _previous(body)
     return step_speculation(resource, previous.speculation, previous.analysis, True, sample_, [], LATER,
@@ -308,6 +308,8 @@ def test_an_auto_schedule_measurably_slower_where_no_k_pays_fails_and_is_rolled_
     assert "no k pays at 8 running requests per pod: the best, k 1, is predicted at 0.91× of no speculation" in \
         step.verdict.evidence
     assert step.analysis.verdict_reason == "NoSchedulePays"
+    # A loss measured on per-token latency alone is the noise failureLimit counts: one sample does not decide.
+    assert _judged(_speculating(), _window(0.1, itl=0.021), failure_limit=3).rollback is None
 
 
 @pytest.mark.parametrize(("mode", "alpha", "itl", "drafts", "why"), [
@@ -393,6 +395,12 @@ def test_acceptance_that_turned_in_the_latest_slice_fails_at_once_on_the_models_
                            "no k pays at 8 running requests per pod: the best, k 1, is predicted at 0.91× of no "
                            "speculation; in the window's latest slice per-token latency was +"), said
     assert said.endswith("still mixes slices from before) — a loss no schedule fixes"), said
+    # Counts of 20,000 drafts, a loss beyond the model's error, the latest slice agreeing: not the noise failureLimit
+    # guards against, so the default's 3 in a row are not waited for.
+    default = _judged(_speculating(), _shifted(0.6, 0.1), failure_limit=3)
+    assert default.rollback is not None and default.rollback.evidence.startswith(
+        "a loss the cost model states beyond its error, confirmed by the latest slice: this sample decides, not "
+        "failureLimit 3; position 1's acceptance moved"), default.rollback
 
 
 @pytest.mark.parametrize(("alpha_now", "latest_jitter", "why"), [

@@ -193,6 +193,18 @@ def test_rollback_evidence_carries_the_count_and_the_numbers() -> None:
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (and 1 more)")
 
 
+def test_a_failing_sample_that_decides_at_once_rolls_back_without_failure_limit() -> None:
+    """NoSchedulePays on a loss the model states beyond its error, confirmed by the latest slice
+    (judgment/speculation.py): its first sample decides, whatever the counters say."""
+    at_once = Failing(FailureReason.NO_SCHEDULE_PAYS, "k 2 predicted at 0.87×", at_once=True)
+    decision = decide(run([H, at_once]), at_once, analysis(failureLimit=3))
+    assert decision == Rollback(
+        RollbackReason.NO_SCHEDULE_PAYS,
+        "a loss the cost model states beyond its error, confirmed by the latest slice: this sample decides, not "
+        "failureLimit 3; k 2 predicted at 0.87×")
+    assert isinstance(decide(run([H, F]), F, analysis(failureLimit=3)), Keep)   # any other failure counts
+
+
 def test_keep_says_how_close_it_came() -> None:
     assert decide(run([F, F]), F, analysis()) == Keep("2 of 3 failing samples in a row; 0 inconclusive in a row")
 

@@ -170,8 +170,9 @@ def decide(state: AnalysisStatus, result: Verdict, analysis: Analysis,
     """Roll back or keep, given the counters after `result` and the speculative pods' OOM deaths.
 
     OOM first (at once, when `checks.rollbackOnOOM`); then `failureLimit` consecutive Failing samples
-    (the current one must be Failing: its evidence is what the rollback reports) — or, `trial` (the speculation
-    status of a cooldown's re-enable not yet judged Healthy), the first Failing one; then, with
+    (the current one must be Failing: its evidence is what the rollback reports) — or the first Failing one, on
+    `trial` (the speculation status of a cooldown's re-enable not yet judged Healthy) or when it says so itself
+    (`Failing.at_once`: not the noise failureLimit counts); then, with
     `onInconclusive: Rollback`, `inconclusiveLimit` consecutive Inconclusive ones.
     """
     if out_of_memory and analysis.checks.rollback_on_oom:
@@ -183,6 +184,10 @@ def decide(state: AnalysisStatus, result: Verdict, analysis: Analysis,
                         f"a failing sample on trial (re-enabled by the cooldown after rollback {trial.rollbacks}, "
                         f"not yet judged Healthy: the first failing sample decides, not failureLimit {limit}); "
                         f"{result.evidence}")
+    if isinstance(result, Failing) and result.at_once:
+        return Rollback(RollbackReason(result.reason.value),
+                        f"a loss the cost model states beyond its error, confirmed by the latest slice: this sample "
+                        f"decides, not failureLimit {limit}; {result.evidence}")
     if isinstance(result, Failing) and failures >= limit:
         return Rollback(RollbackReason(result.reason.value),
                         f"{failures} consecutive failing samples (failureLimit {limit}); the last: {result.evidence}")

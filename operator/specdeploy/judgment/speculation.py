@@ -128,8 +128,10 @@ def loss_no_schedule_fixes(spec: SpeculativeDeploymentSpec, speculation: Specula
     - predicted beyond the model's error, and not contradicted: the table running is predicted more than
       PREDICTED_LOSS below 1× there, and in the window's latest slice the speculative pods were slower per token
       than the baseline. When acceptance turns, the window's interval mixes slices from before the turn and
-      excludes 1 only once most of the window has passed; the acceptance counts tell at once, and failureLimit
-      consecutive samples make that three slices each slower.
+      excludes 1 only once most of the window has passed; the acceptance counts tell at once. This one rolls back
+      on its sample (`Failing.at_once`): failureLimit guards against noisy latency, and here the acceptance counted
+      over thousands of drafts predicts a loss beyond the model's error that the latency confirms; two more
+      intervals would be a minute of requests served at that loss, at the load where it is largest.
     A loss the model thinks another k would turn into a gain is calibration's to fix. Only where per-token latency
     counts (objectives Latency and Both), and over a Healthy verdict or one that held the limit
     (NotEnoughEvidence); every other verdict stands."""
@@ -163,7 +165,7 @@ def loss_no_schedule_fixes(spec: SpeculativeDeploymentSpec, speculation: Specula
         f"{moved}{at} the schedule's k {best.running_k} is predicted at {evidence.number(best.running_speedup)}× of "
         f"no speculation and {no_k}; in the window's latest slice per-token latency was {change(found.latest)} vs "
         f"the {assessment.baseline} (the window's {interval(found)} still mixes slices from before) — a loss no "
-        "schedule fixes"))
+        "schedule fixes"), at_once=True)
 
 
 def _a_window_since_reenabled(speculation: SpeculationStatus, spec: SpeculativeDeploymentSpec, now: datetime) -> bool:

@@ -75,10 +75,12 @@ class Healthy:
 
 @dataclass(frozen=True)
 class Failing:
-    """A check broke on valid numbers; `evidence` is the measured values and the limits, in one sentence."""
+    """A check broke on valid numbers; `evidence` is the measured values and the limits, in one sentence.
+    `at_once`: the evidence is not the noise failureLimit guards against, so this sample alone rolls back."""
 
     reason: FailureReason
     evidence: str
+    at_once: bool = False
 
 
 @dataclass(frozen=True)
