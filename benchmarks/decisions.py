@@ -249,11 +249,13 @@ class CurrentJudge:
 
     def __init__(self, setup: Setup) -> None:
         self.resource = setup.resource
+        self.plan = make_plan(self.resource.spec)   # the acceptance floor is the plan's
         self.speculation = step_speculation(self.resource, None, None, True, None, [], _moment(0.0)).speculation
         self.analysis: Any = None
 
     def judge(self, sample: DeploymentSample, at: float) -> tuple[Any, bool, str]:
-        step = step_speculation(self.resource, self.speculation, self.analysis, True, sample, [], _moment(at))
+        step = step_speculation(self.resource, self.speculation, self.analysis, True, sample, [], _moment(at),
+                                plan=self.plan)
         self.speculation, self.analysis = step.speculation, step.analysis
         evidence = step.rollback.evidence if step.rollback is not None else ""
         return step.verdict, step.rollback is not None, evidence

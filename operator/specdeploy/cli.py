@@ -27,7 +27,6 @@ from specdeploy.modelsource import ModelSourceError
 from specdeploy.modelsource.local import is_true, resolve_here
 from specdeploy.modelsource.resolve import Origin, ResolvedModels
 from specdeploy.paths import cache_dir
-from specdeploy.planning.acceptance_floor import acceptance_floor
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import Plan, make_plan, plan_document
 from specdeploy.reconcile.children import Variant, desired_children, engine_command
@@ -57,6 +56,16 @@ def _load(path: str, resolver: Resolver | None = None) -> tuple[SpeculativeDeplo
         return resource, make_plan(resource.spec, models)
     except (InvalidResource, UnknownModel, ModelSourceError) as error:
         _fail(f"{path}:\n{error}")
+
+
+def _plan_or_none(resource: SpeculativeDeployment, resolver: Resolver) -> Plan | None:
+    """The plan of an SD read from a cluster, or None with a note when its models cannot be resolved: the probe
+    still measures, without a break-even."""
+    try:
+        return make_plan(resource.spec, resolver(resource.spec))
+    except (UnknownModel, ModelSourceError) as error:
+        click.echo(f"note: no break-even, the models cannot be resolved: {error}", err=True)
+        return None
 
 
 def _hub_resolver(offline: bool) -> Resolver:
@@ -107,8 +116,6 @@ def plan(file: str, output: str, offline: bool) -> None:
     if output == "json":
         document = plan_document(the_plan, None if command is None else {
             "command": list(command.command), "args": list(command.args), "configFiles": dict(command.config_files)})
-        floor = acceptance_floor(resource.spec)
-        document["acceptanceFloor"] = floor.to_wire() if floor is not None else None
         analysis = resource.spec.analysis
         document["analysis"] = {"objective": analysis.objective.value,
                                 "checks": objective_checks(analysis.objective, analysis.checks)}
@@ -194,9 +201,10 @@ def probe(file: str | None, sd: str | None, url: str, workloads_file: str | None
             _fail(f"--sd: expected NAMESPACE/NAME, got {sd!r}")
         body = asyncio.run(_read_sd(namespace, name))
         resource = _validated(body, sd)
+        the_plan = _plan_or_none(resource, _hub_resolver(offline))
     else:
         assert file is not None
-        resource, _ = _load(file, _hub_resolver(offline))
+        resource, the_plan = _load(file, _hub_resolver(offline))
     spec = resource.spec
     if not spec.speculation.enabled:
         _fail(f"{resource.metadata.name} does not speculate: there is nothing to probe")
@@ -222,9 +230,9 @@ def probe(file: str | None, sd: str | None, url: str, workloads_file: str | None
                 _fail(str(error))
 
     model, outcomes = asyncio.run(run())
-    result = probe_result(spec, outcomes, budget, cells_count, model, url, datetime.datetime.now(datetime.UTC),
-                          trigger="Manual", batch_size=batch_size)
-    floor = acceptance_floor(spec, batch_size)
+    result = probe_result(spec, the_plan, outcomes, budget, cells_count, model, url,
+                          datetime.datetime.now(datetime.UTC), trigger="Manual", batch_size=batch_size)
+    floor = the_plan.acceptance_floor(batch_size) if the_plan is not None else None
     cells = probe_cells(outcomes, spec.speculation.num_speculative_tokens, result.break_even)
     from_counters = result.counts_from == "counters"
     if output == "json":

@@ -17,7 +17,7 @@ from specdeploy.engines.base import EngineCommand
 from specdeploy.judgment.probe import ProbeCell, not_paying
 from specdeploy.judgment.verdict import OBJECTIVE_MEANING, objective_checks
 from specdeploy.modelsource.resolve import ArchitectureSource, Origin
-from specdeploy.planning.acceptance_floor import AUTO, AcceptanceFloor, acceptance_floor
+from specdeploy.planning.acceptance_floor import AcceptanceFloor
 from specdeploy.planning.plan import Plan
 
 _VERDICT_STYLE = {Verdict.FITS: "bold green", Verdict.FITS_WITH_WARNINGS: "bold yellow", Verdict.REJECTED: "bold red"}
@@ -165,15 +165,13 @@ def schedule_table(plan: Plan) -> Group | None:
 def _acceptance_floor(plan: Plan) -> str | None:
     """The acceptance rate below which the analysis loop counts speculation as failing: Auto at batch 1
     and at maxNumSeqs, or Fixed with the model's break-even beside it."""
-    floor = acceptance_floor(plan.spec)
+    floor = plan.acceptance_floor()
     if floor is None:
         return None
-    if floor.source != AUTO:
-        if floor.break_even is None:
-            return floor.describe()
+    if floor.fixed:
         return f"{floor.describe()} (the model's break-even at batch {floor.batch_size}: {floor.break_even:.2f})"
     max_batch = plan.spec.serving.max_num_seqs
-    at_max = acceptance_floor(plan.spec, max_batch)
+    at_max = plan.acceptance_floor(max_batch)
     if at_max is None or max_batch == floor.batch_size:
         return floor.describe()
     return f"{floor.describe()}; {at_max.rate:.2f} at maxNumSeqs {max_batch}"

@@ -1,10 +1,11 @@
-"""The acceptance floor (minAcceptanceRate unset = Auto): the break-even acceptance of the cost model plus a
+"""The acceptance floor (minAcceptanceRate unset = Auto): the break-even acceptance of the plan's cost model plus a
 margin, or the spec's fixed number; checked against SpeculationCost.speedup itself."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from functools import cache
 from typing import Any
 
 import pytest
@@ -12,18 +13,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specdeploy.api.spec import SpeculativeDeploymentSpec
+from specdeploy.modelsource.resolve import ResolvedModel, ResolvedModels
 from specdeploy.planning.acceptance import alpha_from_acceptance_rate, expected_tokens_per_step
-from specdeploy.planning.acceptance_floor import (
-    AUTO,
-    AUTO_MARGIN,
-    DEFAULT_BATCH_SIZE,
-    FIXED,
-    AcceptanceFloor,
-    acceptance_floor,
-)
-from specdeploy.planning.catalog import resolve_draft, resolve_target
-from specdeploy.planning.gpus import find_gpu
-from specdeploy.planning.speedup import SpeculationCost, speculation_cost
+from specdeploy.planning.acceptance_floor import AUTO, AUTO_MARGIN, DEFAULT_BATCH_SIZE, FIXED, AcceptanceFloor
+from specdeploy.planning.catalog import UnknownModel
+from specdeploy.planning.plan import Plan, make_plan, models_without_io
+from specdeploy.planning.speedup import SpeculationCost
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
@@ -55,22 +50,34 @@ SPECS = {"eagle3": EAGLE3, "draft-70b": DRAFT_70B, "draft-70b-fp8": DRAFT_70B_FP
 batches = st.integers(min_value=1, max_value=512)
 
 
+@cache
+def _plan(spec_json: str) -> Plan:
+    return make_plan(SpeculativeDeploymentSpec.model_validate_json(spec_json))
+
+
+def plan_of(spec: SpeculativeDeploymentSpec) -> Plan:
+    """The spec's plan (from the catalog), made once per spec: the hypothesis tests ask it thousands of times."""
+    return _plan(spec.model_dump_json())
+
+
 def cost_of(spec: SpeculativeDeploymentSpec) -> SpeculationCost:
-    gpu = find_gpu(spec.resources.gpu.product)
-    assert gpu is not None
-    return speculation_cost(spec, resolve_target(spec), resolve_draft(spec), gpu)
+    cost = plan_of(spec).cost
+    assert cost is not None
+    return cost
+
+
+def floor_of(spec: SpeculativeDeploymentSpec, batch: float | None = None) -> AcceptanceFloor | None:
+    return plan_of(spec).acceptance_floor(batch)
 
 
 def auto(spec: SpeculativeDeploymentSpec, batch: float | None = None) -> AcceptanceFloor:
-    floor = acceptance_floor(spec, batch)
+    floor = floor_of(spec, batch)
     assert floor is not None and floor.source == AUTO
     return floor
 
 
 def be(spec: SpeculativeDeploymentSpec, batch: int) -> float:
-    floor = auto(spec, batch)
-    assert floor.break_even is not None
-    return floor.break_even
+    return auto(spec, batch).break_even
 
 
 def verify_is_compute_bound(cost: SpeculationCost, batch: int, k: int) -> bool:
@@ -87,7 +94,7 @@ def test_break_even_and_floor_are_where_the_predicted_speedup_is_1_and_1_plus_ma
     spec = SPECS[name]
     k, cost = spec.speculation.num_speculative_tokens, cost_of(spec)
     floor = auto(spec, batch)
-    assert floor.break_even is not None and 0.0 <= floor.break_even <= floor.rate < 1.0
+    assert 0.0 <= floor.break_even <= floor.rate < 1.0
     if floor.break_even > 0.0:
         alpha = alpha_from_acceptance_rate(floor.break_even, k)
         assert cost.speedup(batch, alpha, k) == pytest.approx(1.0, abs=1e-9)
@@ -113,7 +120,7 @@ def test_a_rate_below_the_floor_is_predicted_to_pay_less_than_the_margin(batch: 
 def test_eagle3_on_llama_8b_breaks_even_far_below_a_healthy_047() -> None:
     floor = auto(EAGLE3)
     assert floor.batch_size == DEFAULT_BATCH_SIZE == 1
-    assert floor.break_even is not None and 0.05 <= floor.break_even <= 0.2
+    assert 0.05 <= floor.break_even <= 0.2
     assert floor.break_even == pytest.approx(0.0914, abs=0.002)
     assert floor.rate == pytest.approx(0.1126, abs=0.002)
     # The healthy head of the brief: 0.47 at k=3 is 2.41 tokens per step and well above the floor.
@@ -204,37 +211,49 @@ def test_speculation_that_never_pays_has_floor_1() -> None:
 
 def test_a_margin_out_of_reach_gives_floor_1_with_the_break_even_below_it() -> None:
     floor = auto(DRAFT_70B_FP8, 432)
-    assert floor.pays and floor.break_even is not None and 0.9 < floor.break_even < 1.0
+    assert floor.pays and 0.9 < floor.break_even < 1.0
     assert floor.rate == 1.0
     assert "margin is out of reach" in floor.describe()
 
 
-# --- Fixed, disabled, unknown -----------------------------------------------------------------------------
+# --- Fixed, disabled, the plan's models ------------------------------------------------------------------
 
 def test_a_fixed_min_acceptance_rate_is_the_floor() -> None:
     spec = make_spec(LLAMA_8B, "eagle3", EAGLE3_8B, 3, checks={"minAcceptanceRate": 0.5})
-    floor = acceptance_floor(spec, 200)
-    assert floor is not None
+    floor = floor_of(spec, 200)
+    assert floor is not None and floor.fixed
     assert (floor.rate, floor.source, floor.batch_size) == (0.5, FIXED, 200)
     assert floor.describe() == "Fixed: minAcceptanceRate 0.50"
     assert floor.break_even == be(EAGLE3, 200)   # the model's, for comparison
     assert floor.to_wire() == {"rate": 0.5, "breakEven": round(be(EAGLE3, 200), 3), "batchSize": 200,
                                "source": "Fixed"}
-    zero = acceptance_floor(make_spec(LLAMA_8B, "ngram", None, 3, checks={"minAcceptanceRate": 0.0}))
+    zero = floor_of(make_spec(LLAMA_8B, "ngram", None, 3, checks={"minAcceptanceRate": 0.0}))
     assert zero is not None and zero.rate == 0.0 and zero.source == FIXED
 
 
 def test_disabled_speculation_has_no_floor() -> None:
-    assert acceptance_floor(make_spec(LLAMA_8B, "eagle3", EAGLE3_8B, 3, enabled=False)) is None
+    assert floor_of(make_spec(LLAMA_8B, "eagle3", EAGLE3_8B, 3, enabled=False)) is None
     fixed = make_spec(LLAMA_8B, "eagle3", EAGLE3_8B, 3, enabled=False, checks={"minAcceptanceRate": 0.5})
-    assert acceptance_floor(fixed) is None
+    assert floor_of(fixed) is None
 
 
-def test_an_unknown_model_has_no_auto_floor_but_keeps_a_fixed_one() -> None:
-    assert acceptance_floor(make_spec("acme/secret-model", "ngram", None, 3)) is None
-    fixed = acceptance_floor(make_spec("acme/secret-model", "ngram", None, 3, checks={"minAcceptanceRate": 0.4}))
-    assert fixed is not None and fixed.break_even is None and fixed.rate == 0.4
-    assert fixed.to_wire()["breakEven"] is None
+def test_the_floor_is_the_plans_resolved_models_not_the_catalogs() -> None:
+    """A model resolved elsewhere (the Hub, a ConfigMap) is priced as resolved, not looked up again: the same
+    name with another architecture — here a target of twice the layers and parameters — gets another floor."""
+    catalog = models_without_io(EAGLE3)
+    target = catalog.target.info
+    doubled = target.architecture.model_copy(update={"num_layers": 2 * target.architecture.num_layers,
+                                                     "num_parameters": 2 * target.architecture.num_parameters})
+    resolved = ResolvedModels(ResolvedModel(dataclasses.replace(target, architecture=doubled), catalog.target.origin),
+                              catalog.draft)
+    floor = make_plan(EAGLE3, resolved).acceptance_floor(64)
+    assert floor is not None and floor.break_even != pytest.approx(be(EAGLE3, 64), rel=0.05)
+    assert floor.draft_cost_ratio is not None and floor.draft_cost_ratio < auto(EAGLE3, 64).draft_cost_ratio * 0.7
+
+
+def test_an_unknown_model_has_no_plan_to_ask() -> None:
+    with pytest.raises(UnknownModel):
+        make_plan(make_spec("acme/secret-model", "ngram", None, 3))
 
 
 def test_an_architecture_makes_an_unknown_model_resolvable() -> None:
@@ -261,28 +280,19 @@ def test_an_unknown_gpu_is_planned_on_the_reference_gpu() -> None:
     assert floor.rate == auto(EAGLE3).rate
 
 
-# --- cache ------------------------------------------------------------------------------------------------
-
-def test_equal_specs_share_a_cached_floor() -> None:
-    first = acceptance_floor(make_spec(LLAMA_8B, "eagle3", EAGLE3_8B, 3), 12)
-    second = acceptance_floor(make_spec(LLAMA_8B, "eagle3", EAGLE3_8B, 3, checks={"maxP99E2ELatencyRatio": 2}), 12)
-    assert first is second
-
-
 @pytest.mark.parametrize(
     "change",
     [{"k": 4}, {"tp": 2}, {"gpu": "H200"}, {"quantization": "fp8"}, {"draft_quantization": "fp8"},
      {"kv_cache_dtype": "fp8"}, {"draft": None, "method": "mtp", "model": "XiaomiMiMo/MiMo-7B-RL"}],
     ids=lambda change: ",".join(change),
 )
-def test_every_cost_field_is_in_the_cache_key(change: dict[str, Any]) -> None:
+def test_every_cost_field_moves_the_floor(change: dict[str, Any]) -> None:
     base: dict[str, Any] = {"model": LLAMA_8B, "method": "eagle3", "draft": EAGLE3_8B, "k": 3}
     changed = {**base, **change}
     keywords = {name: value for name, value in changed.items() if name not in base}
     spec = make_spec(changed["model"], changed["method"], changed["draft"], changed["k"], **keywords)
     reference, other = auto(EAGLE3, 64), auto(spec, 64)
     assert dataclasses.replace(other, batch_size=reference.batch_size) != reference
-    # and the changed spec's floor is what an uncached computation gives
     cost, k = cost_of(spec), spec.speculation.num_speculative_tokens
     alpha = alpha_from_acceptance_rate(other.rate, k)
     assert cost.speedup(64, alpha, k) == pytest.approx(1.0 + AUTO_MARGIN, abs=1e-9)

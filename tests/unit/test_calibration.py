@@ -28,11 +28,11 @@ from specdeploy.judgment.calibration import (
     non_increasing,
 )
 from specdeploy.judgment.samples import PositionCounts
+from specdeploy.modelsource.resolve import ArchitectureSource, Origin, ResolvedModel, ResolvedModels
 from specdeploy.planning.acceptance import prior_position_acceptance
-from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.modelinfo import ModelInfo
-from specdeploy.planning.schedule import SpeculationSchedule, derive_schedule, step_speedup
-from specdeploy.planning.speedup import SpeculationCost, speculation_cost
+from specdeploy.planning.plan import Plan, make_plan
+from specdeploy.planning.schedule import SpeculationSchedule
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "speedup-model.md"
 K = 4
@@ -41,7 +41,8 @@ T0 = 1_767_225_600.0                  # the last change
 LATER = T0 + 2 * MIN_PERIOD_SECONDS   # well past the minimum period
 
 
-def cost_of(target: ModelInfo, draft: ModelInfo, tp: int) -> SpeculationCost:
+def plan_of(target: ModelInfo, draft: ModelInfo, tp: int) -> Plan:
+    """The plan of `target` with `draft` on `tp` H100s, the models as given (the judgment asks it, not a cost)."""
     spec = SpeculativeDeploymentSpec.model_validate({
         "engine": {"kind": "vllm"},
         "model": {"name": target.name},
@@ -50,18 +51,19 @@ def cost_of(target: ModelInfo, draft: ModelInfo, tp: int) -> SpeculationCost:
         "resources": {"gpu": {"product": "H100-80GB"}, "tensorParallelSize": tp},
         "serving": {"maxModelLen": 8192, "maxNumSeqs": MAX_NUM_SEQS, "maxNumBatchedTokens": 8192},
     })
-    product = find_gpu("H100-80GB")
-    assert product is not None
-    return speculation_cost(spec, target, draft, product)
+    def resolved(info: ModelInfo) -> ResolvedModel:
+        return ResolvedModel(info, Origin(ArchitectureSource.SPEC, info.name, None, location="model_fixtures"))
+
+    return make_plan(spec, ResolvedModels(resolved(target), resolved(draft)))
 
 
 # Llama-3.1-70B with a Llama-3.1-8B draft on 4×H100: at the draft-model prior (α 0.6) the schedule drafts 2, then 1.
-COST = cost_of(LLAMA_70B, LLAMA_8B, 4)
+PLAN = plan_of(LLAMA_70B, LLAMA_8B, 4)
 PRIOR = prior_position_acceptance(Method.DRAFT_MODEL, K)
 
 
-def auto(acceptance: tuple[float, ...] = PRIOR, cost: SpeculationCost = COST) -> SpeculationSchedule:
-    return SpeculationSchedule(ScheduleMode.AUTO, derive_schedule(cost, acceptance, K, MAX_NUM_SEQS), False)
+def auto(acceptance: tuple[float, ...] = PRIOR, plan: Plan = PLAN) -> SpeculationSchedule:
+    return plan.derive_schedule(acceptance)
 
 
 CURRENT = auto()
@@ -77,8 +79,8 @@ def counts(rates: tuple[float, ...], drafts: float = 100_000) -> PositionCounts:
 
 
 def run(measured: PositionCounts | None, current: SpeculationSchedule = CURRENT, *, batch: float = 8,
-        since_change: float = LATER - T0, cost: SpeculationCost = COST) -> CalibrationDecision:
-    return calibrate(measured, current, cost, max_k=K, max_num_seqs=MAX_NUM_SEQS, batch=batch,
+        since_change: float = LATER - T0, plan: Plan = PLAN) -> CalibrationDecision:
+    return calibrate(measured, current, plan, max_k=K, max_num_seqs=MAX_NUM_SEQS, batch=batch,
                      last_change_at=T0, now=T0 + since_change)
 
 
@@ -161,8 +163,8 @@ def test_acceptance_collapsing_moves_the_table_to_lower_k_and_to_0_where_it_stop
         assert compared.k_after <= compared.k_before
     # At the observed batch the running table drafts 2, the new one 1: 11% faster under the measured acceptance.
     assert decision.batch == 32
-    assert decision.speedup_before == pytest.approx(step_speedup(COST, geometric(0.2), 32, 2))
-    assert decision.speedup_after == pytest.approx(step_speedup(COST, geometric(0.2), 32, 1))
+    assert decision.speedup_before == pytest.approx(PLAN.predicted_speedup(geometric(0.2), 32, 2))
+    assert decision.speedup_after == pytest.approx(PLAN.predicted_speedup(geometric(0.2), 32, 1))
     assert decision.gain == pytest.approx(decision.speedup_after / decision.speedup_before - 1)
     assert decision.gain >= MIN_RELATIVE_GAIN
 
@@ -253,10 +255,10 @@ def test_a_change_is_always_material_evidenced_and_out_of_the_period(alpha: floa
 def test_acceptance_that_pays_at_no_batch_size_is_left_to_the_rollback() -> None:
     """A draft as large as the target: nothing drafted pays once acceptance collapses, and a table of k = 0 would
     still pay k = 0's cost on every step — that is an acceptance collapse, the rollback's to handle."""
-    heavy = cost_of(LLAMA_8B, LLAMA_8B, 1)
+    heavy = plan_of(LLAMA_8B, LLAMA_8B, 1)
     current = auto(geometric(0.95), heavy)
     assert current.largest_k > 0
-    decision = run(counts(geometric(0.05)), current, cost=heavy)
+    decision = run(counts(geometric(0.05)), current, plan=heavy)
     assert not decision.change and decision.reason == KeepReason.NEVER_PAYS
     assert decision.schedule is not None and all(r.k == 0 for r in decision.schedule)
 
@@ -341,9 +343,9 @@ def test_the_decision_is_frozen_data() -> None:
 def test_a_small_draft_on_the_8b_target_is_calibrated_the_same_way() -> None:
     """The rule does not depend on the deployment: an 8B target with a 1B draft, lowered acceptance, small batch
     (α 0.3: k 1 still pays, 1.08×); collapsed further (α 0.1) the best table loses there (k 1 at 0.91×) and stays."""
-    cost = cost_of(LLAMA_8B, LLAMA_1B, 1)
-    current = auto(PRIOR, cost)
-    decision = run(counts(geometric(0.3)), current, batch=4, cost=cost)
+    small = plan_of(LLAMA_8B, LLAMA_1B, 1)
+    current = auto(PRIOR, small)
+    decision = run(counts(geometric(0.3)), current, batch=4, plan=small)
     assert decision.change and k_at(decision, 4) < next(r.k for r in current.ranges if r.min_batch <= 4 <= r.max_batch)
-    collapsed = run(counts(geometric(0.1)), current, batch=4, cost=cost)
+    collapsed = run(counts(geometric(0.1)), current, batch=4, plan=small)
     assert not collapsed.change and collapsed.reason == KeepReason.LOSES_AT_LOAD

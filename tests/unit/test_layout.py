@@ -1,5 +1,6 @@
 """The layout keeps pure and I/O apart (docs/architecture.md): the pure core — the resource, planning,
-rendering, the judgment and the reconcile decision — loads no client of anything and none of the shell."""
+rendering, the judgment and the reconcile decision — loads no client of anything and none of the shell; and the
+judgment reads the plan through its view, loading nothing of planning."""
 
 import subprocess
 import sys
@@ -21,6 +22,18 @@ def test_the_pure_core_imports_no_client_and_none_of_the_shell() -> None:
     assert "specdeploy.judgment.verdict" in modules and "specdeploy.reconcile.decide" in modules
     code = (f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
             f"print(sorted(e for e in {EDGE!r} if e in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
+def test_the_judgment_loads_nothing_of_planning() -> None:
+    """The Plan holds every number derived from the models; the judgment asks it through judgment/plan_view.py and
+    can neither rebuild a cost model nor resolve a model again. Checked on what importing every judgment module loads,
+    so an import through another package counts too."""
+    modules = _modules("judgment")
+    assert "specdeploy.judgment.speculation" in modules and "specdeploy.judgment.plan_view" in modules
+    code = (f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m == 'specdeploy.planning' or m.startswith('specdeploy.planning.')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
 

@@ -115,6 +115,23 @@ def test_vllm_qwen3_thinking_with_a_qwen3_draft_plans_from_the_hub_and_pins_both
     }
 
 
+def test_the_seed_pair_from_the_hub_has_an_acceptance_floor_from_its_resolved_models(
+        hub: FakeHub, tmp_path: Path) -> None:
+    """Neither Qwen model is in the catalog: the floor is priced from the configs the Hub served, as the plan
+    resolved them (it was null while the floor looked the models up in the catalog again)."""
+    result = plan_cli(hub, tmp_path, "-o", "json", str(sd_file(tmp_path, VLLM_QWEN3)))
+    assert result.exit_code == 0, result.output
+    floor = plan_json(result)["acceptanceFloor"]
+    assert floor is not None and floor["source"] == "Auto" and floor["batchSize"] == 1
+    assert 0.0 < floor["breakEven"] <= floor["rate"] < 1.0
+    spec = SpeculativeDeploymentSpec.model_validate(VLLM_QWEN3)
+    client = HubClient(tmp_path / "client", endpoint=hub.url, retry=RetryPolicy(attempts=1))
+    plan = make_plan(spec, resolve_models(spec, hub=client))
+    at_1, at_32 = plan.acceptance_floor(), plan.acceptance_floor(32)
+    assert at_1 is not None and at_1.to_wire() == floor
+    assert at_32 is not None and at_32.rate >= at_1.rate and "draft_model k=5" in at_32.describe()
+
+
 def test_vllm_mimo_base_mtp_plans_from_its_config_with_one_mtp_layer(hub: FakeHub, tmp_path: Path) -> None:
     result = plan_cli(hub, tmp_path, "-o", "json", str(sd_file(tmp_path, VLLM_MIMO)))
     assert result.exit_code == 0, result.output

@@ -132,7 +132,7 @@ def _observed(body: dict[str, Any], probe: ProbeStatus | None) -> Observed:
 def _result(resource: SpeculativeDeployment, accepted: int) -> ProbeStatus:
     request = ProbeRequest("neutral", 0.0, "hello")
     outcomes = [ProbeOutcome(request, SpecDecodeCounts(steps=10, drafted=40, accepted=accepted))] * 4
-    return probe_result(resource.spec, outcomes, ProbeBudget(4), 1, "llama", "http://127.80.0.5:8000", T0,
+    return probe_result(resource.spec, make_plan(resource.spec), outcomes, ProbeBudget(4), 1, "llama", "http://127.80.0.5:8000", T0,
                         "NewGeneration")
 
 

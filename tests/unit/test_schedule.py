@@ -28,6 +28,7 @@ from specdeploy.planning.schedule import (
     ZERO_K_SPEEDUP,
     best_k_at,
     derive_schedule,
+    schedule_cost,
     speculation_schedule,
     step_speedup,
     table_schedule,
@@ -148,7 +149,7 @@ def test_tensorrt_llm_drafts_zero_where_no_k_beats_no_speculation_for_its_k_zero
     def table(engine: str) -> tuple[Any, ...]:
         spec = make_spec(model=LLAMA_70B.name, draft=LLAMA_8B.name, k=3, max_num_seqs=300, tp=4, engine=engine,
                          schedule={"mode": "Auto"})
-        schedule = speculation_schedule(spec, LLAMA_70B, LLAMA_8B, find_gpu("H100-80GB"))
+        schedule = speculation_schedule(spec, LLAMA_70B, schedule_cost(spec, LLAMA_70B, LLAMA_8B, find_gpu("H100-80GB")))
         return schedule.ranges
 
     vllm, trtllm = table("vllm"), table("trtllm")
@@ -250,7 +251,8 @@ def test_a_tensorrt_llm_auto_table_drafts_its_largest_k_first() -> None:
     tables = {}
     for engine in ("vllm", "trtllm"):
         spec = make_spec("eagle3", EAGLE3_8B.name, engine=engine, k=8, max_num_seqs=1024, schedule={"mode": "Auto"})
-        schedule = speculation_schedule(spec, LLAMA_8B, EAGLE3_8B, product, position_acceptance=measured)
+        schedule = speculation_schedule(spec, LLAMA_8B, schedule_cost(spec, LLAMA_8B, EAGLE3_8B, product),
+                                        position_acceptance=measured)
         tables[engine] = [r.k for r in schedule.ranges]
         if engine == "trtllm":
             assert not [f for f in schedule_findings(spec, schedule) if f.code == "ScheduleNotExpressible"]
@@ -284,8 +286,9 @@ def test_prior_per_position_is_alpha_to_the_i_and_a_reused_mtp_layer_accepts_les
 def test_measured_acceptance_per_position_replaces_the_prior() -> None:
     spec = make_spec(schedule={"mode": "Auto"})
     product = find_gpu("H100-80GB")
-    measured = speculation_schedule(spec, LLAMA_8B, LLAMA_1B, product, position_acceptance=[0.9, 0.85, 0.8, 0.75, 0.7])
-    prior = speculation_schedule(spec, LLAMA_8B, LLAMA_1B, product)
+    cost = schedule_cost(spec, LLAMA_8B, LLAMA_1B, product)
+    measured = speculation_schedule(spec, LLAMA_8B, cost, position_acceptance=[0.9, 0.85, 0.8, 0.75, 0.7])
+    prior = speculation_schedule(spec, LLAMA_8B, cost)
     assert measured.acceptance_measured and not prior.acceptance_measured
     assert k_at(measured.ranges, 1) > k_at(prior.ranges, 1), "a better draft earns more tokens"
 

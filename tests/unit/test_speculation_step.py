@@ -20,6 +20,7 @@ from specdeploy.judgment.oom import OutOfMemory
 from specdeploy.judgment.rollback import RETRY_ANNOTATION
 from specdeploy.judgment.samples import DeploymentSample, Signal
 from specdeploy.judgment.speculation import SpeculationStep, step_speculation
+from specdeploy.planning.plan import make_plan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EAGLE3_8B = {"method": "eagle3", "numSpeculativeTokens": 3, "draft": {"name": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}}
@@ -45,9 +46,11 @@ def _resource(analysis: dict[str, Any] | None = None, speculation: dict[str, Any
 def _run(resource: SpeculativeDeployment, samples: list[DeploymentSample | None],
          start: SpeculationStatus | None = None, analysis: AnalysisStatus | None = None) -> list[SpeculationStep]:
     speculation = start or SpeculationStatus(active=True, since="2026-11-29T09:00:00Z")
+    plan = make_plan(resource.spec)
     steps = []
     for i, sample in enumerate(samples):
-        step = step_speculation(resource, speculation, analysis, True, sample, [], T0 + timedelta(seconds=30 * i))
+        step = step_speculation(resource, speculation, analysis, True, sample, [], T0 + timedelta(seconds=30 * i),
+                                plan=plan)
         speculation, analysis = step.speculation, step.analysis
         steps.append(step)
     return steps

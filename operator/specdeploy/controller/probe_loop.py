@@ -96,8 +96,7 @@ class Prober:
             trigger = probe_due(probe, status.probe, target, now)
             if trigger is None or target is None:
                 continue
-            task = asyncio.create_task(self._probe(resource, probe, status.probe, trigger,
-                                                   target.deployment_generation))
+            task = asyncio.create_task(self._probe(resource, status, probe, trigger, target.deployment_generation))
             self._running[key] = task
             task.add_done_callback(self._finished)
             started.append(key)
@@ -119,11 +118,11 @@ class Prober:
         return ProbeTarget(speculating=speculating, rolled_out=state.rolled_out,
                            deployment_generation=state.generation)
 
-    async def _probe(self, resource: SpeculativeDeployment, probe: Probe, last: ProbeStatus | None,
+    async def _probe(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus, probe: Probe,
                      trigger: str, generation: int) -> None:
         namespace, name = resource.metadata.namespace or "", resource.metadata.name
         try:
-            result = await self._measure(resource, probe, last, trigger, generation)
+            result = await self._measure(resource, previous, probe, trigger, generation)
             logger.info("%s/%s probed (%s): %s", namespace, name, trigger,
                         result.last_failure.message if result.last_failure else f"{len(result.cells)} cells")
             await self.reconciler.reconcile(namespace, name, trigger=None, probe=result)
@@ -132,11 +131,13 @@ class Prober:
         except Exception:  # noqa: BLE001 - one SD's probe failing must not stop the others'; the next tick retries
             logger.exception("probing %s/%s failed", namespace, name)
 
-    async def _measure(self, resource: SpeculativeDeployment, probe: Probe, last: ProbeStatus | None,
+    async def _measure(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus, probe: Probe,
                        trigger: str, generation: int) -> ProbeStatus:
         """The probe's result for status.probe, or the reason it measured nothing; `generation`: the speculative
-        Deployment's, as the watch showed it when the probe became due."""
+        Deployment's, as the watch showed it when the probe became due. The break-even is the plan's, with the
+        models resolved as the pass resolves them."""
         namespace, name = resource.metadata.namespace or "", resource.metadata.name
+        last = previous.probe
         started = datetime.datetime.now(datetime.UTC)
         client = self.reconciler.client
 
@@ -169,8 +170,9 @@ class Prober:
             errors = sorted({o.error for o in outcomes if o.error}) or ["no request was sent before the timeout"]
             return failed(Reason.NOTHING_MEASURED,
                           f"pod {metadata['name']}, {len(outcomes)} requests: {'; '.join(errors)[:500]}")
-        result = probe_result(resource.spec, outcomes, budget, len(workloads) * len(probe.temperatures), model,
-                              url, started, trigger)
+        planned = await self.reconciler.plan(resource, previous)
+        result = probe_result(resource.spec, planned.plan, outcomes, budget, len(workloads) * len(probe.temperatures),
+                              model, url, started, trigger)
         return result.model_copy(update={
             "pod": metadata["name"], "pod_template_hash": (metadata.get("labels") or {}).get("pod-template-hash"),
             "deployment_generation": generation})

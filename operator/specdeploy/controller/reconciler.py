@@ -266,7 +266,7 @@ class Reconciler:
             problem = describe_validation_error(error)
             logger.warning("%s/%s does not validate: %s", namespace, name, problem)
             return Observed(body, previous, None, invalid=problem)
-        planned = await self._plan(resource, previous)
+        planned = await self.plan(resource, previous)
         everything = trigger is not None and trigger.reads_everything
         kinds = kube.CHILD_KINDS if everything else frozenset({"Deployment"}) if trigger is not None else frozenset()
         never_reconciled = trigger is Trigger.SPEC and held is None and not body.get("status")
@@ -369,11 +369,11 @@ class Reconciler:
             self.watched.confirm(SD, namespace, name, version)
         return new
 
-    async def _plan(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus) -> Planned:
+    async def plan(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus) -> Planned:
         """Resolve the models (a ConfigMap's config.json, the Hub in a thread — at the commits the last plan
         pinned while the spec asks for the same revisions — or the catalog) and plan. A resolution error is
         an outcome; a transient one (the Hub unreachable) leaves the last good plan standing, and the
-        resync tries again."""
+        resync tries again. The pass plans with it, and so does a probe (controller/probe_loop.py)."""
         pinned = pinned_to_record(resource.spec, previous.deploy_record)
         try:
             target, draft = await self._supplied(resource)

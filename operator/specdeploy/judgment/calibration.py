@@ -1,16 +1,16 @@
 """Calibration of an `Auto` schedule from the acceptance measured per draft position (pure).
 
-    decision = calibrate(sample.position_counts, current, cost, max_k=5, max_num_seqs=256,
+    decision = calibrate(sample.position_counts, current, plan, max_k=5, max_num_seqs=256,
                          batch=sample.speculative.running_per_pod, last_change_at=rolled_at, now=now)
     decision.change                 # True: roll decision.schedule
     decision.reason                 # why not (KeepReason) when not
     decision.gain                   # predicted speedup after ÷ before − 1 at the observed batch
 
-`Auto` derives k per batch range from the roofline and an acceptance per draft position (planning/schedule.py);
-until something is measured that acceptance is the method's prior. The engines count what each position really
+`Auto` derives k per batch range from the roofline and an acceptance per draft position (planning/schedule.py, asked
+through the plan's view, judgment/plan_view.py); until something is measured that acceptance is the method's prior. The engines count what each position really
 accepts (vLLM spec_decode_num_accepted_tokens_per_pos_total ÷ spec_decode_num_drafts_total, TensorRT-LLM's
 accepted ÷ drafted tokens per token_position; SGLang reports an accept length only, so it is never calibrated).
-This module turns those counts into the acceptance `derive_schedule` takes and decides whether the schedule it
+This module turns those counts into the acceptance the plan's `derive_schedule` takes and decides whether the schedule it
 derives is worth a change: a changed schedule is a changed pod template, so every change restarts pods. The rule,
 in order:
 
@@ -40,15 +40,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from specdeploy.api.spec import ScheduleMode
+from specdeploy.judgment.plan_view import PlanView, Schedule, ScheduleRange
 from specdeploy.judgment.samples import PositionCounts
-from specdeploy.planning.schedule import (
-    ScheduleRange,
-    SpeculationSchedule,
-    derive_schedule,
-    k_at,
-    step_speedup,
-)
-from specdeploy.planning.speedup import SpeculationCost
 
 Z_95 = 1.959963984540054
 """The standard normal quantile of a two-sided 95% interval."""
@@ -265,7 +258,7 @@ def non_increasing(rates: Sequence[float], weights: Sequence[float]) -> tuple[fl
     return tuple(mean for mean, _, length in blocks for _ in range(int(length)))
 
 
-def _exactly_counted(counts: PositionCounts, current: SpeculationSchedule) -> int:
+def _exactly_counted(counts: PositionCounts, current: Schedule) -> int:
     """How many leading positions every counted draft proposed, each with at least MIN_DRAFTS drafts.
 
     With drafts counted per position (TensorRT-LLM) that is each position's own count. vLLM counts drafts only as
@@ -283,7 +276,7 @@ def _exactly_counted(counts: PositionCounts, current: SpeculationSchedule) -> in
 
 
 def acceptance_per_position(
-    counts: PositionCounts, current: SpeculationSchedule, max_k: int
+    counts: PositionCounts, current: Schedule, max_k: int
 ) -> tuple[PositionEstimate, ...]:
     """The acceptance of positions 1..max_k from the counts: measured where every counted draft proposed the
     position, non-increasing (`non_increasing`), and past the measured positions extrapolated.
@@ -321,18 +314,17 @@ def acceptance_per_position(
 
 
 def compare(
-    cost: SpeculationCost, acceptance: Sequence[float], before: Sequence[ScheduleRange],
-    after: Sequence[ScheduleRange], max_num_seqs: int,
+    plan: PlanView, acceptance: Sequence[float], before: Schedule, after: Schedule, max_num_seqs: int,
 ) -> tuple[RangeComparison, ...]:
     """The batch ranges over which neither table changes k, with both tables' predicted speedups."""
-    starts = sorted({1} | {r.min_batch for r in (*before, *after) if 1 <= r.min_batch <= max_num_seqs})
+    starts = sorted({1} | {r.min_batch for r in (*before.ranges, *after.ranges) if 1 <= r.min_batch <= max_num_seqs})
     ends = [start - 1 for start in starts[1:]] + [max_num_seqs]
 
-    def speedup(ranges: Sequence[ScheduleRange], batch: int) -> float:
-        return step_speedup(cost, acceptance, batch, k_at(ranges, batch))
+    def speedup(schedule: Schedule, batch: int) -> float:
+        return plan.predicted_speedup(acceptance, batch, schedule.k_at(batch))
 
     return tuple(
-        RangeComparison(start, end, k_at(before, start), k_at(after, start),
+        RangeComparison(start, end, before.k_at(start), after.k_at(start),
                         speedup(before, start), speedup(before, end), speedup(after, start), speedup(after, end))
         for start, end in zip(starts, ends, strict=True)
     )
@@ -344,8 +336,8 @@ def _same(before: Sequence[ScheduleRange], after: Sequence[ScheduleRange]) -> bo
 
 def calibrate(
     counts: PositionCounts | None,
-    current: SpeculationSchedule,
-    cost: SpeculationCost,
+    current: Schedule,
+    plan: PlanView,
     *,
     max_k: int,
     max_num_seqs: int,
@@ -356,8 +348,8 @@ def calibrate(
     """Keep the schedule running or change it, from one window's counts per draft position (see the module).
 
     counts: the speculative pods' drafts and accepted tokens per position (DeploymentSample.position_counts).
-    current: the schedule the pods run. cost, max_k (spec.speculation.numSpeculativeTokens), max_num_seqs: what
-        `derive_schedule` takes (planning.speedup.speculation_cost of the spec).
+    current: the schedule the pods run. plan: the plan they run, whose cost model derives the table and predicts the
+        speedups. max_k (spec.speculation.numSpeculativeTokens), max_num_seqs (spec.serving.maxNumSeqs).
     batch: running requests per pod over the window (SignalValues.running_per_pod), where the gain is judged;
         rounded into 1..max_num_seqs, and a non-finite one taken as 1.
     last_change_at, now: Unix times of the last schedule change (the rollout of the schedule running) and of now.
@@ -373,19 +365,19 @@ def calibrate(
         return CalibrationDecision(False, KeepReason.TOO_FEW_DRAFTS, evidence)
     positions = acceptance_per_position(counts, current, max_k)
     acceptance = tuple(p.rate for p in positions)
-    derived = derive_schedule(cost, acceptance, max_k, max_num_seqs)
+    derived = plan.derive_schedule(acceptance)
     observed = min(max(round(batch), 1), max_num_seqs) if math.isfinite(batch) else 1
-    before = step_speedup(cost, acceptance, observed, k_at(current.ranges, observed))
-    after = step_speedup(cost, acceptance, observed, k_at(derived, observed))
+    before = plan.predicted_speedup(acceptance, observed, current.k_at(observed))
+    after = plan.predicted_speedup(acceptance, observed, derived.k_at(observed))
     gain = after / before - 1.0
     decision = CalibrationDecision(
-        change=False, reason=None, evidence=evidence, positions=positions, acceptance=acceptance, schedule=derived,
-        comparison=compare(cost, acceptance, current.ranges, derived, max_num_seqs), batch=observed,
+        change=False, reason=None, evidence=evidence, positions=positions, acceptance=acceptance, schedule=derived.ranges,
+        comparison=compare(plan, acceptance, current, derived, max_num_seqs), batch=observed,
         speedup_before=before, speedup_after=after, gain=gain,
     )
-    if _same(current.ranges, derived):
+    if _same(current.ranges, derived.ranges):
         return _keep(decision, KeepReason.SAME_SCHEDULE)
-    if all(r.k == 0 for r in derived):
+    if all(r.k == 0 for r in derived.ranges):
         return _keep(decision, KeepReason.NEVER_PAYS)
     if gain < MIN_RELATIVE_GAIN:
         return _keep(decision, KeepReason.GAIN_BELOW_MINIMUM)

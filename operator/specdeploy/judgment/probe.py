@@ -25,7 +25,7 @@ import yaml
 from specdeploy.api.spec import Probe, SpeculativeDeploymentSpec
 from specdeploy.api.status import ProbeCellStatus, ProbeFailure, ProbeStatus
 from specdeploy.judgment import evidence
-from specdeploy.planning.acceptance_floor import acceptance_floor
+from specdeploy.judgment.plan_view import PlanView
 
 DEFAULT_TEMPERATURES = (0.0, 0.7, 1.0)
 NEUTRAL_WORKLOAD = "neutral"
@@ -145,8 +145,8 @@ class ProbeCell:
 def predicted_speedup(acceptance_rate: float, k: int, break_even: float) -> float:
     """The cost model's speedup at `acceptance_rate`, from its break-even rate at the same batch size.
 
-    SpeculationCost.speedup is (1 + k·rate) × baseline step ÷ speculative step (planning/acceptance_floor.py
-    `_rate_where`), and at the break-even it is 1, so the step ratio is 1 ÷ (1 + k·break_even).
+    The cost model's speedup is (1 + k·rate) × baseline step ÷ speculative step (planning/acceptance_floor.py),
+    and at the break-even it is 1, so the step ratio is 1 ÷ (1 + k·break_even).
     """
     return (1.0 + k * acceptance_rate) / (1.0 + k * break_even)
 
@@ -213,12 +213,12 @@ def workloads_from_config_map(data: Mapping[str, str], where: str) -> dict[str, 
     return workloads_from(parsed, where)
 
 
-def probe_result(spec: SpeculativeDeploymentSpec, outcomes: Sequence[ProbeOutcome], budget: ProbeBudget,
-                 cells_count: int, model: str, url: str, taken_at: datetime, trigger: str,
+def probe_result(spec: SpeculativeDeploymentSpec, plan: PlanView | None, outcomes: Sequence[ProbeOutcome],
+                 budget: ProbeBudget, cells_count: int, model: str, url: str, taken_at: datetime, trigger: str,
                  batch_size: int = 1) -> ProbeStatus:
-    """status.probe for a probe's outcomes: the cells, the break-even they are judged by (the cost model's at
-    `batch_size` running sequences), and what was sent against what the budget allowed."""
-    floor = acceptance_floor(spec, batch_size)
+    """status.probe for a probe's outcomes: the cells, the break-even they are judged by (the plan's cost model's
+    at `batch_size` running sequences; none without a plan), and what was sent against what the budget allowed."""
+    floor = plan.acceptance_floor(batch_size) if plan is not None else None
     break_even = floor.break_even if floor is not None else None
     cells = probe_cells(outcomes, spec.speculation.num_speculative_tokens, break_even)
     described = (f"{spec.speculation.enabled_method.value} k={spec.speculation.num_speculative_tokens}, model "

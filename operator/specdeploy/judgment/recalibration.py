@@ -3,9 +3,8 @@
     speculation, change = recalibrate(spec, speculation, plan, sample, now)
 
 Called by `judgment/speculation.py` `step_speculation` on each analysis sample while the pods speculate. The
-schedule the pods run is the plan's (`Plan.schedule`): planning derives it from `status.speculation.calibration`'s
-positions when they were measured for this spec (`planning.schedule.calibrated_acceptance`), else from the
-method's prior. So the status is the whole state: a change writes the new positions there, the next plan derives
+schedule the pods run is the plan's (`plan.schedule`, read through judgment/plan_view.py): planning derives it from
+`status.speculation.calibration`'s positions when they were measured for this spec, else from the method's prior. So the status is the whole state: a change writes the new positions there, the next plan derives
 the new table from them and the children roll through the usual apply; a restarted operator reads the same
 positions and renders the same table. The positions change only with the schedule: a kept decision records
 itself (`lastDecision`) and leaves the positions, and so the table, as they were.
@@ -41,12 +40,9 @@ from specdeploy.judgment.calibration import (
     acceptance_now,
     calibrate,
 )
+from specdeploy.judgment.plan_view import PlanView, ScheduleRange
 from specdeploy.judgment.queries import latest_seconds
 from specdeploy.judgment.samples import DeploymentSample
-from specdeploy.planning.gpus import find_gpu
-from specdeploy.planning.plan import Plan
-from specdeploy.planning.schedule import ScheduleRange, calibration_key, k_at, schedule_cost, step_speedup
-from specdeploy.planning.speedup import SpeculationCost
 
 RECALIBRATED = "ScheduleRecalibrated"
 """The reason of a change: the Event's and `lastDecision.reason`."""
@@ -127,7 +123,7 @@ def _decision_status(decision: CalibrationDecision, message: str) -> Calibration
 def recalibrate(
     spec: SpeculativeDeploymentSpec,
     speculation: SpeculationStatus,
-    plan: Plan | None,
+    plan: PlanView | None,
     sample: DeploymentSample,
     now: datetime,
 ) -> tuple[SpeculationStatus, Recalibration | None]:
@@ -141,7 +137,7 @@ def recalibrate(
                 else speculation), None
     if plan is None or plan.schedule is None:
         return speculation, None
-    key = calibration_key(spec)
+    key = plan.calibration_key
     record = speculation.calibration
     if record is not None and record.key != key:     # measured for another drafter, k or target: start again
         record = ScheduleCalibration(key=key, changes=record.changes, last_change_at=record.last_change_at)
@@ -164,22 +160,18 @@ def recalibrate(
     return speculation.model_copy(update={"calibration": record.model_copy(update=update)}), change
 
 
-def _calibrated(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: Plan,
+def _calibrated(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: PlanView,
                 sample: DeploymentSample, now: datetime) -> tuple[CalibrationDecision, AcceptanceNow]:
     """The calibration of `sample`, from the acceptance it measured now (the latest slice's after a move)."""
     assert plan.schedule is not None
     batch = sample.speculative.running_per_pod
     measured = acceptance_now(sample.position_counts, sample.latest_position_counts)
     return calibrate(
-        measured.counts, plan.schedule, _cost(plan),
+        measured.counts, plan.schedule, plan,
         max_k=spec.speculation.num_speculative_tokens, max_num_seqs=spec.serving.max_num_seqs,
         batch=batch if batch is not None else math.nan,
         last_change_at=_last_change_at(speculation, speculation.calibration), now=now.timestamp(),
     ), measured
-
-
-def _cost(plan: Plan) -> SpeculationCost:
-    return schedule_cost(plan.spec, plan.target, plan.draft, find_gpu(plan.spec.resources.gpu.product))
 
 
 @dataclass(frozen=True)
@@ -197,7 +189,7 @@ class BestAtLoad:
     shift: AcceptanceShift | None   # the acceptance is the latest slice's: it moved within the window
 
 
-def best_at_load(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: Plan | None,
+def best_at_load(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: PlanView | None,
                  sample: DeploymentSample, now: datetime) -> BestAtLoad | None:
     """What the best k would do at this sample's batch, from the acceptance it measured per position; None unless
     an `Auto` schedule runs and the window holds the evidence calibration needs (judgment/calibration.py)."""
@@ -207,8 +199,7 @@ def best_at_load(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus
     if (decision.evidence is None or not decision.evidence.enough or not decision.acceptance or decision.batch is None
             or decision.speedup_before is None):
         return None
-    cost = _cost(plan)
-    k, speedup = max(((k, step_speedup(cost, decision.acceptance, decision.batch, k))
+    k, speedup = max(((k, plan.predicted_speedup(decision.acceptance, decision.batch, k))
                       for k in range(1, spec.speculation.num_speculative_tokens + 1)), key=lambda found: found[1])
     return BestAtLoad(k, speedup, decision.batch, decision.acceptance, decision.evidence.drafts,
-                      k_at(plan.schedule.ranges, decision.batch), decision.speedup_before, measured.shift)
+                      plan.schedule.k_at(decision.batch), decision.speedup_before, measured.shift)

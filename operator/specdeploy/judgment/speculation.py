@@ -21,6 +21,7 @@ from specdeploy.api.status import AnalysisStatus, SpeculationStatus
 from specdeploy.judgment import evidence
 from specdeploy.judgment.calibration import MIN_RELATIVE_GAIN
 from specdeploy.judgment.oom import OutOfMemory
+from specdeploy.judgment.plan_view import PlanView, Schedule
 from specdeploy.judgment.queries import latest_seconds
 from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
 from specdeploy.judgment.recalibration import Recalibration, best_at_load, recalibrate, shift_text, table_text
@@ -49,9 +50,6 @@ from specdeploy.judgment.verdict import (
     interval,
     previous_baseline,
 )
-from specdeploy.planning.acceptance_floor import FIXED, acceptance_floor
-from specdeploy.planning.plan import Plan
-from specdeploy.planning.schedule import ScheduleRange, k_at
 
 
 @dataclass(frozen=True)
@@ -64,36 +62,38 @@ class SpeculationStep:
     recalibrated: Recalibration | None = None   # the Auto schedule changed in this step (status records it)
 
 
-def _floor(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, plan: Plan | None) -> Floor | None:
-    """minAcceptanceRate, or unset (Auto) the cost model's break-even at the batch the pods run now, for the k
-    drafted there."""
+def _floor(sample: DeploymentSample, plan: PlanView | None) -> Floor | None:
+    """The plan's acceptance floor: minAcceptanceRate, or unset (Auto) the cost model's break-even at the batch the
+    pods run now, for the k drafted there. None without a plan (nothing to derive it from)."""
+    if plan is None:
+        return None
     batch = sample.speculative.running_per_pod
-    found = acceptance_floor(spec, batch, _drafted_k(plan, batch))
-    return Floor(found.rate, found.describe(), fixed=found.source == FIXED) if found is not None else None
+    found = plan.acceptance_floor(batch, _drafted_k(plan, batch))
+    return Floor(found.rate, found.describe(), fixed=found.fixed) if found is not None else None
 
 
-def _on_table(plan: Plan | None, batch: float | None) -> tuple[tuple[ScheduleRange, ...], int] | None:
+def _on_table(plan: PlanView | None, batch: float | None) -> tuple[Schedule, int] | None:
     """The table the pods run (not for a Fixed schedule) and `batch` as a whole number within its ranges; None
     without a table or a measured batch."""
-    schedule = plan.schedule if plan is not None and plan.engine_schedule is not None else None
-    if schedule is None or batch is None or not math.isfinite(batch):
+    schedule = plan.schedule if plan is not None else None
+    if schedule is None or schedule.mode == ScheduleMode.FIXED or batch is None or not math.isfinite(batch):
         return None
     table = schedule.ranges
-    return table, min(max(round(batch), table[0].min_batch), table[-1].max_batch)
+    return schedule, min(max(round(batch), table[0].min_batch), table[-1].max_batch)
 
 
-def _drafted_k(plan: Plan | None, batch: float | None) -> int | None:
+def _drafted_k(plan: PlanView | None, batch: float | None) -> int | None:
     """The k a schedule drafts at `batch` (the nearest drafting range below a k = 0 one: the window's drafts were
     made there); None for a Fixed schedule or an unmeasured batch."""
     found = _on_table(plan, batch)
     if found is None:
         return None
-    table, at = found
-    drafting = [r.k for r in table if r.min_batch <= at and r.k > 0]
+    schedule, at = found
+    drafting = [r.k for r in schedule.ranges if r.min_batch <= at and r.k > 0]
     return drafting[-1] if drafting else None
 
 
-def schedule_at_load(plan: Plan | None, sample: DeploymentSample | None) -> str | None:
+def schedule_at_load(plan: PlanView | None, sample: DeploymentSample | None) -> str | None:
     """Where on its schedule the speculative pods ran when they were judged: the batch per pod the window
     averaged and the k the table drafts there. None for a Fixed schedule (k is k at every batch) or without a
     measured batch. A rollback's evidence carries it, so a schedule that loses at one load is named at that load
@@ -102,10 +102,11 @@ def schedule_at_load(plan: Plan | None, sample: DeploymentSample | None) -> str 
     found = _on_table(plan, batch)
     if found is None or batch is None:
         return None
-    table, at = found
-    drafted = k_at(table, at)
+    schedule, at = found
+    drafted = schedule.k_at(at)
     where = f"k {drafted}" if drafted else "k 0, drafting off in the engine"
-    return f"at {evidence.number(batch, 1)} running requests per pod the schedule drafts {where} (table {table_text(table)})"
+    return (f"at {evidence.number(batch, 1)} running requests per pod the schedule drafts {where} "
+            f"(table {table_text(schedule.ranges)})")
 
 
 PREDICTED_LOSS = MIN_RELATIVE_GAIN
@@ -114,7 +115,7 @@ on its own: the roofline is held to published measurements within ±5% at best (
 margin a calibration's gain must clear."""
 
 
-def loss_no_schedule_fixes(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: Plan | None,
+def loss_no_schedule_fixes(spec: SpeculativeDeploymentSpec, speculation: SpeculationStatus, plan: PlanView | None,
                            sample: DeploymentSample, assessment: Assessment, now: datetime) -> Failing | None:
     """An `Auto` schedule that loses and cannot be re-derived into one that pays: Failing NoSchedulePays.
 
@@ -177,9 +178,9 @@ def _a_window_since_reenabled(speculation: SpeculationStatus, spec: SpeculativeD
 
 
 def _policy(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, analysis: AnalysisStatus | None,
-            plan: Plan | None) -> Policy:
+            plan: PlanView | None) -> Policy:
     return Policy(spec.analysis.checks, spec.analysis.baseline.mode, spec.analysis.min_requests,
-                  _floor(spec, sample, plan), analysis.previous_baseline if analysis is not None else None,
+                  _floor(sample, plan), analysis.previous_baseline if analysis is not None else None,
                   objective=spec.analysis.objective, gpus_per_pod=spec.resources.gpu_count)
 
 
@@ -201,7 +202,7 @@ def step_speculation(
     out_of_memory: list[OutOfMemory],   # deaths of speculative pods since speculation.since
     now: datetime,
     *,
-    plan: Plan | None = None,           # the plan the pods run: an Auto schedule is calibrated against it
+    plan: PlanView | None = None,       # the plan the pods run: the acceptance floor and the schedule come from it
 ) -> SpeculationStep:
     """The speculation and analysis state after one reconcile of `resource`."""
     at = evidence.rfc3339(now)

@@ -1,13 +1,14 @@
 """The acceptance floor: the lowest vLLM acceptance rate at which speculation still pays, from the cost model.
 
-    floor = acceptance_floor(spec, batch_size=running_sequences_per_pod)
+    floor = plan.acceptance_floor(batch_size=running_sequences_per_pod)    # planning/plan.py
     if floor is not None and measured_rate < floor.rate: ...   # speculation no longer pays
     floor.describe()   # "Auto: break-even 0.09 at batch 1 for eagle3 k=3 (draft 9% of a target step on
                        #  H100-80GB), floor 0.11 with the 5% margin"
 
 `spec.analysis.checks.minAcceptanceRate` set: the floor is that number ("Fixed"). Unset ("Auto"): the
-floor comes from planning.speedup's cost model for the spec's method, k, drafter, target, tensor
-parallelism and GPU, at the batch size the pods run. With B the baseline step, S the speculative step (k
+floor comes from the plan's cost model (planning.speedup's `SpeculationCost`, built once by the plan from the
+models as they were resolved: catalog, Hub, ConfigMap or spec) for the spec's method, k, drafter, target,
+tensor parallelism and GPU, at the batch size the pods run. With B the baseline step, S the speculative step (k
 drafting passes + verifying k+1 tokens per sequence), c = one drafting pass ÷ B, and vLLM's acceptance
 rate r = accepted ÷ drafted = (E[tokens] − 1) ÷ k, SpeculationCost.speedup(batch, α, k) = E[tokens] × B ÷ S
 depends on α only through E[tokens] = 1 + k·r, so the rate at which it equals s is
@@ -35,27 +36,18 @@ If the speedup stays below 1 even when every drafted token is accepted, speculat
 batch: break_even and rate are both 1.0 and `pays` is False. If it reaches 1 but not 1 + AUTO_MARGIN,
 break_even is below 1 and the floor is 1.0.
 
-None is returned when speculation is disabled in the spec (there is no acceptance to check), or, for
-Auto, when the target or draft is not in the catalog and has no `architecture` (`UnknownModel`): the
-caller then falls back to its own rule (the analysis loop skips the acceptance-floor check, or uses a
-constant of its own; it is the caller's choice, not this module's). A Fixed floor is returned whether or
-not the models resolve; its `break_even` is the model's where they do, else None.
-
-Auto floors are cached per (the spec fields the cost model reads, batch): the analysis loop asks for one
-per SpeculativeDeployment every interval; a hit costs a few microseconds, a miss a few hundred.
+The plan answers None when speculation is disabled in the spec (there is no acceptance to check). A Fixed
+floor carries the model's break-even beside it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
 from typing import Any
 
-from specdeploy.api.spec import Architecture, SpeculativeDeploymentSpec
-from specdeploy.planning.catalog import UnknownModel, resolve_draft, resolve_target
-from specdeploy.planning.gpus import GPU_PRODUCTS, find_gpu
-from specdeploy.planning.speedup import REFERENCE_GPU, SpeculationCost, speculation_cost
+from specdeploy.api.spec import SpeculativeDeploymentSpec
+from specdeploy.planning.speedup import SpeculationCost
 
 __all__ = ["AUTO", "AUTO_MARGIN", "DEFAULT_BATCH_SIZE", "FIXED", "AcceptanceFloor", "acceptance_floor"]
 
@@ -81,26 +73,30 @@ class AcceptanceFloor:
     """The acceptance floor of one spec at one batch size, in vLLM's accepted ÷ drafted tokens."""
 
     rate: float                 # the floor, in [0, 1]
-    break_even: float | None    # the rate where the predicted speedup is 1; None: Fixed, models unresolved
+    break_even: float           # the rate where the predicted speedup is 1
     batch_size: int             # running sequences per pod it was computed at
     source: str                 # AUTO or FIXED
-    method: str = ""            # the following describe the model's numbers (empty/None for Fixed
-    k: int = 0                  # without resolvable models)
+    method: str = ""            # the following describe the model's numbers
+    k: int = 0
     draft_cost_ratio: float | None = None   # one drafting pass in target steps at batch_size
     gpu: str = ""
     pays: bool = True           # False: below speedup 1 even at acceptance 1 at this batch
     margin: float = AUTO_MARGIN
 
+    @property
+    def fixed(self) -> bool:
+        """minAcceptanceRate as written, not the cost model's."""
+        return self.source == FIXED
+
     def describe(self) -> str:
         """One sentence for status, evidence and `specdeploy plan`."""
-        if self.source == FIXED:
+        if self.fixed:
             return f"Fixed: minAcceptanceRate {self.rate:.2f}"
         where = (f"at batch {self.batch_size} for {self.method} k={self.k} "
                  f"({self._draft_words()} on {self.gpu})")
         if not self.pays:
             return (f"Auto: speculation never pays {where}, even with every drafted token accepted; "
                     f"floor {self.rate:.2f}")
-        assert self.break_even is not None
         if self.rate >= 1.0:
             return (f"Auto: break-even {self.break_even:.2f} {where}; the {self.margin:.0%} margin is out of "
                     f"reach even with every drafted token accepted, floor {self.rate:.2f}")
@@ -110,7 +106,7 @@ class AcceptanceFloor:
         """The `acceptanceFloor` object of `specdeploy plan -o json` (floats to 3 decimals)."""
         return {
             "rate": round(self.rate, 3),
-            "breakEven": round(self.break_even, 3) if self.break_even is not None else None,
+            "breakEven": round(self.break_even, 3),
             "batchSize": self.batch_size,
             "source": self.source,
         }
@@ -122,28 +118,24 @@ class AcceptanceFloor:
         return f"draft {ratio:.0%} of a target step" if ratio >= 0.01 else f"draft {ratio:.1%} of a target step"
 
 
-def acceptance_floor(spec: SpeculativeDeploymentSpec, batch_size: float | None = None,
-                     k: int | None = None) -> AcceptanceFloor | None:
-    """The acceptance floor of `spec` at `batch_size` running sequences per pod (None: DEFAULT_BATCH_SIZE).
+def acceptance_floor(spec: SpeculativeDeploymentSpec, cost: SpeculationCost, batch_size: float | None = None,
+                     k: int | None = None) -> AcceptanceFloor:
+    """The acceptance floor of `spec`, whose speculation `cost` prices, at `batch_size` running sequences per pod
+    (None: DEFAULT_BATCH_SIZE).
 
-    Fixed when `spec.analysis.checks.minAcceptanceRate` is set, else Auto from the cost model; None when
-    speculation is disabled, or for Auto when a model cannot be resolved (see the module docstring).
-    `k`: the tokens drafted per step at that batch — under a schedule, the table's k there (the engine's
-    accepted ÷ drafted counts the drafts of the k in force); None: `numSpeculativeTokens`.
+    Fixed when `spec.analysis.checks.minAcceptanceRate` is set, else Auto from the cost model (see the module
+    docstring). `k`: the tokens drafted per step at that batch — under a schedule, the table's k there (the
+    engine's accepted ÷ drafted counts the drafts of the k in force); None: `numSpeculativeTokens`.
     """
-    if not spec.speculation.enabled:
-        return None
     batch = _batch(batch_size, spec.serving.max_num_seqs)
     drafted = k if k is not None and k > 0 else spec.speculation.num_speculative_tokens
-    auto = _auto(_Key(_cost_fields(spec), batch, drafted, spec))
+    break_even = _rate_where(cost, batch, drafted, 1.0)
     fixed = spec.analysis.checks.min_acceptance_rate
-    if fixed is None:
-        return auto
-    if auto is None:
-        return AcceptanceFloor(rate=fixed, break_even=None, batch_size=batch, source=FIXED)
     return AcceptanceFloor(
-        rate=fixed, break_even=auto.break_even, batch_size=batch, source=FIXED, method=auto.method, k=auto.k,
-        draft_cost_ratio=auto.draft_cost_ratio, gpu=auto.gpu, pays=auto.pays,
+        rate=min(max(_rate_where(cost, batch, drafted, 1.0 + AUTO_MARGIN), 0.0), 1.0) if fixed is None else fixed,
+        break_even=min(max(break_even, 0.0), 1.0), batch_size=batch, source=AUTO if fixed is None else FIXED,
+        method=spec.speculation.enabled_method.value, k=drafted, draft_cost_ratio=cost.draft_cost_ratio(batch),
+        gpu=cost.gpu.name, pays=break_even <= 1.0,
     )
 
 
@@ -152,61 +144,6 @@ def _batch(batch_size: float | None, max_num_seqs: int) -> int:
     if batch_size is None or math.isnan(batch_size):
         return min(DEFAULT_BATCH_SIZE, max_num_seqs)
     return int(round(min(max(float(batch_size), 1.0), float(max_num_seqs))))
-
-
-def _architecture(architecture: Architecture | None) -> str | None:
-    return architecture.model_dump_json() if architecture is not None else None
-
-
-def _cost_fields(spec: SpeculativeDeploymentSpec) -> tuple[object, ...]:
-    """Every spec field that resolve_target, resolve_draft, find_gpu and speculation_cost read."""
-    draft = spec.speculation.draft
-    draft_fields = (
-        None if draft is None
-        else (draft.name, draft.quantization, draft.tensor_parallel_size, _architecture(draft.architecture))
-    )
-    return (
-        spec.model.name, spec.model.quantization, _architecture(spec.model.architecture),
-        spec.speculation.method, spec.speculation.num_speculative_tokens, draft_fields,
-        spec.resources.tensor_parallel_size, spec.resources.gpu.product, spec.serving.kv_cache_dtype,
-    )
-
-
-@dataclass(frozen=True)
-class _Key:
-    """A cache key: equal and hashed on the cost fields and the batch; carries the spec for a miss."""
-
-    fields: tuple[object, ...]
-    batch: int
-    k: int
-    spec: SpeculativeDeploymentSpec = field(compare=False, hash=False, repr=False)
-
-
-@lru_cache(maxsize=4096)
-def _auto(key: _Key) -> AcceptanceFloor | None:
-    cost = _cost(_Key(key.fields, 0, 0, key.spec))
-    if cost is None:
-        return None
-    spec, batch, k = key.spec, key.batch, key.k
-    break_even = _rate_where(cost, batch, k, 1.0)
-    return AcceptanceFloor(
-        rate=min(max(_rate_where(cost, batch, k, 1.0 + AUTO_MARGIN), 0.0), 1.0),
-        break_even=min(max(break_even, 0.0), 1.0), batch_size=batch, source=AUTO,
-        method=spec.speculation.enabled_method.value, k=k, draft_cost_ratio=cost.draft_cost_ratio(batch),
-        gpu=cost.gpu.name, pays=break_even <= 1.0,
-    )
-
-
-@lru_cache(maxsize=256)
-def _cost(key: _Key) -> SpeculationCost | None:
-    """The spec's cost model, as planning.plan and estimate_speedup build it; None: a model is unknown."""
-    spec = key.spec
-    try:
-        target, draft = resolve_target(spec), resolve_draft(spec)
-    except UnknownModel:
-        return None
-    gpu = find_gpu(spec.resources.gpu.product) or GPU_PRODUCTS[REFERENCE_GPU]
-    return speculation_cost(spec, target, draft, gpu)
 
 
 def _rate_where(cost: SpeculationCost, batch: int, k: int, speedup: float) -> float:

@@ -1,19 +1,25 @@
-"""One plan for one spec: the models resolved, the memory plan, compatibility and predicted speedup.
+"""One plan for one spec: the models resolved, the memory plan, compatibility, the cost model and what it predicts.
 
     plan = make_plan(spec)                                   # spec architecture or catalog, no I/O
     plan = make_plan(spec, resolve_models(spec, hub=hub))    # configs from a ConfigMap, a path or the Hub
+    plan.acceptance_floor(batch_size=12)                     # what the judgment asks (judgment/plan_view.py)
 
 Everything the operator decides before it touches a cluster comes from `make_plan`; the CLI prints it,
 the reconciler writes its memory plan to status and renders children from it. Resolving the models is
 I/O and happens before (specdeploy.modelsource); the plan only takes its result, so it stays pure.
+
+The plan is the one holder of numbers derived from the models: it builds the cost model once, from the
+models as they were resolved, and the schedule, the acceptance floor and the judgment's predictions all come
+from it. The judgment reads the plan through `judgment.plan_view.PlanView` and imports nothing from planning.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdeploy.api.spec import Architecture, EngineKind, SpeculativeDeploymentSpec
+from specdeploy.api.spec import Architecture, EngineKind, ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import Compatibility, MemoryPlan, ScheduleCalibration, Verdict
 from specdeploy.engines.base import BatchK
 from specdeploy.modelsource.resolve import (
@@ -23,13 +29,22 @@ from specdeploy.modelsource.resolve import (
     ResolvedModels,
     head_findings,
 )
+from specdeploy.planning.acceptance_floor import AcceptanceFloor, acceptance_floor
 from specdeploy.planning.catalog import resolve_draft, resolve_target
 from specdeploy.planning.compat import check_compatibility
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.memory import gpu_memory_gib, plan_memory, trtllm_free_gpu_memory_fraction
 from specdeploy.planning.modelinfo import ModelInfo
-from specdeploy.planning.schedule import SpeculationSchedule, calibrated_acceptance, speculation_schedule
-from specdeploy.planning.speedup import SpeedupEstimate, estimate_speedup
+from specdeploy.planning.schedule import (
+    SpeculationSchedule,
+    calibrated_acceptance,
+    calibration_key,
+    derive_schedule,
+    schedule_cost,
+    speculation_schedule,
+    step_speedup,
+)
+from specdeploy.planning.speedup import SpeculationCost, SpeedupEstimate, estimate_speedup
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,35 @@ class Plan:
     target_origin: Origin                    # where the target's architecture came from
     draft_origin: Origin | None              # the draft's or EAGLE head's; None without one
     schedule: SpeculationSchedule | None = None   # k per batch range; None without speculation
+    cost: SpeculationCost | None = None     # the cost model of the speculation; None without speculation
+
+    def acceptance_floor(self, batch_size: float | None = None, k: int | None = None) -> AcceptanceFloor | None:
+        """The acceptance floor at `batch_size` running sequences per pod (None: batch 1) drafting `k` (None:
+        numSpeculativeTokens), from the plan's cost model (planning/acceptance_floor.py); None without
+        speculation."""
+        return acceptance_floor(self.spec, self.cost, batch_size, k) if self.cost is not None else None
+
+    def predicted_speedup(self, position_acceptance: Sequence[float], batch: int, k: int) -> float:
+        """Tokens per second ÷ without speculation at `batch` drafting `k`, under an acceptance per draft position
+        (at k = 0, the engine's cost of a step that drafts nothing)."""
+        return step_speedup(self._speculating(), position_acceptance, batch, k)
+
+    def derive_schedule(self, position_acceptance: Sequence[float]) -> SpeculationSchedule:
+        """The Auto schedule under a measured acceptance per draft position, over 1..maxNumSeqs."""
+        speculation = self.spec.speculation
+        ranges = derive_schedule(self._speculating(), position_acceptance, speculation.num_speculative_tokens,
+                                 self.spec.serving.max_num_seqs)
+        return SpeculationSchedule(ScheduleMode.AUTO, ranges, acceptance_measured=True)
+
+    @property
+    def calibration_key(self) -> str:
+        """What a measured acceptance per draft position is valid for (planning.schedule.calibration_key)."""
+        return calibration_key(self.spec)
+
+    def _speculating(self) -> SpeculationCost:
+        if self.cost is None:
+            raise ValueError("the plan has no speculation to predict")
+        return self.cost
 
     @property
     def engine_schedule(self) -> tuple[BatchK, ...] | None:
@@ -129,8 +173,9 @@ def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = N
     draft = resolved.draft.info if resolved.draft is not None else None
     speculate = spec.speculation.enabled
     gpu = find_gpu(spec.resources.gpu.product)
-    schedule = speculation_schedule(spec, target, draft, gpu, position_acceptance=calibrated_acceptance(
-        spec, calibration)) if speculate else None
+    cost = schedule_cost(spec, target, draft, gpu) if speculate else None
+    schedule = speculation_schedule(spec, target, cost, position_acceptance=calibrated_acceptance(
+        spec, calibration)) if cost is not None else None
     largest_k = schedule.largest_k if schedule is not None and schedule.largest_k > 0 else None
     memory = plan_memory(spec, target, draft, speculate=speculate, num_speculative_tokens=largest_k)
     memory_without_speculation = plan_memory(spec, target, draft, speculate=False) if speculate else memory
@@ -138,13 +183,13 @@ def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = N
     speedup = estimate_speedup(spec, target, draft, gpu) if speculate else None
     return Plan(pin_revisions(spec, resolved), target, draft, memory, memory_without_speculation, compatibility,
                 speedup, resolved.target.origin, resolved.draft.origin if resolved.draft is not None else None,
-                schedule)
+                schedule, cost)
 
 
 def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> dict[str, Any]:
     """What `specdeploy plan -o json` prints: status.memoryPlan's JSON, with compatibility,
     engineCommand, speedup, speculationSchedule (`SpeculationSchedule.to_wire`: minBatch, maxBatch, k and the
-    predicted speedup per batch range) and models (where each architecture came from, `Origin.to_wire`) beside it.
+    predicted speedup per batch range), acceptanceFloor (at batch 1, `AcceptanceFloor.to_wire`) and models (where each architecture came from, `Origin.to_wire`) beside it.
 
     `verdict` stays the memory plan's own (status.memoryPlan.verdict is the same field); `outcome` is the
     plan's as a whole — Rejected also for a compatibility error — and agrees with the exit code and the
@@ -159,4 +204,6 @@ def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> d
         "target": plan.target_origin.to_wire(),
         "draft": plan.draft_origin.to_wire() if plan.draft_origin is not None else None,
     }
+    floor = plan.acceptance_floor()
+    document["acceptanceFloor"] = floor.to_wire() if floor is not None else None
     return document

@@ -1,7 +1,8 @@
 """k per batch size: the schedule the engine follows every step (`spec.speculation.schedule`).
 
-    schedule = speculation_schedule(spec, target, draft, find_gpu("H100-80GB"))
+    schedule = speculation_schedule(spec, target, cost)   # cost: the plan's, `schedule_cost`
     schedule.ranges          # (ScheduleRange(1, 21, 4, …), ScheduleRange(22, 75, 3, …), …)
+    schedule.k_at(48)        # the k drafted at 48 running sequences
     schedule.engine_table()  # what the renderers put in the engine's config; None for mode Fixed
 
 The fast loop of speculation lives in the engine: it reads the batch size each step and drafts the k the
@@ -85,6 +86,10 @@ class SpeculationSchedule:
     def largest_k(self) -> int:
         """The most any batch size drafts: what the engine is started with and the memory plan reserves for."""
         return max(r.k for r in self.ranges)
+
+    def k_at(self, batch: int) -> int:
+        """The k drafted at `batch` (`k_at`)."""
+        return k_at(self.ranges, batch)
 
     def engine_table(self) -> tuple[BatchK, ...] | None:
         """The ranges for the engine renderers; None for mode Fixed, which renders no schedule at all."""
@@ -195,8 +200,9 @@ def table_schedule(
 
 def schedule_cost(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None,
                   gpu: GpuProduct | None) -> SpeculationCost:
-    """The roofline's costs a schedule of `spec` is derived from, on `gpu` (None: REFERENCE_GPU), with its engine's
-    cost of a step that drafts nothing and whether its table drafts its largest k first."""
+    """The roofline's costs of `spec`'s speculation on `gpu` (None: REFERENCE_GPU), with its engine's cost of a step
+    that drafts nothing and whether its table drafts its largest k first: the cost model the plan builds once and
+    derives its schedule, acceptance floor and the judgment's predictions from (planning/plan.py)."""
     cost = speculation_cost(spec, target, draft, gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU])
     return dataclasses.replace(cost, zero_k_speedup=ZERO_K_SPEEDUP_BY_ENGINE.get(spec.engine.kind, ZERO_K_SPEEDUP),
                                largest_k_first=spec.engine.kind in LARGEST_K_FIRST)
@@ -230,19 +236,17 @@ def calibrated_acceptance(spec: SpeculativeDeploymentSpec, calibration: Schedule
 def speculation_schedule(
     spec: SpeculativeDeploymentSpec,
     target: ModelInfo,
-    draft: ModelInfo | None,
-    gpu: GpuProduct | None,
+    cost: SpeculationCost,
     *,
     position_acceptance: Sequence[float] | None = None,
 ) -> SpeculationSchedule:
-    """The schedule of `spec`'s speculation (which must be enabled) on `gpu` (None: REFERENCE_GPU).
+    """The schedule of `spec`'s speculation (which must be enabled), priced by `cost` (`schedule_cost`).
 
     `position_acceptance`: measured acceptance per draft position (see `derive_schedule`); None assumes the
     method's prior, lowered for a quantised target or draft, as the speedup estimate does.
     """
     speculation = spec.speculation
     k_max = speculation.num_speculative_tokens
-    cost = schedule_cost(spec, target, draft, gpu)
     acceptance = position_acceptance if position_acceptance is not None else prior_position_acceptance(
         speculation.enabled_method, k_max,
         target_quantization=spec.model.quantization,
