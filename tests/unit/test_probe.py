@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.judgment.probe import (
     DEFAULT_TEMPERATURES,
     ProbeBudget,
@@ -16,7 +20,12 @@ from specdeploy.judgment.probe import (
     predicted_speedup,
     probe_cells,
     probe_requests,
+    probe_result,
 )
+from specdeploy.modelsource.resolve import ConfigMapConfig, Supplied, resolve_models
+from specdeploy.planning.plan import make_plan
+
+HUB_FIXTURES = Path(__file__).parent.parent / "fixtures" / "hub"
 
 WORKLOADS = {"code": ["def add(a, b):", "class Stack:"], "support": ["My order is late."]}
 
@@ -90,3 +99,28 @@ def test_the_predicted_speedup_is_one_at_break_even_and_grows_with_acceptance(ra
                                                                               k: int) -> None:
     assert predicted_speedup(break_even, k, break_even) == pytest.approx(1.0)
     assert (predicted_speedup(rate, k, break_even) > 1.0) == (rate > break_even) or rate == pytest.approx(break_even)
+
+
+def test_the_break_even_is_the_plans_whichever_source_resolved_its_models() -> None:
+    """Qwen3-4B-Thinking with a Qwen3-0.6B draft, neither in the catalog, their config.json from ConfigMaps: the probe
+    judges its cells by the plan's break-even; without a plan it predicts nothing."""
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "model": {"name": "Qwen/Qwen3-4B-Thinking-2507", "configMapRef": "target-config"},
+        "speculation": {"method": "draft_model", "numSpeculativeTokens": 5,
+                        "draft": {"name": "Qwen/Qwen3-0.6B", "configMapRef": "draft-config"}},
+        "resources": {"gpu": {"product": "H100-80GB"}}, "serving": {"maxModelLen": 32768, "maxNumSeqs": 32}})
+
+    def config_map(name: str, repo: str) -> Supplied:
+        return Supplied(config_map=ConfigMapConfig(name, {"config.json": (HUB_FIXTURES / repo / "config.json").read_text()}))
+
+    plan = make_plan(spec, resolve_models(spec, offline=True, target=config_map("target-config", spec.model.name),
+                                          draft=config_map("draft-config", "Qwen/Qwen3-0.6B")))
+    floor = plan.acceptance_floor()
+    assert floor is not None and 0.0 < floor.break_even < 1.0
+    outcomes = [ProbeOutcome(ProbeRequest("support", 0.0, "?"), SpecDecodeCounts(steps=10, drafted=50, accepted=0))]
+    at = datetime(2026, 12, 5, tzinfo=UTC)
+    judged = probe_result(spec, plan, outcomes, ProbeBudget(1), 1, "qwen", "http://127.0.0.1:8000", at, "Manual")
+    assert judged.break_even == floor.break_even and judged.break_even_basis == floor.describe()
+    assert judged.cells[0].pays is False and judged.not_paying
+    unplanned = probe_result(spec, None, outcomes, ProbeBudget(1), 1, "qwen", "http://127.0.0.1:8000", at, "Manual")
+    assert unplanned.break_even is None and unplanned.cells[0].pays is None and not unplanned.not_paying
