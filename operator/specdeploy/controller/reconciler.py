@@ -40,7 +40,7 @@ from lightkube.core.exceptions import ApiError
 from pydantic import ValidationError
 
 from specdeploy.api.resource import SpeculativeDeployment, describe_validation_error
-from specdeploy.api.spec import SpeculativeDeploymentSpec
+from specdeploy.api.spec import TOKEN_SECRET_KEY, SpeculativeDeploymentSpec
 from specdeploy.api.status import Finding, ProbeStatus, Severity, SpeculativeDeploymentStatus
 from specdeploy.clients import kube
 from specdeploy.clients.alertmanager import AlertmanagerError, post_alerts
@@ -416,7 +416,7 @@ class Reconciler:
                         f"(kubectl create configmap -n {namespace} {config_map} --from-file=config.json)")
             token = None
             if token_secret:
-                token = await kube.secret_value(self.client, namespace, token_secret, "token")
+                token = await kube.secret_value(self.client, namespace, token_secret, TOKEN_SECRET_KEY)
                 if token is None:
                     raise TokenUnreadable(
                         f"Secret {namespace}/{token_secret} (`{spec_field}.tokenSecretRef`) does not exist or has "

@@ -159,7 +159,8 @@ def _deployment(
         "name": "engine",
         "image": image,
         **argv,
-        "env": podsecurity.writable_env(command.env),   # the engine's own, then spec.engine.env
+        # the engine's own, then spec.engine.env, then the Hub token from its Secret
+        "env": podsecurity.writable_env(command.env) + [variable.manifest() for variable in command.secret_env],
         "ports": [{"name": "http", "containerPort": command.port, "protocol": "TCP"}],
         "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
         **command.probes(),
