@@ -1,9 +1,10 @@
 """The operator's side of the Kubernetes API: read an SD and its Deployments, apply and prune children,
 write status, post Events. Async (lightkube's AsyncClient), so the kopf event loop never blocks.
 
-Children are written with server-side apply under the field manager `specdeploy`: fields other
-managers own (a user's annotation, an HPA's replicas) are left alone, and applying what is already
-there changes nothing, so status-only reconciles never restart pods.
+Children are written with server-side apply under the field manager `specdeploy`, forced for the fields
+it renders: fields it does not render (a user's annotation) are left alone, and so are the replicas of a
+Deployment that another writer set (`replicas_manager`; reconcile/decide.py `replicas_held`); applying what
+is already there changes nothing, so status-only reconciles never restart pods.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from lightkube.types import PatchType
 from specdeploy.api import names
 from specdeploy.api.resource import GROUP, KIND, PLURAL, VERSION
 from specdeploy.clients.headers import HEADERS_SECRET_LABEL, Headers, InvalidHeaders, http_headers
-from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT, Children, Variant
+from specdeploy.reconcile.children import ANNOTATION_REPLICAS, LABEL_NAME, LABEL_VARIANT, Children, Variant
 from specdeploy.reconcile.conditions import Event as SdEvent
 from specdeploy.reconcile.status import DeploymentState
 
@@ -80,6 +81,7 @@ def deployment_state(body: Mapping[str, Any], owner: str) -> DeploymentState | N
     annotations = metadata.get("annotations") or {}
     spec, status = body.get("spec") or {}, body.get("status") or {}
     sd_generation = annotations.get(ANNOTATION_SD_GENERATION)
+    rendered = annotations.get(ANNOTATION_REPLICAS)
     replicas = spec.get("replicas")
     return DeploymentState(
         name=metadata.get("name") or "",
@@ -91,7 +93,24 @@ def deployment_state(body: Mapping[str, Any], owner: str) -> DeploymentState | N
         observed_generation=status.get("observedGeneration") or 0,
         sd_generation=int(sd_generation) if sd_generation and sd_generation.isdigit() else None,
         children_fingerprint=annotations.get(ANNOTATION_CHILDREN_FINGERPRINT),
+        ready_replicas=status.get("readyReplicas") or 0,
+        current_replicas=status.get("replicas") or 0,
+        replicas_manager=replicas_manager(metadata.get("managedFields") or []),
+        rendered_replicas=int(rendered) if rendered and rendered.isdigit() else None,
     )
+
+
+def replicas_manager(managed_fields: Sequence[Mapping[str, Any]]) -> str | None:
+    """The field manager other than the operator that owns a Deployment's spec.replicas, if any (named with its
+    subresource: `kube-controller-manager/scale` is an HPA). An update (`kubectl scale`, an HPA through the scale
+    subresource) takes a field from every other manager, so this is who set it after the operator's last apply."""
+    for entry in managed_fields:
+        owned = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        manager = entry.get("manager") or "?"
+        if "f:replicas" in owned and manager != FIELD_MANAGER:
+            subresource = entry.get("subresource")
+            return f"{manager}/{subresource}" if subresource else manager
+    return None
 
 
 CHILD_KINDS = frozenset({"Deployment", "ConfigMap", "Service", "PodMonitor"})
