@@ -393,6 +393,9 @@ class SpeculativeDeploymentStatus(StatusModel):
         "an HPA finds the pods whose metrics it reads")
     ready: str | None = Field(
         None, description="Ready pods ÷ the pods wanted, speculative and control together (kubectl get's READY)")
+    monitoring: str | None = Field(
+        None, description="Set when the cluster has prometheus-operator's PodMonitor CRD but the operator renders no "
+        "PodMonitor for this SD: why, and what must scrape its engine pods instead")
     deploy_record: DeployRecord | None = None
     memory_plan: MemoryPlan | None = None
     compatibility: Compatibility | None = None

@@ -20,17 +20,26 @@ import httpx2
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret, Service
 from lightkube.types import PatchType
 
 from specdeploy.api import names
 from specdeploy.api.resource import GROUP, KIND, PLURAL, VERSION
 from specdeploy.clients.headers import HEADERS_SECRET_LABEL, Headers, InvalidHeaders, http_headers
-from specdeploy.reconcile.children import ANNOTATION_REPLICAS, LABEL_NAME, LABEL_VARIANT, Children, Variant
+from specdeploy.reconcile.children import (
+    ANNOTATION_REPLICAS,
+    LABEL_NAME,
+    LABEL_VARIANT,
+    Children,
+    PodMonitoring,
+    Variant,
+)
 from specdeploy.reconcile.conditions import Event as SdEvent
 from specdeploy.reconcile.status import DeploymentState
 
@@ -65,6 +74,41 @@ async def pod_monitors_supported(client: AsyncClient) -> bool:
             return False
         raise
     return True
+
+
+POD_MONITOR_VERBS = ("get", "list", "create", "patch", "delete")
+"""What the operator does with PodMonitors: read (drift), apply (create or patch), list and delete (prune)."""
+
+
+async def may_write_pod_monitors(client: AsyncClient, namespaces: Sequence[str | None]) -> bool:
+    """Whether the operator may do every POD_MONITOR_VERBS in each of `namespaces` (None: every namespace), as
+    the apiserver's authorizer answers a SelfSubjectAccessReview (which anyone may ask)."""
+    for namespace in namespaces:
+        for verb in POD_MONITOR_VERBS:
+            review = await client.create(SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(
+                resourceAttributes=ResourceAttributes(group="monitoring.coreos.com", resource="podmonitors",
+                                                      verb=verb, namespace=namespace))))
+            if review.status is None or not review.status.allowed:
+                return False
+    return True
+
+
+async def pod_monitoring(client: AsyncClient, namespaces: Sequence[str | None], *, enabled: bool,
+                         labels: Mapping[str, str]) -> PodMonitoring:
+    """Whether SDs get a PodMonitor each: the CRD exists, `enabled` (the operator's --pod-monitors) and the
+    operator may write them; when the CRD exists but they are not rendered, why, in a sentence for status."""
+    if not await pod_monitors_supported(client):
+        return PodMonitoring()
+    instead = ("its engine pods must be scraped by the chart's engineMonitoring.podMonitor or a scrape "
+               "configuration of your own, keeping the pod labels specdeploy.io/name and specdeploy.io/variant, "
+               "which the analysis groups by")
+    if not enabled:
+        return PodMonitoring(not_rendered=f"the operator renders no PodMonitor for this SD (--no-pod-monitors): {instead}")
+    if not await may_write_pod_monitors(client, namespaces):
+        return PodMonitoring(not_rendered=(
+            "the operator renders no PodMonitor for this SD: it may not write PodMonitors here (the chart's "
+            f"rbac.podMonitors is false); {instead}"))
+    return PodMonitoring(render=True, labels=dict(labels))
 
 
 def deployment_state(body: Mapping[str, Any], owner: str) -> DeploymentState | None:

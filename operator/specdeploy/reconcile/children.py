@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -41,6 +42,18 @@ PLAN_FILE = "plan.json"
 class Variant(StrEnum):
     SPECULATIVE = "speculative"
     CONTROL = "control"
+
+
+@dataclass(frozen=True)
+class PodMonitoring:
+    """Whether the operator renders a PodMonitor per SD (the cluster has prometheus-operator's CRD, the operator is
+    let write them and not told not to), with which labels besides its own (for a Prometheus that selects
+    monitors by label: kube-prometheus-stack's `release`), and, when the CRD is there but it renders none, why
+    (status.monitoring)."""
+
+    render: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+    not_rendered: str | None = None
 
 
 @dataclass(frozen=True)
@@ -235,7 +248,7 @@ def variants(spec: SpeculativeDeploymentSpec) -> tuple[Variant, ...]:
     return (Variant.SPECULATIVE,)
 
 
-def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor: bool = False,
+def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitoring: PodMonitoring = PodMonitoring(),
                      replicas_held: frozenset[Variant] = frozenset()) -> Children:
     """The manifests `resource` should run, given its plan (which must be accepted). The Deployments of the
     variants in `replicas_held` carry no replicas: another writer set them and the SD asks for nothing new
@@ -271,11 +284,12 @@ def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor
         },
     }
     monitor = None
-    if pod_monitor:
+    if pod_monitoring.render:
+        labels = {**pod_monitoring.labels, **common_labels(resource, "monitoring")}   # the operator's own win
         monitor = {
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PodMonitor",
-            "metadata": _metadata(resource, names.service_name(name), common_labels(resource, "monitoring")),
+            "metadata": _metadata(resource, names.service_name(name), labels),
             "spec": {
                 "selector": {"matchLabels": {LABEL_NAME: name}},
                 "podTargetLabels": [LABEL_NAME, LABEL_VARIANT],

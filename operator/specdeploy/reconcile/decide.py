@@ -34,7 +34,7 @@ from specdeploy.judgment.rollback import Rollback
 from specdeploy.judgment.samples import DeploymentSample
 from specdeploy.judgment.speculation import SpeculationStep, step_speculation
 from specdeploy.judgment.verdict import Verdict
-from specdeploy.reconcile.children import Children, Variant, desired_children, variant_replicas
+from specdeploy.reconcile.children import Children, PodMonitoring, Variant, desired_children, variant_replicas
 from specdeploy.reconcile.conditions import ConditionType, Event, Reason, transition_events
 from specdeploy.reconcile.drift import drift
 from specdeploy.reconcile.observed import PodsObserved
@@ -59,7 +59,7 @@ class Observed:
     sample: DeploymentSample | None = None       # this cycle's analysis sample, if one was taken
     probe: ProbeStatus | None = None             # a probe the operator just ran (controller/probe_loop.py)
     notice_posted: bool = False                  # this operator posted the last rollback's notice already
-    pod_monitors: bool = False                   # the cluster has the PodMonitor CRD
+    pod_monitoring: PodMonitoring = PodMonitoring()   # a PodMonitor per SD, or why not
 
     @property
     def namespace(self) -> str:
@@ -198,10 +198,11 @@ def decide(observed: Observed, now: datetime) -> Actions:
     status = next_status(previous, resource.spec, generation, planned, list(observed.deployments), at,
                          step.speculation, step.analysis, stuck, observed.probe)
     status = with_scale(status, observed.name, resource.spec, list(observed.deployments))
+    status = status.model_copy(update={"monitoring": observed.pod_monitoring.not_rendered})
     children = None
     if planned.plan is not None and planned.accepted:
         wanted = desired_children(resource.model_copy(update={"status": status}), planned.plan,
-                                  pod_monitor=observed.pod_monitors,
+                                  pod_monitoring=observed.pod_monitoring,
                                   replicas_held=replicas_held(resource.spec, observed.deployments))
         # Apply only what would change something: children that are not those of the last apply, or (of
         # the kinds this pass read in full) that differ from it, by hand or deleted, or after an apply the
