@@ -29,7 +29,7 @@ from specdeploy.modelsource.resolve import Origin, ResolvedModels
 from specdeploy.paths import cache_dir
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import Plan, make_plan, plan_document
-from specdeploy.reconcile.children import Variant, desired_children, engine_command
+from specdeploy.reconcile.children import PodMonitoring, Variant, desired_children, engine_command
 from specdeploy.report import render_plan
 from specdeploy.yamltext import dump_documents
 
@@ -137,7 +137,7 @@ def render(file: str, pod_monitor: bool) -> None:
         for finding in findings:
             click.echo(f"  {finding.severity.value} {finding.code}: {finding.message}", err=True)
         sys.exit(EXIT_REJECTED)
-    children = desired_children(resource, the_plan, pod_monitor=pod_monitor)
+    children = desired_children(resource, the_plan, pod_monitoring=PodMonitoring(render=pod_monitor))
     click.echo(dump_documents(children.all()), nl=False)
 
 
@@ -329,11 +329,16 @@ def _default(field: str) -> str:
 @click.option("--analysis-tick-seconds", type=float, default=None,
               help=f"How often the analysis loop looks for SDs whose interval has passed {_default('analysis_tick_seconds')}.")
 @click.option("--metrics-port", type=int, default=None, help=f"Port of the operator's /metrics; 0: off {_default('metrics_port')}.")
+@click.option("--pod-monitors/--no-pod-monitors", default=None,
+              help="A PodMonitor per SD where the prometheus-operator CRD exists (default: on).")
+@click.option("--pod-monitor-label", "pod_monitor_labels", multiple=True, metavar="KEY=VALUE",
+              help="A label for each SD's PodMonitor (repeatable), e.g. release=kube-prometheus-stack.")
 @click.option("-v", "--verbose", is_flag=True)
 def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_namespace: str | None,
         resync_seconds: float | None, prometheus_url: str | None, alertmanager_url: str | None,
         prometheus_headers_dir: Path | None, alertmanager_headers_dir: Path | None,
-        analysis_tick_seconds: float | None, metrics_port: int | None, verbose: bool) -> None:
+        analysis_tick_seconds: float | None, metrics_port: int | None, pod_monitors: bool | None,
+        pod_monitor_labels: tuple[str, ...], verbose: bool) -> None:
     """Run the operator against the cluster of $KUBECONFIG (or in-cluster credentials).
 
     Every setting may also come from SPECDEPLOY_<NAME> (e.g. SPECDEPLOY_PROMETHEUS_URL); a flag wins. The
@@ -342,17 +347,17 @@ def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_names
     import os
 
     import kopf
-    from pydantic import ValidationError
 
-    from specdeploy.controller.settings import OperatorSettings
+    from specdeploy.controller.settings import OperatorSettings, label_pairs
 
     try:
         settings = OperatorSettings.from_environment(
             os.environ, namespaces=namespaces or None, lease_namespace=lease_namespace,
             resync_seconds=resync_seconds, prometheus_url=prometheus_url, alertmanager_url=alertmanager_url,
             prometheus_headers_dir=prometheus_headers_dir, alertmanager_headers_dir=alertmanager_headers_dir,
-            analysis_tick_seconds=analysis_tick_seconds, metrics_port=metrics_port)
-    except ValidationError as error:
+            analysis_tick_seconds=analysis_tick_seconds, metrics_port=metrics_port, pod_monitors=pod_monitors,
+            pod_monitor_labels=label_pairs(pod_monitor_labels) or None)
+    except ValueError as error:   # a pydantic ValidationError is one
         _fail(f"operator settings: {error}")
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN)
     for noisy in ("httpx", "httpx2"):  # lightkube logs every API call at INFO; that would drown the decisions

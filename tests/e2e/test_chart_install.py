@@ -278,6 +278,56 @@ def test_install_refuses_values_the_schema_rejects(dev_cluster: DevCluster, name
 
 
 
+def test_without_pod_monitor_rights_an_sd_runs_and_says_so_and_with_them_its_monitor_is_labelled(
+        dev_cluster: DevCluster, namespace: str, watched: str, release: str, pod_monitor_crd: None,
+        tmp_path: Path) -> None:
+    """rbac.podMonitors=false on a cluster with the PodMonitor CRD: the operator (asking the apiserver what it may
+    do) renders none, the SD runs to Ready, and its status says once what must scrape it. With the rights back,
+    the SD's PodMonitor carries the configured labels (passed here with extraArgs: the chart's
+    engineMonitoring.sdPodMonitors values reach the same flags once the operator Deployment renders them)."""
+    values = tmp_path / "values.yaml"
+
+    def install(command: str, pod_monitors: bool) -> ChartOperator:
+        values.write_text(yaml.safe_dump({
+            "watchNamespaces": [watched], "resyncSeconds": 3, "logFormat": "plain",
+            "rbac": {"podMonitors": pod_monitors},
+            "extraArgs": ["--pod-monitor-label=release=kube-prometheus-stack", "--pod-monitor-label=team=ml"]}))
+        _helm(dev_cluster, command, release, str(CHART), "-n", namespace, "-f", str(values))
+        manifest = _manifest(dev_cluster, release, namespace)
+        [account] = [d["metadata"]["name"] for d in manifest if d["kind"] == "ServiceAccount"]
+        kubeconfig = dev_cluster.service_account_kubeconfig(namespace, account, tmp_path / f"{command}.kubeconfig")
+        return ChartOperator(_operator_args(manifest), kubeconfig, namespace, tmp_path / f"operator-{command}.log")
+
+    def ready(obj: dict[str, Any]) -> bool:
+        return ((condition(obj, "Ready") or {}).get("status") == "True"
+                and obj.get("status", {}).get("observedGeneration") == obj["metadata"]["generation"])
+
+    resource = yaml.safe_load(EXAMPLE.read_text())
+    resource["spec"]["replicas"] = 1
+    operator = install("install", pod_monitors=False)
+    try:
+        dev_cluster.kubectl("apply", "-n", watched, "-f", "-", input=yaml.safe_dump(resource))
+        obj = operator.wait_sd(dev_cluster, watched, ready, "Ready without PodMonitor rights")
+        assert "rbac.podMonitors is false" in obj["status"]["monitoring"]
+        assert "engineMonitoring.podMonitor" in obj["status"]["monitoring"]
+        assert get_json(dev_cluster, "podmonitors", namespace=watched)["items"] == []
+    finally:
+        assert operator.stop() == 0, operator.output()[-3000:]
+    assert not operator.denials(), "\n".join(operator.denials())
+
+    operator = install("upgrade", pod_monitors=True)
+    try:
+        obj = operator.wait_sd(dev_cluster, watched, lambda o: ready(o) and "monitoring" not in o["status"],
+                               "Ready with its PodMonitor")
+        monitor = get_json(dev_cluster, "podmonitor", SD_NAME, namespace=watched)
+        labels = monitor["metadata"]["labels"]
+        assert (labels["release"], labels["team"], labels["specdeploy.io/name"]) == (
+            "kube-prometheus-stack", "ml", SD_NAME)
+    finally:
+        assert operator.stop() == 0, operator.output()[-3000:]
+    assert not operator.denials(), "\n".join(operator.denials())
+
+
 def test_acceptance_collapse_rolls_back_as_the_charts_service_account(
         dev_cluster: DevCluster, namespace: str, chart_identity: dict[str, str],
         operator_processes: Callable[..., Any]) -> None:

@@ -291,6 +291,8 @@ def test_users_get_sd_rights_through_the_aggregated_default_roles() -> None:
     view, edit = aggregated[f"{RELEASE}-specdeploy-view"], aggregated[f"{RELEASE}-specdeploy-edit"]
     assert ("specdeploy.io", "speculativedeployments", "list") in _grants(view)
     assert ("specdeploy.io", "speculativedeployments", "patch") in _grants(edit)
+    assert ("specdeploy.io", "speculativedeployments/scale", "get") in _grants(view)
+    assert ("specdeploy.io", "speculativedeployments/scale", "update") in _grants(edit)   # kubectl scale sd
     assert "rbac.authorization.k8s.io/aggregate-to-admin" in edit["metadata"]["labels"]
     plain = _kinds(_render("rbac.aggregateToDefaultRoles=false"), "ClusterRole")
     assert plain and not any("aggregate-to" in key for role in plain for key in role["metadata"]["labels"])

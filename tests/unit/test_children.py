@@ -13,6 +13,7 @@ from specdeploy.reconcile.children import (
     ANNOTATION_CONFIG_HASH,
     LABEL_NAME,
     LABEL_VARIANT,
+    PodMonitoring,
     Variant,
     desired_children,
     engine_command,
@@ -136,9 +137,20 @@ def test_speculation_disabled_renders_one_deployment_without_speculation() -> No
 
 def test_pod_monitor_carries_the_labels_the_analysis_groups_by() -> None:
     resource = _load("llama-8b-ngram.yaml")
-    children = desired_children(resource, make_plan(resource.spec), pod_monitor=True)
+    children = desired_children(resource, make_plan(resource.spec), pod_monitoring=PodMonitoring(render=True))
     assert children.pod_monitor is not None
     assert children.pod_monitor["spec"]["podTargetLabels"] == [LABEL_NAME, LABEL_VARIANT]
+
+
+def test_pod_monitor_takes_the_configured_labels_and_keeps_the_operators_own() -> None:
+    resource = _load("llama-8b-ngram.yaml")
+    monitoring = PodMonitoring(render=True, labels={"release": "kube-prometheus-stack", LABEL_NAME: "other"})
+    monitor = desired_children(resource, make_plan(resource.spec), pod_monitoring=monitoring).pod_monitor
+    assert monitor is not None
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["metadata"]["labels"][LABEL_NAME] == resource.metadata.name   # the prune finds it by this
+    assert desired_children(resource, make_plan(resource.spec), pod_monitoring=PodMonitoring(
+        not_rendered="switched off")).pod_monitor is None
 
 
 def test_trtllm_yaml_is_mounted_per_variant() -> None:

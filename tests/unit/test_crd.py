@@ -48,9 +48,11 @@ def test_schema_is_structural() -> None:
 def test_names_columns_and_subresource() -> None:
     version = crd()["spec"]["versions"][0]
     assert crd()["spec"]["names"]["shortNames"] == ["sd"]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"}}
     columns = [column["name"] for column in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Method", "Speculating", "Acceptance", "Speedup", "TPOT", "Fits", "Age"]
+    assert columns == ["Phase", "Ready", "Method", "Speculating", "Acceptance", "Speedup", "TPOT", "Fits", "Age"]
     by_name = {column["name"]: column for column in version["additionalPrinterColumns"]}
     assert by_name["Speedup"]["jsonPath"] == ".status.analysis.speedup.value"
     assert (by_name["TPOT"]["jsonPath"], by_name["TPOT"]["type"]) == (".status.analysis.perTokenLatency", "string")

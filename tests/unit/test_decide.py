@@ -18,7 +18,13 @@ from specdeploy.api.status import ConditionStatus, Phase, SpeculativeDeploymentS
 from specdeploy.judgment.rollback import RETRY_ANNOTATION
 from specdeploy.judgment.samples import DeploymentSample
 from specdeploy.planning.plan import make_plan
-from specdeploy.reconcile.children import ANNOTATION_SPECULATING, LABEL_VARIANT, Variant, desired_children
+from specdeploy.reconcile.children import (
+    ANNOTATION_SPECULATING,
+    LABEL_VARIANT,
+    PodMonitoring,
+    Variant,
+    desired_children,
+)
 from specdeploy.reconcile.decide import Actions, Observed, decide, noticed, refused
 from specdeploy.reconcile.drift import difference, drift
 from specdeploy.reconcile.observed import observe_pods
@@ -353,3 +359,13 @@ def test_each_sd_refreshes_an_idle_status_within_a_minute_and_not_all_at_once() 
     assert all(STATUS_REFRESH_SECONDS / 2 <= p < STATUS_REFRESH_SECONDS for p in periods)
     assert status_refresh_seconds("bench", "idle-0001") == periods[1]                     # fixed by its name
     assert max(periods) - min(periods) > STATUS_REFRESH_SECONDS / 3                        # spread over the range
+
+
+def test_status_says_once_why_no_pod_monitor_is_rendered_where_the_crd_exists() -> None:
+    off = PodMonitoring(not_rendered="the operator renders no PodMonitor for this SD (--no-pod-monitors): …")
+    actions = decide(dataclasses.replace(_observed(_body(), applied=False), pod_monitoring=off), T0)
+    assert actions.status.monitoring == off.not_rendered
+    assert actions.children is not None and actions.children.pod_monitor is None
+    rendered = decide(dataclasses.replace(_observed(_body(), applied=False), pod_monitoring=PodMonitoring(render=True)), T0)
+    assert rendered.status.monitoring is None and rendered.children is not None
+    assert rendered.children.pod_monitor is not None

@@ -334,6 +334,29 @@ def test_user_env_is_passed_in_order() -> None:
     assert render(spec).env == (("B", "2"), ("A", "1"))
 
 
+@pytest.mark.parametrize("kind", ["vllm", "sglang", "trtllm"])
+@pytest.mark.parametrize(("target", "draft", "secret"), [
+    ("hf-llama", None, "hf-llama"), (None, "hf-draft", "hf-draft"), ("hf-both", "hf-both", "hf-both"), (None, None, None),
+])
+def test_the_hub_token_comes_from_the_named_secret(kind: str, target: str | None, draft: str | None,
+                                                   secret: str | None) -> None:
+    spec = make_spec("draft_model", engine=kind, model={"tokenSecretRef": target} if target else None,
+                     draft={"tokenSecretRef": draft} if draft else None)
+    command = render(spec)
+    assert [(v.name, v.secret, v.key) for v in command.secret_env] == ([("HF_TOKEN", secret, "token")] if secret else [])
+    assert "HF_TOKEN" not in dict(command.env)
+
+
+def test_two_different_token_secrets_or_a_plain_hf_token_beside_one_are_refused() -> None:
+    with pytest.raises(ValueError, match="must be unset or name the same Secret"):
+        make_spec("draft_model", model={"tokenSecretRef": "a"}, draft={"tokenSecretRef": "b"})
+    with pytest.raises(ValueError, match="must not set HF_TOKEN when a `tokenSecretRef` is set"):
+        make_spec("draft_model", model={"tokenSecretRef": "a"},
+                  engine={"kind": "vllm", "env": [{"name": "HF_TOKEN", "value": "hf_x"}]})
+    # without a Secret the variable is the user's to set
+    assert render(make_spec(engine={"kind": "vllm", "env": [{"name": "HF_TOKEN", "value": "x"}]})).secret_env == ()
+
+
 # --- properties ------------------------------------------------------------------------------------------
 
 ENGINE_METHODS = {

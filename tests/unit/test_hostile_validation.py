@@ -19,7 +19,7 @@ from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, pars
 from specdeploy.api.status import SpeculativeDeploymentStatus
 from specdeploy.controller.reconciler import plan_resource
 from specdeploy.judgment.speculation import step_speculation
-from specdeploy.reconcile.children import desired_children
+from specdeploy.reconcile.children import PodMonitoring, desired_children
 from specdeploy.reconcile.status import next_status
 
 ROOT_SCHEMA = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -133,7 +133,7 @@ def _reconcile_offline(resource: SpeculativeDeployment) -> None:
     assert 2 * spec_size < ANNOTATIONS_LIMIT, "kopf's annotation and kubectl's would not fit"
     if planned.plan is None or not planned.accepted:
         return
-    children = desired_children(resource.model_copy(update={"status": status}), planned.plan, pod_monitor=True)
+    children = desired_children(resource.model_copy(update={"status": status}), planned.plan, pod_monitoring=PodMonitoring(render=True))
     for manifest in children.all():
         name = manifest["metadata"]["name"]
         assert DNS_1035_LABEL.fullmatch(name), name

@@ -79,7 +79,7 @@ def test_every_directory_an_engine_writes_is_a_writable_empty_dir(example: str) 
     for pod in _pods(resource):
         [container] = pod["containers"]
         mounts = _writable_mounts(pod, container)
-        env = {e["name"]: e["value"] for e in container["env"]}
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         for variable in ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "HF_HOME"):
             assert _on_a_writable_mount(env[variable], mounts), (variable, env[variable], mounts)
         assert env["USER"]                               # TorchInductor's getpass.getuser() without a passwd entry
@@ -92,7 +92,7 @@ def test_the_users_engine_env_wins_and_each_name_appears_once() -> None:
     resource = load_resource((EXAMPLES / "llama-8b-ngram.yaml").read_text())
     resource.spec.engine.env = [EnvVar(name="HF_HOME", value="/models/hf"), EnvVar(name="A", value="1")]
     for pod in _pods(resource):
-        env = [(e["name"], e["value"]) for e in pod["containers"][0]["env"]]
+        env = [(e["name"], e.get("value")) for e in pod["containers"][0]["env"]]
         names = [name for name, _ in env]
         assert len(names) == len(set(names))
         assert ("HF_HOME", "/models/hf") in env and ("A", "1") in env
@@ -113,6 +113,18 @@ def test_engine_pods_never_carry_the_monitoring_credentials() -> None:
         for container in pod["containers"]:
             assert "envFrom" not in container
             assert all("valueFrom" not in variable for variable in container["env"])
+
+
+def test_the_hub_token_reaches_every_engine_pod_by_reference_only() -> None:
+    resource = load_resource((EXAMPLES / "llama-8b-ngram.yaml").read_text())
+    resource.spec.model.token_secret_ref = "hf-token-5d2b"
+    children = desired_children(resource, make_plan(resource.spec))
+    assert len(children.deployments) == 2
+    for deployment in children.deployments.values():
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        [token] = [v for v in container["env"] if v["name"] == "HF_TOKEN"]
+        assert token == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token-5d2b", "key": "token"}}}
+    assert "hf-token-5d2b" not in json.dumps(children.config_map)
 
 
 def test_the_charts_operator_pod_is_restricted_with_a_read_only_root() -> None:
@@ -173,7 +185,10 @@ def test_the_charts_rbac_is_exactly_the_calls_the_code_makes() -> None:
     from test_chart import CLUSTER_READS, LEASE_CALLS, OPERATOR_CALLS
 
     admission = {("specdeploy.io", "speculativedeployments/finalizers", "update")}  # OwnerReferencesPermissionEnforcement
-    used = _lightkube_calls() | KOPF_CALLS
+    # Granted to every authenticated identity by Kubernetes' default ClusterRole system:basic-user, not the chart:
+    # the operator asks whether it may write PodMonitors.
+    everyone = {("authorization.k8s.io", "selfsubjectaccessreviews", "create")}
+    used = (_lightkube_calls() | KOPF_CALLS) - everyone
     assert used | admission == OPERATOR_CALLS | CLUSTER_READS | LEASE_CALLS | admission, (
         f"granted, unused: {sorted((OPERATOR_CALLS | CLUSTER_READS | LEASE_CALLS) - used)}; "
         f"used, not granted: {sorted(used - OPERATOR_CALLS - CLUSTER_READS - LEASE_CALLS)}")

@@ -39,3 +39,13 @@ def test_a_bad_value_is_refused_naming_the_setting() -> None:
         OperatorSettings.from_environment({"SPECDEPLOY_RESYNC_SECONDS": "soon"})
     with pytest.raises(ValidationError, match="metrics_port"):
         OperatorSettings.from_environment({}, metrics_port=70000)
+
+
+def test_pod_monitors_can_be_switched_off_and_labelled() -> None:
+    defaults = OperatorSettings.from_environment({})
+    assert defaults.pod_monitors and defaults.pod_monitor_labels == {}
+    settings = OperatorSettings.from_environment({"SPECDEPLOY_POD_MONITORS": "false",
+                                                  "SPECDEPLOY_POD_MONITOR_LABELS": "release=prom, team=ml"})
+    assert not settings.pod_monitors and settings.pod_monitor_labels == {"release": "prom", "team": "ml"}
+    with pytest.raises(ValueError, match="a label must be key=value, got 'release'"):
+        OperatorSettings.from_environment({"SPECDEPLOY_POD_MONITOR_LABELS": "release"})

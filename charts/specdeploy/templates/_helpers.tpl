@@ -100,13 +100,13 @@ Server-side apply of a child that does not exist yet is a create, so apply needs
   verbs: [create]
 {{- if .Values.rbac.readSecrets }}
 # Prometheus and Alertmanager headers from spec.analysis.prometheus.headersSecretRef and
-# spec.alerting.headersSecretRef.
+# spec.alerting.headersSecretRef; the Hugging Face token from tokenSecretRef.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
 {{- end }}
 {{- if .Values.rbac.podMonitors }}
-# Per-SD PodMonitors, rendered when the prometheus-operator CRD exists.
+# Per-SD PodMonitors, rendered when the prometheus-operator CRD exists (and these rules let the operator).
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
   verbs: [get, list, create, patch, delete]

@@ -32,6 +32,8 @@ _DROPPED_KEYS = {"title", "$defs"}
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Ready", "type": "string", "jsonPath": ".status.ready",
+     "description": "Ready pods ÷ wanted pods, speculative and control together"},
     {"name": "Method", "type": "string", "jsonPath": ".spec.speculation.method"},
     {"name": "Speculating", "type": "boolean", "jsonPath": ".status.speculation.active"},
     {"name": "Acceptance", "type": "number", "jsonPath": ".status.analysis.acceptanceRate"},
@@ -42,6 +44,14 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Fits", "type": "string", "jsonPath": ".status.memoryPlan.verdict"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+
+SCALE_SUBRESOURCE = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
+"""`kubectl scale sd`, an HPA and a KEDA ScaledObject write spec.replicas (the speculative pods) through this, and
+read the speculative pods' count and selector from status (docs/operator.md "Scaling")."""
 
 
 def _resolve(node: Any, definitions: dict[str, Any]) -> Any:
@@ -190,7 +200,7 @@ def crd() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {"openAPIV3Schema": root},
                 }

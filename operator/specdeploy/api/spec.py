@@ -186,6 +186,12 @@ class Architecture(WireModel):
     num_experts_per_token: int | None = Field(None, ge=1, le=4096, description="MoE: experts per token")
 
 
+TOKEN_SECRET_KEY = "token"
+"""The key of a `tokenSecretRef` Secret that holds the Hugging Face token."""
+HUB_TOKEN_ENV = "HF_TOKEN"
+"""The variable the engines' Hugging Face client reads the token from (huggingface_hub `get_token`)."""
+
+
 class ConfigSources(WireModel):
     """Where the operator finds a model's config.json besides the Hub and the catalog, and the token for a
     gated one: the same fields for the target and the draft."""
@@ -201,7 +207,8 @@ class ConfigSources(WireModel):
     token_secret_ref: str | None = Field(
         None, min_length=1, max_length=253,
         description="Secret in this namespace whose key token holds a Hugging Face token for a gated or private "
-        "model (never shown)",
+        "model (never shown): the operator reads config.json with it, and the engine pods get it as HF_TOKEN "
+        "(a secretKeyRef, never the value)",
     )
 
 
@@ -756,6 +763,30 @@ class SpeculativeDeploymentSpec(WireModel):
             "serves nothing else",
             lambda s: s.analysis.probe is None or s.engine.kind == EngineKind.VLLM,
         ),
+        CelRule(
+            "!has(self.model.tokenSecretRef) || !has(self.speculation.draft) "
+            "|| !has(self.speculation.draft.tokenSecretRef) "
+            "|| self.speculation.draft.tokenSecretRef == self.model.tokenSecretRef",
+            "`spec.speculation.draft.tokenSecretRef` must be unset or name the same Secret as "
+            "`spec.model.tokenSecretRef`: every engine downloads the target and the draft with one HF_TOKEN; use "
+            "one Hugging Face token that may read both models",
+            lambda s: s.speculation.draft is None or not (s.model.token_secret_ref and s.speculation.draft.token_secret_ref)
+            or s.speculation.draft.token_secret_ref == s.model.token_secret_ref,
+        ),
+        CelRule(
+            f"!(has(self.model.tokenSecretRef) || (has(self.speculation.draft) "
+            f"&& has(self.speculation.draft.tokenSecretRef))) || !self.engine.env.exists(e, e.name == '{HUB_TOKEN_ENV}')",
+            f"`spec.engine.env` must not set {HUB_TOKEN_ENV} when a `tokenSecretRef` is set: the operator sets it from "
+            "that Secret; remove the variable (a token written in the spec is readable by anyone who can read the SD)",
+            lambda s: s.hub_token_secret is None or all(e.name != HUB_TOKEN_ENV for e in s.engine.env),
+        ),
         _managed_keys_rule(EngineKind.VLLM),
         _managed_keys_rule(EngineKind.TRTLLM),
     )
+
+    @property
+    def hub_token_secret(self) -> str | None:
+        """The Secret whose key `token` the engine pods get as HF_TOKEN: the target's, else the draft's (the CRD
+        refuses two different ones)."""
+        draft = self.speculation.draft
+        return self.model.token_secret_ref or (draft.token_secret_ref if draft is not None else None)

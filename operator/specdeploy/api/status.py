@@ -385,6 +385,17 @@ class ProbeStatus(StatusModel):
 class SpeculativeDeploymentStatus(StatusModel):
     observed_generation: int | None = None
     phase: Phase | None = None
+    replicas: int | None = Field(
+        None, description="Speculative pods that exist now (the speculative Deployment's status.replicas): the scale "
+        "subresource's status.replicas, which an HPA reads")
+    selector: str | None = Field(
+        None, description="Label selector of the speculative pods, as text: the scale subresource's selector, by which "
+        "an HPA finds the pods whose metrics it reads")
+    ready: str | None = Field(
+        None, description="Ready pods ÷ the pods wanted, speculative and control together (kubectl get's READY)")
+    monitoring: str | None = Field(
+        None, description="Set when the cluster has prometheus-operator's PodMonitor CRD but the operator renders no "
+        "PodMonitor for this SD: why, and what must scrape its engine pods instead")
     deploy_record: DeployRecord | None = None
     memory_plan: MemoryPlan | None = None
     compatibility: Compatibility | None = None

@@ -1,9 +1,10 @@
 """The operator's side of the Kubernetes API: read an SD and its Deployments, apply and prune children,
 write status, post Events. Async (lightkube's AsyncClient), so the kopf event loop never blocks.
 
-Children are written with server-side apply under the field manager `specdeploy`: fields other
-managers own (a user's annotation, an HPA's replicas) are left alone, and applying what is already
-there changes nothing, so status-only reconciles never restart pods.
+Children are written with server-side apply under the field manager `specdeploy`, forced for the fields
+it renders: fields it does not render (a user's annotation) are left alone, and so are the replicas of a
+Deployment that another writer set (`replicas_manager`; reconcile/decide.py `replicas_held`); applying what
+is already there changes nothing, so status-only reconciles never restart pods.
 """
 
 from __future__ import annotations
@@ -19,17 +20,26 @@ import httpx2
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod, Secret, Service
 from lightkube.types import PatchType
 
 from specdeploy.api import names
 from specdeploy.api.resource import GROUP, KIND, PLURAL, VERSION
 from specdeploy.clients.headers import HEADERS_SECRET_LABEL, Headers, InvalidHeaders, http_headers
-from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT, Children, Variant
+from specdeploy.reconcile.children import (
+    ANNOTATION_REPLICAS,
+    LABEL_NAME,
+    LABEL_VARIANT,
+    Children,
+    PodMonitoring,
+    Variant,
+)
 from specdeploy.reconcile.conditions import Event as SdEvent
 from specdeploy.reconcile.status import DeploymentState
 
@@ -66,6 +76,41 @@ async def pod_monitors_supported(client: AsyncClient) -> bool:
     return True
 
 
+POD_MONITOR_VERBS = ("get", "list", "create", "patch", "delete")
+"""What the operator does with PodMonitors: read (drift), apply (create or patch), list and delete (prune)."""
+
+
+async def may_write_pod_monitors(client: AsyncClient, namespaces: Sequence[str | None]) -> bool:
+    """Whether the operator may do every POD_MONITOR_VERBS in each of `namespaces` (None: every namespace), as
+    the apiserver's authorizer answers a SelfSubjectAccessReview (which anyone may ask)."""
+    for namespace in namespaces:
+        for verb in POD_MONITOR_VERBS:
+            review = await client.create(SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(
+                resourceAttributes=ResourceAttributes(group="monitoring.coreos.com", resource="podmonitors",
+                                                      verb=verb, namespace=namespace))))
+            if review.status is None or not review.status.allowed:
+                return False
+    return True
+
+
+async def pod_monitoring(client: AsyncClient, namespaces: Sequence[str | None], *, enabled: bool,
+                         labels: Mapping[str, str]) -> PodMonitoring:
+    """Whether SDs get a PodMonitor each: the CRD exists, `enabled` (the operator's --pod-monitors) and the
+    operator may write them; when the CRD exists but they are not rendered, why, in a sentence for status."""
+    if not await pod_monitors_supported(client):
+        return PodMonitoring()
+    instead = ("its engine pods must be scraped by the chart's engineMonitoring.podMonitor or a scrape "
+               "configuration of your own, keeping the pod labels specdeploy.io/name and specdeploy.io/variant, "
+               "which the analysis groups by")
+    if not enabled:
+        return PodMonitoring(not_rendered=f"the operator renders no PodMonitor for this SD (--no-pod-monitors): {instead}")
+    if not await may_write_pod_monitors(client, namespaces):
+        return PodMonitoring(not_rendered=(
+            "the operator renders no PodMonitor for this SD: it may not write PodMonitors here (the chart's "
+            f"rbac.podMonitors is false); {instead}"))
+    return PodMonitoring(render=True, labels=dict(labels))
+
+
 def deployment_state(body: Mapping[str, Any], owner: str) -> DeploymentState | None:
     """What a pass needs of a Deployment (as JSON: read, or delivered by the watch) of SD `owner`; None when
     it is not one of that SD's engine Deployments."""
@@ -80,6 +125,7 @@ def deployment_state(body: Mapping[str, Any], owner: str) -> DeploymentState | N
     annotations = metadata.get("annotations") or {}
     spec, status = body.get("spec") or {}, body.get("status") or {}
     sd_generation = annotations.get(ANNOTATION_SD_GENERATION)
+    rendered = annotations.get(ANNOTATION_REPLICAS)
     replicas = spec.get("replicas")
     return DeploymentState(
         name=metadata.get("name") or "",
@@ -91,7 +137,24 @@ def deployment_state(body: Mapping[str, Any], owner: str) -> DeploymentState | N
         observed_generation=status.get("observedGeneration") or 0,
         sd_generation=int(sd_generation) if sd_generation and sd_generation.isdigit() else None,
         children_fingerprint=annotations.get(ANNOTATION_CHILDREN_FINGERPRINT),
+        ready_replicas=status.get("readyReplicas") or 0,
+        current_replicas=status.get("replicas") or 0,
+        replicas_manager=replicas_manager(metadata.get("managedFields") or []),
+        rendered_replicas=int(rendered) if rendered and rendered.isdigit() else None,
     )
+
+
+def replicas_manager(managed_fields: Sequence[Mapping[str, Any]]) -> str | None:
+    """The field manager other than the operator that owns a Deployment's spec.replicas, if any (named with its
+    subresource: `kube-controller-manager/scale` is an HPA). An update (`kubectl scale`, an HPA through the scale
+    subresource) takes a field from every other manager, so this is who set it after the operator's last apply."""
+    for entry in managed_fields:
+        owned = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        manager = entry.get("manager") or "?"
+        if "f:replicas" in owned and manager != FIELD_MANAGER:
+            subresource = entry.get("subresource")
+            return f"{manager}/{subresource}" if subresource else manager
+    return None
 
 
 CHILD_KINDS = frozenset({"Deployment", "ConfigMap", "Service", "PodMonitor"})

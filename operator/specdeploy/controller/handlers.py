@@ -122,7 +122,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     client = AsyncClient(field_manager=kube.FIELD_MANAGER)
     # Everything that can fail comes before the lease: kopf retries a failed startup handler from the top,
     # and a retry must not find tasks of the first attempt running, or a lease it holds itself.
-    reconciler = Reconciler(client, pod_monitors=await kube.pod_monitors_supported(client),
+    monitoring = await kube.pod_monitoring(client, list(options.namespaces) or [None], enabled=options.pod_monitors,
+                                           labels=options.pod_monitor_labels)
+    reconciler = Reconciler(client, pod_monitoring=monitoring,
                             alertmanager_url=options.alertmanager_url,
                             alertmanager_headers_dir=options.alertmanager_headers_dir, hub=_hub(options))
     port = options.metrics_port

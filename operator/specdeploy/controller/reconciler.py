@@ -40,7 +40,7 @@ from lightkube.core.exceptions import ApiError
 from pydantic import ValidationError
 
 from specdeploy.api.resource import SpeculativeDeployment, describe_validation_error
-from specdeploy.api.spec import SpeculativeDeploymentSpec
+from specdeploy.api.spec import TOKEN_SECRET_KEY, SpeculativeDeploymentSpec
 from specdeploy.api.status import Finding, ProbeStatus, Severity, SpeculativeDeploymentStatus
 from specdeploy.clients import kube
 from specdeploy.clients.alertmanager import AlertmanagerError, post_alerts
@@ -60,7 +60,14 @@ from specdeploy.modelsource.resolve import (
 )
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import make_plan
-from specdeploy.reconcile.children import LABEL_VARIANT, Variant, deployment_name, engine_command, variants
+from specdeploy.reconcile.children import (
+    LABEL_VARIANT,
+    PodMonitoring,
+    Variant,
+    deployment_name,
+    engine_command,
+    variants,
+)
 from specdeploy.reconcile.conditions import Event, Reason
 from specdeploy.reconcile.decide import Actions, Notice, Observed, decide, noticed, refused
 from specdeploy.reconcile.observed import PodsObserved, observe_pods
@@ -160,7 +167,7 @@ class Reconciler:
     """Operator-wide state (kept in kopf's memo): the API client, defaults, metrics, one lock per SD."""
 
     client: AsyncClient
-    pod_monitors: bool = False
+    pod_monitoring: PodMonitoring = field(default_factory=PodMonitoring)
     alertmanager_url: str | None = None     # used when an SD sets no spec.alerting.alertmanagerUrl
     alertmanager_headers_dir: Path | None = None   # headers for alertmanager_url when the SD names no Secret
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
@@ -286,14 +293,15 @@ class Reconciler:
         deployments = [state for body in bodies.values() if (state := kube.deployment_state(body, name)) is not None]
         live: dict[tuple[str, str], dict[str, Any]] = {("Deployment", child): body for child, body in bodies.items()
                                                        if "Deployment" in kinds}
-        live |= await kube.read_children(self.client, namespace, name, kinds=kinds, pod_monitors=self.pod_monitors)
+        live |= await kube.read_children(self.client, namespace, name, kinds=kinds,
+                                               pod_monitors=self.pod_monitoring.render)
         pods = await self._pods(resource, planned, created=bool(deployments) or previous.speculation is not None
                                 ) if trigger is not None else None
         rollbacks = previous.speculation.rollbacks if previous.speculation is not None else None
         return Observed(body, previous, resource, planned=planned, deployments=tuple(deployments),
                         live=live, live_kinds=kinds, pods=pods, sample=sample, probe=probe,
                         notice_posted=self._noticed.get((namespace, name)) == rollbacks,
-                        pod_monitors=self.pod_monitors)
+                        pod_monitoring=self.pod_monitoring)
 
     async def _deployments(self, namespace: str, names: list[str], watched: bool) -> dict[str, dict[str, Any]]:
         """The Deployments named `names` that exist, as JSON by name, in `names`' order: with `watched` the
@@ -333,7 +341,7 @@ class Reconciler:
                     self.client, actions.children, observed.generation, existing,
                     applied_version=lambda child, version: self.watched.confirm(DEPLOYMENT, namespace, child, version))
                 applied += await kube.prune_children(
-                    self.client, namespace, name, actions.children, existing, self.pod_monitors,
+                    self.client, namespace, name, actions.children, existing, self.pod_monitoring.render,
                     deleted=lambda child: self.watched.confirm(DEPLOYMENT, namespace, child, None))
             except ApiError as error:
                 if error.status.code not in REFUSED_CODES:
@@ -416,7 +424,14 @@ class Reconciler:
                         f"(kubectl create configmap -n {namespace} {config_map} --from-file=config.json)")
             token = None
             if token_secret:
-                token = await kube.secret_value(self.client, namespace, token_secret, "token")
+                try:
+                    token = await kube.secret_value(self.client, namespace, token_secret, TOKEN_SECRET_KEY)
+                except ApiError as error:
+                    if error.status.code != 403:
+                        raise
+                    raise TokenUnreadable(
+                        f"the operator may not read Secret {namespace}/{token_secret} (`{spec_field}.tokenSecretRef`): "
+                        "grant it get on Secrets in this namespace (the chart's rbac.readSecrets)") from error
                 if token is None:
                     raise TokenUnreadable(
                         f"Secret {namespace}/{token_secret} (`{spec_field}.tokenSecretRef`) does not exist or has "

@@ -9,7 +9,7 @@ environment: `SPECDEPLOY_<NAME>` for each field, and the Hub's own `HF_ENDPOINT`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,12 @@ class OperatorSettings(BaseModel):
     hub_token: SecretStr | None = Field(None, description="The operator's Hub token (HF_TOKEN); never shown")
     hub_offline: bool = Field(False, description="Never ask the Hub (HF_HUB_OFFLINE=1)")
     cache_dir: Path = Field(default_factory=cache_dir, description="Where fetched config.json files are kept")
+    pod_monitors: bool = Field(
+        True, description="A PodMonitor per SD where the prometheus-operator CRD exists; false: none (then the "
+        "chart's engineMonitoring.podMonitor or your own scrape configuration must scrape the engines)")
+    pod_monitor_labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels for each SD's PodMonitor besides the operator's own, e.g. "
+        "release=kube-prometheus-stack (SPECDEPLOY_POD_MONITOR_LABELS: comma-separated key=value pairs)")
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], **given: Any) -> OperatorSettings:
@@ -58,6 +64,21 @@ class OperatorSettings(BaseModel):
 def _parsed(name: str, raw: str) -> Any:
     if name == "namespaces":
         return tuple(ns for ns in raw.split(",") if ns)
-    if name == "hub_offline":
+    if name in ("hub_offline", "pod_monitors"):
         return is_true(raw)
+    if name == "pod_monitor_labels":
+        return label_pairs(raw.split(","))
     return raw
+
+
+def label_pairs(pairs: Iterable[str]) -> dict[str, str]:
+    """`key=value` words as labels; raises ValueError naming a word without `=`."""
+    labels: dict[str, str] = {}
+    for pair in (p.strip() for p in pairs):
+        if not pair:
+            continue
+        key, separator, value = pair.partition("=")
+        if not separator or not key:
+            raise ValueError(f"a label must be key=value, got {pair!r}")
+        labels[key.strip()] = value.strip()
+    return labels

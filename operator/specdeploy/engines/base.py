@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from specdeploy.api.spec import EngineKind, Quantization, SpeculativeDeploymentSpec
+from specdeploy.api.spec import (
+    HUB_TOKEN_ENV,
+    TOKEN_SECRET_KEY,
+    EngineKind,
+    Quantization,
+    SpeculativeDeploymentSpec,
+)
 
 CONFIG_MOUNT_PATH = "/etc/specdeploy"
 """Where the operator mounts the ConfigMap holding `EngineCommand.config_files`."""
@@ -129,6 +135,20 @@ class EngineInputs:
 
 
 @dataclass(frozen=True)
+class SecretEnv:
+    """An environment variable the kubelet fills from a Secret's key: the manifest names the Secret, never
+    holds its value."""
+
+    name: str
+    secret: str
+    key: str
+
+    def manifest(self) -> dict[str, Any]:
+        """The container env entry (`valueFrom.secretKeyRef`; not optional: a pod without it does not start)."""
+        return {"name": self.name, "valueFrom": {"secretKeyRef": {"name": self.secret, "key": self.key}}}
+
+
+@dataclass(frozen=True)
 class EngineCommand:
     """The engine container: command line, environment, port, endpoints, config files and metric names."""
 
@@ -140,6 +160,7 @@ class EngineCommand:
     metrics_path: str
     metrics: MetricNames
     config_files: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    secret_env: tuple[SecretEnv, ...] = ()   # after `env`; the CRD refuses an `env` of the same name
 
     def argv(self) -> list[str]:
         """The whole command line: command then args."""
@@ -194,6 +215,14 @@ def image_for(spec: SpeculativeDeploymentSpec) -> str:
 def user_env(spec: SpeculativeDeploymentSpec) -> tuple[tuple[str, str], ...]:
     """spec.engine.env as (name, value) pairs, in the user's order."""
     return tuple((variable.name, variable.value) for variable in spec.engine.env)
+
+
+def hub_token_env(spec: SpeculativeDeploymentSpec) -> tuple[SecretEnv, ...]:
+    """HF_TOKEN from the spec's token Secret (`hub_token_secret`), for engines that download from the Hugging Face
+    Hub with huggingface_hub, which reads the token from HF_TOKEN (huggingface_hub/utils/_auth.py `get_token`);
+    nothing without a Secret."""
+    secret = spec.hub_token_secret
+    return (SecretEnv(HUB_TOKEN_ENV, secret, TOKEN_SECRET_KEY),) if secret else ()
 
 
 # spec quantization -> the --quantization value vLLM and SGLang share; None lets the engine read the

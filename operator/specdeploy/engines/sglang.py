@@ -21,6 +21,7 @@ from specdeploy.engines.base import (
     MetricNames,
     compact_json,
     explicit_quantization,
+    hub_token_env,
     user_env,
 )
 
@@ -185,6 +186,8 @@ def render(inputs: EngineInputs) -> EngineCommand:
         command=COMMAND,
         args=tuple(args),
         env=user_env(spec),
+        # SGLang downloads the target and the draft with huggingface_hub (sglang/srt/model_loader): HF_TOKEN.
+        secret_env=hub_token_env(spec),
         port=serving.port,
         health_path=HEALTH_PATH,
         metrics_path=METRICS_PATH,

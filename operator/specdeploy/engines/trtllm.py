@@ -26,6 +26,7 @@ from specdeploy.engines.base import (
     EngineInputs,
     EngineRenderError,
     MetricNames,
+    hub_token_env,
     merge_extra_config,
     user_env,
 )
@@ -180,6 +181,8 @@ def render(inputs: EngineInputs) -> EngineCommand:
         command=COMMAND,
         args=tuple(args),
         env=user_env(spec),
+        # trtllm-serve downloads a Hub id with huggingface_hub (tensorrt_llm/llmapi/utils.py): HF_TOKEN.
+        secret_env=hub_token_env(spec),
         port=serving.port,
         health_path=HEALTH_PATH,
         metrics_path=METRICS_PATH,

@@ -20,6 +20,7 @@ from specdeploy.engines.base import (
     MetricNames,
     compact_json,
     explicit_quantization,
+    hub_token_env,
     merge_extra_config,
     user_env,
 )
@@ -150,6 +151,8 @@ def render(inputs: EngineInputs) -> EngineCommand:
         command=COMMAND,
         args=tuple(args),
         env=user_env(spec),
+        # vLLM downloads the target and the draft with huggingface_hub (vllm/transformers_utils): HF_TOKEN.
+        secret_env=hub_token_env(spec),
         port=serving.port,
         health_path=HEALTH_PATH,
         metrics_path=METRICS_PATH,

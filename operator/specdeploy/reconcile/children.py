@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -29,6 +30,10 @@ ANNOTATION_SPECULATING = "specdeploy.io/speculating"
 so it restarts nothing; the Deployment controller copies a Deployment's annotations onto the ReplicaSet it
 rolls to, so each ReplicaSet — and through it each pod — says whether it runs with a speculative config
 (reconcile/observed.py)."""
+ANNOTATION_REPLICAS = "specdeploy.io/replicas"
+"""On each engine Deployment: the replicas the operator last rendered for it from the SD (`variant_replicas`).
+While the SD still asks for that many, a count someone else set on the Deployment since is left to them
+(`desired_children`'s `replicas_held`); a new count asked of the SD is applied."""
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PLAN_FILE = "plan.json"
@@ -37,6 +42,18 @@ PLAN_FILE = "plan.json"
 class Variant(StrEnum):
     SPECULATIVE = "speculative"
     CONTROL = "control"
+
+
+@dataclass(frozen=True)
+class PodMonitoring:
+    """Whether the operator renders a PodMonitor per SD (the cluster has prometheus-operator's CRD, the operator is
+    let write them and not told not to), with which labels besides its own (for a Prometheus that selects
+    monitors by label: kube-prometheus-stack's `release`), and, when the CRD is there but it renders none, why
+    (status.monitoring)."""
+
+    render: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+    not_rendered: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,15 +156,27 @@ def deployment_name(sd_name: str, variant: Variant) -> str:
     return (names.engine_deployment_name if variant == Variant.SPECULATIVE else names.control_deployment_name)(sd_name)
 
 
+def variant_replicas(spec: SpeculativeDeploymentSpec, variant: Variant) -> int:
+    """The pods the SD asks of `variant`: spec.replicas speculative ones (what the scale subresource, and so
+    `kubectl scale sd` and an HPA, sets), and controlReplicas control ones whatever the SD scales to — the
+    control is a baseline to compare with, sized for the analysis, not for the load."""
+    return spec.replicas if variant == Variant.SPECULATIVE else spec.analysis.baseline.control_replicas
+
+
+def pod_selector(name: str, variant: Variant) -> dict[str, str]:
+    """The labels that select SD `name`'s pods of `variant` (its Deployment's selector)."""
+    return {LABEL_NAME: name, LABEL_VARIANT: variant.value}
+
+
 def _deployment(
     resource: SpeculativeDeployment, plan: Plan, variant: Variant, command: EngineCommand, files: dict[str, str],
-    speculating: bool,
+    speculating: bool, replicas_held: bool,
 ) -> dict[str, Any]:
     spec = resource.spec
     name = deployment_name(resource.metadata.name, variant)
-    selector = {LABEL_NAME: resource.metadata.name, LABEL_VARIANT: variant.value}
+    selector = pod_selector(resource.metadata.name, variant)
     labels = {**common_labels(resource, "engine"), LABEL_VARIANT: variant.value}
-    replicas = spec.replicas if variant == Variant.SPECULATIVE else spec.analysis.baseline.control_replicas
+    replicas = variant_replicas(spec, variant)
     gpu = find_gpu(spec.resources.gpu.product)
     gpus = str(spec.resources.gpu_count)
     image = image_for(spec)
@@ -159,7 +188,8 @@ def _deployment(
         "name": "engine",
         "image": image,
         **argv,
-        "env": podsecurity.writable_env(command.env),   # the engine's own, then spec.engine.env
+        # the engine's own, then spec.engine.env, then the Hub token from its Secret
+        "env": podsecurity.writable_env(command.env) + [variable.manifest() for variable in command.secret_env],
         "ports": [{"name": "http", "containerPort": command.port, "protocol": "TCP"}],
         "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
         **command.probes(),
@@ -191,13 +221,15 @@ def _deployment(
         "terminationGracePeriodSeconds": 60,
     }
     metadata = _metadata(resource, name, labels)
-    metadata["annotations"] = {ANNOTATION_SPECULATING: "true" if speculating else "false"}
+    metadata["annotations"] = {ANNOTATION_SPECULATING: "true" if speculating else "false",
+                               ANNOTATION_REPLICAS: str(replicas)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata,
         "spec": {
-            "replicas": replicas,
+            # Left out while someone else holds it: server-side apply then leaves the field to its owner.
+            **({} if replicas_held else {"replicas": replicas}),
             "selector": {"matchLabels": selector},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {
                 "maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}},
@@ -216,8 +248,11 @@ def variants(spec: SpeculativeDeploymentSpec) -> tuple[Variant, ...]:
     return (Variant.SPECULATIVE,)
 
 
-def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor: bool = False) -> Children:
-    """The manifests `resource` should run, given its plan (which must be accepted)."""
+def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitoring: PodMonitoring = PodMonitoring(),
+                     replicas_held: frozenset[Variant] = frozenset()) -> Children:
+    """The manifests `resource` should run, given its plan (which must be accepted). The Deployments of the
+    variants in `replicas_held` carry no replicas: another writer set them and the SD asks for nothing new
+    (reconcile/decide.py `replicas_held`)."""
     spec = resource.spec
     name = resource.metadata.name
     speculate = speculation_decided(resource)
@@ -230,7 +265,8 @@ def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor
         speculating = variant_speculates(plan, variant, speculate)
         files = _variant_files(plan, command, speculating)
         config_data.update({_config_key(variant, f): content for f, content in files.items()})
-        deployments[variant] = _deployment(resource, plan, variant, command, files, speculating)
+        deployments[variant] = _deployment(resource, plan, variant, command, files, speculating,
+                                           variant in replicas_held)
     assert first_command is not None
     config_map = {
         "apiVersion": "v1",
@@ -248,11 +284,12 @@ def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor
         },
     }
     monitor = None
-    if pod_monitor:
+    if pod_monitoring.render:
+        labels = {**pod_monitoring.labels, **common_labels(resource, "monitoring")}   # the operator's own win
         monitor = {
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PodMonitor",
-            "metadata": _metadata(resource, names.service_name(name), common_labels(resource, "monitoring")),
+            "metadata": _metadata(resource, names.service_name(name), labels),
             "spec": {
                 "selector": {"matchLabels": {LABEL_NAME: name}},
                 "podTargetLabels": [LABEL_NAME, LABEL_VARIANT],

@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from specdeploy.api.resource import SpeculativeDeployment
+from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import Condition, ProbeStatus, SpeculativeDeploymentStatus
 from specdeploy.judgment import evidence
 from specdeploy.judgment.alerts import rollback_alert
@@ -33,11 +34,11 @@ from specdeploy.judgment.rollback import Rollback
 from specdeploy.judgment.samples import DeploymentSample
 from specdeploy.judgment.speculation import SpeculationStep, step_speculation
 from specdeploy.judgment.verdict import Verdict
-from specdeploy.reconcile.children import Children, desired_children
+from specdeploy.reconcile.children import Children, PodMonitoring, Variant, desired_children, variant_replicas
 from specdeploy.reconcile.conditions import ConditionType, Event, Reason, transition_events
 from specdeploy.reconcile.drift import drift
 from specdeploy.reconcile.observed import PodsObserved
-from specdeploy.reconcile.status import DeploymentState, Planned, next_status, refused_status
+from specdeploy.reconcile.status import DeploymentState, Planned, next_status, refused_status, with_scale
 
 ROLLBACK_EVENT_REASON = "SpeculationRolledBack"
 
@@ -58,7 +59,7 @@ class Observed:
     sample: DeploymentSample | None = None       # this cycle's analysis sample, if one was taken
     probe: ProbeStatus | None = None             # a probe the operator just ran (controller/probe_loop.py)
     notice_posted: bool = False                  # this operator posted the last rollback's notice already
-    pod_monitors: bool = False                   # the cluster has the PodMonitor CRD
+    pod_monitoring: PodMonitoring = PodMonitoring()   # a PodMonitor per SD, or why not
 
     @property
     def namespace(self) -> str:
@@ -115,6 +116,14 @@ def already_applied(children: Children, generation: int, existing: tuple[Deploym
     fingerprint = children.fingerprint(generation)
     return {state.name for state in existing} == wanted and all(
         state.children_fingerprint == fingerprint for state in existing)
+
+
+def replicas_held(spec: SpeculativeDeploymentSpec, deployments: tuple[DeploymentState, ...]) -> frozenset[Variant]:
+    """The variants whose Deployment's replicas are left to whoever set them: another writer (an HPA or `kubectl
+    scale` on the Deployment) set them after the operator's last apply, and the SD still asks for the count the
+    operator rendered then. A new count asked of the SD (`kubectl scale sd`, an HPA on the SD) is applied."""
+    return frozenset(d.variant for d in deployments
+                     if d.replicas_held_elsewhere and d.rendered_replicas == variant_replicas(spec, d.variant))
 
 
 def _step(observed: Observed, resource: SpeculativeDeployment, planned: Planned, now: datetime) -> SpeculationStep:
@@ -188,10 +197,13 @@ def decide(observed: Observed, now: datetime) -> Actions:
     stuck = observed.pods.stuck if observed.pods is not None else None
     status = next_status(previous, resource.spec, generation, planned, list(observed.deployments), at,
                          step.speculation, step.analysis, stuck, observed.probe)
+    status = with_scale(status, observed.name, resource.spec, list(observed.deployments))
+    status = status.model_copy(update={"monitoring": observed.pod_monitoring.not_rendered})
     children = None
     if planned.plan is not None and planned.accepted:
         wanted = desired_children(resource.model_copy(update={"status": status}), planned.plan,
-                                  pod_monitor=observed.pod_monitors)
+                                  pod_monitoring=observed.pod_monitoring,
+                                  replicas_held=replicas_held(resource.spec, observed.deployments))
         # Apply only what would change something: children that are not those of the last apply, or (of
         # the kinds this pass read in full) that differ from it, by hand or deleted, or after an apply the
         # apiserver refused part of (the Deployments carry its fingerprint, a child after them is missing;

@@ -29,7 +29,7 @@ from specdeploy.engines.base import image_for
 from specdeploy.judgment import evidence
 from specdeploy.modelsource.resolve import Origin
 from specdeploy.planning.plan import Plan
-from specdeploy.reconcile.children import Variant, variants
+from specdeploy.reconcile.children import Variant, pod_selector, variant_replicas, variants
 from specdeploy.reconcile.conditions import ConditionType, Reason, condition
 from specdeploy.reconcile.observed import StuckPod
 
@@ -129,6 +129,16 @@ class DeploymentState:
     observed_generation: int
     sd_generation: int | None   # the SpeculativeDeployment generation it was last rendered from
     children_fingerprint: str | None = None   # Children.fingerprint of the apply that last wrote it
+    ready_replicas: int = 0
+    current_replicas: int = 0   # its status.replicas: pods that exist, of any ReplicaSet
+    replicas_manager: str | None = None   # another field manager that set spec.replicas after the operator did
+    rendered_replicas: int | None = None  # the replicas the operator last rendered for it from the SD
+
+    @property
+    def replicas_held_elsewhere(self) -> bool:
+        """Someone other than the operator set its replicas since the operator last rendered them (an HPA or
+        `kubectl scale` on the Deployment itself)."""
+        return self.replicas_manager is not None
 
     @property
     def rolled_out(self) -> bool:
@@ -143,7 +153,8 @@ class DeploymentState:
         return self.observed_generation < self.generation or self.updated_replicas < self.replicas
 
     def summary(self) -> str:
-        return f"{self.available_replicas}/{self.replicas} {self.variant.value} pods available"
+        held = f" (replicas set by {self.replicas_manager})" if self.replicas_manager else ""
+        return f"{self.available_replicas}/{self.replicas} {self.variant.value} pods available{held}"
 
 
 def _first_error(findings: list[Finding]) -> Finding | None:
@@ -412,3 +423,18 @@ def next_status(
         "probe": probe,
         "conditions": conditions,
     })
+
+
+def with_scale(status: SpeculativeDeploymentStatus, name: str, spec: SpeculativeDeploymentSpec,
+               deployments: list[DeploymentState]) -> SpeculativeDeploymentStatus:
+    """`status` with what the scale subresource and `kubectl get` read: the speculative pods that exist and their
+    selector, and READY — ready pods ÷ the pods wanted (each Deployment's replicas; the SD's count for one not
+    there yet), over both variants."""
+    by_variant = {d.variant: d for d in deployments}
+    wanted = sorted(set(variants(spec)) | set(by_variant))
+    desired = sum(by_variant[v].replicas if v in by_variant else variant_replicas(spec, v) for v in wanted)
+    ready = sum(d.ready_replicas for d in deployments)
+    speculative = by_variant.get(Variant.SPECULATIVE)
+    selector = ",".join(f"{key}={value}" for key, value in pod_selector(name, Variant.SPECULATIVE).items())
+    return status.model_copy(update={"replicas": speculative.current_replicas if speculative is not None else 0,
+                                     "selector": selector, "ready": f"{ready}/{desired}"})
