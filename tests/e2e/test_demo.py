@@ -24,11 +24,21 @@ def test_demo_shows_a_rollback_end_to_end(tmp_path: Path) -> None:
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
-    for text in ("helm install", "STATUS: deployed", "operator pid", "Rolled back: InterTokenLatencyRegressed",
-                 "vs the control, above maxP99InterTokenLatencyRatio 1.10", "(95% interval",
+    flat = " ".join(output.split())     # the console wraps long lines at its width
+    for text in ("helm install", "STATUS: deployed", "operator pid", "EAGLE-3 head drafting k = 3", "(95% interval",
                  "SpeculationRolledBack", '"alertname": "SpeculationRolledBack"',
                  "now runs the same target without speculation", "demo finished"):
-        assert text in output, f"{text!r} missing from the demo's output:\n{output[-6000:]}"
+        assert text in flat, f"{text!r} missing from the demo's output:\n{output[-6000:]}"
+    # The collapse at k 3 costs ~10% per token, on the 1.10 limit: the measured loss with the acceptance surely below
+    # its floor rolls it back (or, where this machine's noise puts the interval above the limit, the ratio check).
+    rolled = re.search(r"Rolled back: (\w+) evidence: (.*?) \$ kubectl get sd", flat)
+    assert rolled is not None, output[-6000:]
+    reason, evidence = rolled.groups()
+    assert reason in ("SlowerBelowAcceptanceFloor", "InterTokenLatencyRegressed"), rolled[0]
+    assert "vs the control" in evidence and "(95% interval" in evidence, evidence
+    if reason == "SlowerBelowAcceptanceFloor":
+        assert "is below the acceptance floor" in evidence and "drafts cost more than they save" in evidence, evidence
+    print(f"the collapse at k 3 rolled back on {reason}: {evidence[:400]}")
     # Before the collapse, with the default limits, the speculative pods were measured faster than control.
     healthy = output.split("Injecting an acceptance collapse", 1)[0]
     speedups = [float(cell[:-1]) for cell in healthy.split() if cell.endswith("×") and cell[:-1].replace(".", "").isdigit()]

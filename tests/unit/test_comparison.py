@@ -15,6 +15,7 @@ from specdeploy.judgment.comparison import (
     estimate,
     merge_counters,
     paired_ratio,
+    rate_interval,
     slices,
     t975,
     unpaired_ratio,
@@ -121,3 +122,18 @@ def test_pods_are_differenced_one_by_one_and_a_restart_counts_as_prometheus_coun
     late = ((90.0, 7.0), (120.0, 8.0))      # a pod that started inside the window: its first point adds nothing
     assert merge_counters([steady, late])[-1] == (120.0, 31.0)
     assert merge_counters([]) == ()
+
+
+def test_a_rate_interval_is_wilsons() -> None:
+    """The textbook case (p 0.5 over 100: 0.404…0.596), a width at a rate of 0, narrower with more units."""
+    assert rate_interval(0.5, 100) == pytest.approx((0.4038, 0.5962), abs=1e-4)
+    low, high = rate_interval(0.0, 1000)
+    assert low == 0.0 and high == pytest.approx(0.0038, abs=1e-4)       # a collapse to 0 is not known exactly
+    assert rate_interval(0.02, 20_000)[1] < rate_interval(0.02, 2_000)[1] < rate_interval(0.02, 200)[1]
+    assert rate_interval(0.3, 0) == (0.0, 1.0)
+
+
+@given(st.floats(0.0, 1.0), st.floats(1.0, 1e6))
+def test_a_rate_interval_holds_the_rate_inside_zero_to_one(rate: float, units: float) -> None:
+    low, high = rate_interval(rate, units)
+    assert 0.0 <= low <= rate + 1e-12 and rate - 1e-12 <= high <= 1.0

@@ -205,6 +205,15 @@ def test_a_failing_sample_that_decides_at_once_rolls_back_without_failure_limit(
     assert isinstance(decide(run([H, F]), F, analysis(failureLimit=3)), Keep)   # any other failure counts
 
 
+def test_slower_and_explained_counts_toward_failure_limit_and_rolls_back_under_its_own_reason() -> None:
+    """SlowerBelowAcceptanceFloor is measured on the window's latency interval: the noise failureLimit is for."""
+    explained = Failing(FailureReason.SLOWER_BELOW_ACCEPTANCE_FLOOR, "per-token latency +10% (95% interval +8%…+11%)")
+    assert isinstance(decide(run([H, explained]), explained, analysis(failureLimit=2)), Keep)
+    decision = decide(run([H, explained, explained]), explained, analysis(failureLimit=2))
+    assert isinstance(decision, Rollback) and decision.reason == RollbackReason.SLOWER_BELOW_ACCEPTANCE_FLOOR
+    assert decision.reason.value == "SlowerBelowAcceptanceFloor"
+
+
 def test_keep_says_how_close_it_came() -> None:
     assert decide(run([F, F]), F, analysis()) == Keep("2 of 3 failing samples in a row; 0 inconclusive in a row")
 

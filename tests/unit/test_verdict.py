@@ -188,6 +188,90 @@ def test_the_collapse_fails_on_latency_with_acceptance_as_the_explanation() -> N
     assert "acceptance rate 0.02 < the acceptance floor 0.11" in result.evidence
 
 
+# -- slower and explained: a measured loss with the acceptance surely below its floor, inside the ratio limit --------
+
+
+def counted(tpot: float, acceptance: float, drafts: float = 20_000.0, *, seed: int = 20, jitter: float = 0.01,
+            **values: Any) -> SignalValues:
+    """Speculative pods (EAGLE-3, k 3) whose acceptance rate is counted over `drafts` drafts (vLLM's counters)."""
+    per_position = {1: 3 * acceptance * drafts * 0.8, 2: 3 * acceptance * drafts * 0.15, 3: 3 * acceptance * drafts * 0.05}
+    return variant(tpot, seed=seed, jitter=jitter, acceptance_rate=acceptance, drafts=drafts,
+                   positions={Signal.ACCEPTED_PER_POSITION: per_position}, **values)
+
+
+def control_pods(seed: int = 120, jitter: float = 0.01) -> SignalValues:
+    return variant(0.0080, requests=300.0, seed=seed, jitter=jitter, acceptance_rate=None, mean_acceptance_length=None)
+
+
+K3_COLLAPSE = sample(counted(0.0080 / 0.91, 0.02), control_pods())
+"""The issue's EAGLE-3 SD at k 3 after its acceptance collapsed to 0.02 (Auto floor 0.11): 0.91× the control's
+speed (95% interval 0.90–0.92), a per-token ratio of 1.10 whose interval holds the 1.10 limit."""
+
+
+def test_the_k3_collapse_inside_the_ratio_limit_fails_slower_and_explained() -> None:
+    found = assess(K3_COLLAPSE, policy())
+    assert found.per_token is not None
+    assert (round(1 / found.per_token.ratio, 2), round(1 / found.per_token.high, 2),
+            round(1 / found.per_token.low, 2)) == (0.91, 0.90, 0.92)     # the issue's measurement
+    assert found.per_token.low < 1.10 < found.per_token.high                   # the ratio check alone: undecided
+    assert isinstance(found.verdict, Failing), found.verdict
+    assert found.verdict.reason == FailureReason.SLOWER_BELOW_ACCEPTANCE_FLOOR
+    assert not found.verdict.at_once                                           # failureLimit still counts
+    said = found.verdict.evidence
+    assert said.startswith("per-token latency +10% (95% interval +8%…+11%) vs the control, slower beyond noise (the "
+                           "ratio limit maxP99InterTokenLatencyRatio 1.10 tolerates noise, not a loss), and the "
+                           "acceptance rate 0.020 (95% interval 0.018…0.022, 20,000 drafts) is below the acceptance "
+                           "floor 0.11 (Auto: break-even 0.09"), said
+    assert "the drafts cost more than they save; mean 8.79 ms vs 8 ms" in said and said.count("acceptance rate") == 1
+    assert verdict_reason(found.verdict) == "SlowerBelowAcceptanceFloor"
+
+
+def test_a_loss_the_limit_passes_fails_too_when_the_acceptance_explains_it() -> None:
+    """+5%, the whole interval below the 1.10 limit (the ratio check passes) and above 1."""
+    found = assess(sample(counted(0.0080 * 1.05, 0.02), control_pods()), policy())
+    assert found.per_token is not None and found.per_token.low > 1.0 and found.per_token.high < 1.10
+    assert isinstance(found.verdict, Failing) and found.verdict.reason == FailureReason.SLOWER_BELOW_ACCEPTANCE_FLOOR
+
+
+def test_a_healthy_k3_is_not_failed_by_it() -> None:
+    found = assess(sample(counted(0.0050, 0.47), control_pods()), policy())
+    assert isinstance(found.verdict, Healthy), found.verdict
+
+
+@pytest.mark.parametrize(("speculative", "why"), [
+    (counted(0.0080 * 1.05, 0.30), "slower beyond noise, but the acceptance is above its floor: the ratio limit decides"),
+    (counted(0.0080 * 1.05, 0.10, drafts=1_200), "acceptance 0.10 with 1,200 drafts: its interval reaches the floor"),
+    (counted(0.0080 * 1.05, 0.02, drafts=500), "fewer drafts than MIN_DRAFTS: not known well enough to fail on"),
+    (variant(0.0080 * 1.05, seed=20, jitter=0.01, acceptance_rate=0.02), "no draft counts (SGLang): no interval"),
+    (counted(0.0080 * 1.01, 0.02, jitter=0.05), "the per-token interval reaches 1: not measurably slower"),
+    (counted(0.0080 * 0.95, 0.02), "faster than the control: the acceptance explains nothing to fail"),
+])
+def test_slower_and_explained_needs_both_parts_certain(speculative: SignalValues, why: str) -> None:
+    result = verdict(sample(speculative, control_pods(jitter=0.05 if "reaches 1" in why else 0.01)), policy())
+    assert not isinstance(result, Failing), (why, result)
+
+
+def test_slower_and_explained_stays_inconclusive_where_the_ratio_check_is() -> None:
+    """The k 3 collapse's latency with too few drafts to know the acceptance: the ratio check's Inconclusive stands."""
+    result = verdict(sample(counted(0.0080 / 0.91, 0.02, drafts=500), control_pods()), policy())
+    assert isinstance(result, Inconclusive) and result.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE, result
+
+
+def test_slower_and_explained_leaves_a_latency_failure_and_a_fixed_floor_their_own_reasons() -> None:
+    over = verdict(sample(counted(0.0080 * 1.27, 0.02, seed=6), control_pods()), policy())
+    assert isinstance(over, Failing) and over.reason == FailureReason.INTER_TOKEN_LATENCY_REGRESSED
+    fixed = verdict(K3_COLLAPSE, policy(floor=FIXED))
+    assert isinstance(fixed, Failing) and fixed.reason == FailureReason.ACCEPTANCE_BELOW_MINIMUM
+
+
+def test_slower_and_explained_against_a_previous_baseline_at_matched_load() -> None:
+    before = previous_baseline(sample(control_pods(seed=9)), 20, NOW)
+    assert before is not None
+    result = verdict(sample(counted(0.0080 * 1.08, 0.02, seed=21, jitter=0.005)), policy(PREVIOUS, previous=before))
+    assert isinstance(result, Failing) and result.reason == FailureReason.SLOWER_BELOW_ACCEPTANCE_FLOOR, result
+    assert "vs the Previous baseline, slower beyond noise" in result.evidence
+
+
 def test_not_drafting_is_its_own_inconclusive() -> None:
     result = verdict(sample(variant(0.0075, acceptance_rate=NAN, seed=7)), policy())
     assert isinstance(result, Inconclusive) and result.reason == InconclusiveReason.NOT_DRAFTING

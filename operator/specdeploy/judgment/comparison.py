@@ -19,6 +19,8 @@ the moment the whole window shows it; docs/analysis.md).
 
 For the Previous baseline there is nothing to pair with: `unpaired_ratio` combines the two windows'
 standard errors, each from its own slices.
+
+A rate of counted outcomes (the acceptance: accepted ÷ drafted tokens) has its interval from `rate_interval`.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ DECIDABLE_DISTANCE = 0.001
 MIN_SLICE_REQUESTS = 1.0
 """A slice counts when each variant finished at least this many requests in it."""
 
+Z975 = 1.960
+"""The standard normal 0.975 quantile: two-sided 95%, and Student's t beyond 120 degrees of freedom."""
+
 # Student's t, two-sided 95% (the 0.975 quantile), by degrees of freedom (standard tables).
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
          10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
@@ -49,7 +54,7 @@ def t975(degrees_of_freedom: int) -> float:
     if degrees_of_freedom < 1:
         raise ValueError(f"degrees of freedom must be at least 1, got {degrees_of_freedom}")
     if degrees_of_freedom > 120:
-        return 1.960
+        return Z975
     return _T975[max(df for df in _T975 if df <= degrees_of_freedom)]
 
 
@@ -176,3 +181,19 @@ def unpaired_ratio(now: Estimate, then: Estimate) -> Comparison:
     half = t975(min(now.slices, then.slices) - 1) * error
     return Comparison(math.exp(center), math.exp(center - half), math.exp(center + half),
                       min(now.slices, then.slices), now.requests, then.requests)
+
+
+def rate_interval(rate: float, units: float) -> tuple[float, float]:
+    """The 95% Wilson score interval of a rate in [0, 1] measured over `units` independent units.
+
+    Wilson's rather than the normal approximation's p ± z·√(p(1 − p)/n): that one shrinks to nothing at a rate of 0
+    or 1 (an acceptance that collapsed to 0 would claim to be known exactly), Wilson's stays inside [0, 1] and keeps
+    a width there (Wilson 1927; Brown, Cai & DasGupta 2001 recommend it for any n).
+    """
+    if units <= 0 or not math.isfinite(rate):
+        return 0.0, 1.0
+    rate = min(max(rate, 0.0), 1.0)
+    z2 = Z975 * Z975
+    center = (rate + z2 / (2 * units)) / (1 + z2 / units)
+    half = Z975 * math.sqrt(rate * (1 - rate) / units + z2 / (4 * units * units)) / (1 + z2 / units)
+    return max(0.0, center - half), min(1.0, center + half)

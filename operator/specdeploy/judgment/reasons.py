@@ -21,6 +21,8 @@ class FailureReason(StrEnum):
     QUEUE_TIME_REGRESSED = "QueueTimeRegressed"                        # objective Throughput / Both
     OUTPUT_THROUGHPUT_REGRESSED = "OutputThroughputRegressed"          # tokens per second per GPU
     NO_SCHEDULE_PAYS = "NoSchedulePays"    # Auto: measurably slower, and no k pays at the measured acceptance
+    SLOWER_BELOW_ACCEPTANCE_FLOOR = "SlowerBelowAcceptanceFloor"   # any k: slower beyond noise, acceptance surely
+                                                                   # below its floor, inside the ratio limit
 
 
 class InconclusiveReason(StrEnum):
@@ -52,6 +54,7 @@ class RollbackReason(StrEnum):
     QUEUE_TIME_REGRESSED = FailureReason.QUEUE_TIME_REGRESSED.value
     OUTPUT_THROUGHPUT_REGRESSED = FailureReason.OUTPUT_THROUGHPUT_REGRESSED.value
     NO_SCHEDULE_PAYS = FailureReason.NO_SCHEDULE_PAYS.value
+    SLOWER_BELOW_ACCEPTANCE_FLOOR = FailureReason.SLOWER_BELOW_ACCEPTANCE_FLOOR.value
     SPECULATIVE_POD_OUT_OF_MEMORY = "SpeculativePodOutOfMemory"
     INCONCLUSIVE_TOO_LONG = "InconclusiveTooLong"
 

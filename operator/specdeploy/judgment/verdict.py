@@ -15,7 +15,10 @@ lies at or below it, and otherwise says how many requests would tell — too lit
 never a failure and never healthy. A P99 is shown as the buckets allow (an upper bound inside the first
 bucket) and decides nothing. Acceptance explains; it decides alone only where there is no baseline to
 compare with (mode None, or Previous without a snapshot at matched load), against `minAcceptanceRate` or,
-unset, the break-even floor of the cost model (planning/acceptance_floor.py).
+unset, the break-even floor of the cost model (planning/acceptance_floor.py). Beside a baseline the two together
+decide once both are certain: per-token latency slower with its whole interval above 1 while the acceptance's own
+interval lies wholly below the floor fails (SlowerBelowAcceptanceFloor), even inside the ratio limit — the limit
+tolerates noise, not a loss the acceptance explains.
 
 Which checks count is the objective's (`spec.analysis.objective`, docs/analysis.md "Objectives"). Latency
 (the default): per-token latency, and time to first token and end-to-end latency *without the queue* (vLLM's
@@ -43,7 +46,15 @@ from datetime import datetime
 from specdeploy.api.spec import BaselineMode, Checks, Objective
 from specdeploy.api.status import MeanLatency, PreviousBaselineStatus, VerdictKind
 from specdeploy.judgment import evidence
-from specdeploy.judgment.comparison import Comparison, Slice, estimate, paired_ratio, slices, unpaired_ratio
+from specdeploy.judgment.comparison import (
+    Comparison,
+    Slice,
+    estimate,
+    paired_ratio,
+    rate_interval,
+    slices,
+    unpaired_ratio,
+)
 from specdeploy.judgment.comparison import Estimate as _Estimate
 from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
 from specdeploy.judgment.samples import DeploymentSample, QueryErrorKind, Signal, SignalValues
@@ -463,6 +474,62 @@ def _acceptance(sample: DeploymentSample, floor: Floor | None) -> _Outcome | _No
     return _Pass(f"acceptance rate {shown} (floor {limit})")
 
 
+MIN_DRAFTS = 1000
+"""Drafts a window must count before the acceptance's interval may fail a sample, whatever its width: calibration's
+evidence rule (judgment/calibration.py MIN_DRAFTS). The interval treats drafts as independent, which the drafts of
+one request (one prompt, one topic) are not; a thousand span many requests at any load that drafts at all."""
+
+
+@dataclass(frozen=True)
+class AcceptanceInterval:
+    """The speculative pods' acceptance rate over the window, its 95% interval and the drafts behind it."""
+
+    rate: float
+    low: float
+    high: float
+    drafts: float
+
+
+def acceptance_interval(values: SignalValues) -> AcceptanceInterval | None:
+    """The acceptance rate (accepted ÷ drafted tokens) with its 95% interval; None without a rate or without drafts
+    counted (SGLang exports no counts: its acceptance has no interval).
+
+    Each draft is one unit, not each token: a draft's tokens are not independent (the first rejection ends it), and
+    a draft's accepted fraction, in [0, 1] with mean r, varies at most r(1 − r) (the Bhatia–Davis bound) — as much
+    as one yes-or-no outcome. So a Wilson interval over the drafts holds however a draft's tokens correlate."""
+    rate = _finite(values.acceptance_rate)
+    counts = values.position_counts
+    if rate is None or counts is None:
+        return None
+    low, high = rate_interval(rate, counts.drafts)
+    return AcceptanceInterval(rate, low, high, counts.drafts)
+
+
+def _explained_loss(sample: DeploymentSample, baseline: _Baseline, found: Comparison | None, per_token: _Outcome,
+                    policy: Policy) -> _Fail | None:
+    """Slower, and explained: the per-token comparison's whole interval above 1 while the acceptance's whole interval
+    lies below the Auto floor — Failing SlowerBelowAcceptanceFloor, though the interval may hold or pass
+    maxP99InterTokenLatencyRatio. The limit tolerates changes the operator cannot tell from noise; this one is
+    measured, and the acceptance says why (the drafts cost more than they save), under any k: Fixed, Table or
+    Auto. None where either part lacks its evidence (the interval reaches 1, the acceptance's reaches the floor,
+    fewer than MIN_DRAFTS drafts, no counts), where per-token latency failed on its own, and for a Fixed floor
+    (minAcceptanceRate decides alone)."""
+    floor = policy.floor
+    if found is None or isinstance(per_token, _Fail) or floor is None or floor.fixed or found.low <= 1.0:
+        return None
+    acceptance = acceptance_interval(sample.speculative)
+    if acceptance is None or acceptance.drafts < MIN_DRAFTS or acceptance.high >= floor.rate:
+        return None
+    limit = evidence.compared(acceptance.high, floor.rate)[1]
+    rate, low, high = (evidence.number(value, 3) for value in (acceptance.rate, acceptance.low, acceptance.high))
+    tolerance = evidence.number(_PER_TOKEN.limit(policy.checks))
+    return _Fail(FailureReason.SLOWER_BELOW_ACCEPTANCE_FLOOR, (
+        f"per-token latency {interval(found)} vs {baseline.whose}, slower beyond noise (the ratio limit "
+        f"{_PER_TOKEN.limit_name} {tolerance} tolerates noise, not a loss), and the acceptance rate {rate} (95% "
+        f"interval {low}…{high}, {evidence.count(acceptance.drafts)} drafts) is below the acceptance floor {limit} "
+        f"({floor.basis}): the drafts cost more than they save{_detail(sample, _PER_TOKEN, baseline, found)}"))
+
+
 def _slo(sample: DeploymentSample, checks: Checks) -> _Outcome | None:
     limit = checks.max_p99_e2e_latency_seconds
     if limit is None:
@@ -664,12 +731,15 @@ def assess(sample: DeploymentSample, policy: Policy) -> Assessment:
     per_token: Comparison | None = None
     queue: Comparison | None = None
     output: Comparison | None = None
+    explained: _Fail | None = None
     if isinstance(baseline, _Baseline):
         latency: list[_Outcome] = []
         for check in _LATENCY_CHECKS:
             outcome, found = _latency(sample, check, baseline, policy.checks)
             if check is _PER_TOKEN:
                 per_token = found
+                explained = _explained_loss(sample, baseline, found, outcome, policy)
+                outcome = explained or outcome
             latency.append(outcome)
         throughput: list[_Outcome] = []
         if baseline.values is not None:
@@ -699,8 +769,9 @@ def assess(sample: DeploymentSample, policy: Policy) -> Assessment:
                                                                 InconclusiveReason.CONTROL_TOO_FEW_REQUESTS))
     explanation = ""
     if isinstance(acceptance, _Fail) and compared and not (policy.floor and policy.floor.fixed):
-        # With a baseline the measured comparison decides; acceptance below the Auto floor explains it.
-        explanation = f"; {acceptance.text}"
+        # With a baseline the measured comparison decides; acceptance below the Auto floor explains it (a loss it
+        # explains with certainty has said so already).
+        explanation = "" if explained is not None and objective in LATENCY_OBJECTIVES else f"; {acceptance.text}"
     elif acceptance is not None and not isinstance(acceptance, _NotDrafting):
         outcomes.insert(0, acceptance)
     slo = _slo(sample, policy.checks)
