@@ -46,6 +46,9 @@ from datetime import datetime
 from specdeploy.api.spec import BaselineMode, Checks, Objective
 from specdeploy.api.status import MeanLatency, PreviousBaselineStatus, VerdictKind
 from specdeploy.judgment import evidence
+from specdeploy.judgment.calibration import (
+    MIN_DRAFTS,  # the drafts a window counts before its acceptance decides
+)
 from specdeploy.judgment.comparison import (
     Comparison,
     Slice,
@@ -472,12 +475,6 @@ def _acceptance(sample: DeploymentSample, floor: Floor | None) -> _Outcome | _No
         rule = f"minAcceptanceRate {limit}" if floor.fixed else f"the acceptance floor {limit} ({floor.basis})"
         return _Fail(FailureReason.ACCEPTANCE_BELOW_MINIMUM, f"acceptance rate {shown} < {rule}")
     return _Pass(f"acceptance rate {shown} (floor {limit})")
-
-
-MIN_DRAFTS = 1000
-"""Drafts a window must count before the acceptance's interval may fail a sample, whatever its width: calibration's
-evidence rule (judgment/calibration.py MIN_DRAFTS). The interval treats drafts as independent, which the drafts of
-one request (one prompt, one topic) are not; a thousand span many requests at any load that drafts at all."""
 
 
 @dataclass(frozen=True)
