@@ -5,6 +5,8 @@ with the time it took — and nothing it did reached the other."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import socket
 import threading
 import time
@@ -136,3 +138,56 @@ def test_a_silent_prometheus_in_one_namespace_delays_no_rollback_in_another(
     assert silent["status"]["speculation"]["active"] is True, "Inconclusive is never a rollback"
     assert operator.process.poll() is None, operator.output()[-3000:]
     assert "Traceback" not in operator.output(), operator.output()[-3000:]
+
+
+MARKER = "internal-endpoint-text-7f3a"
+
+
+class FailingEndpoint:
+    """A loopback HTTP server that answers every request 500 with MARKER in its body; `close()` stops it."""
+
+    def __init__(self) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:   # noqa: N802 - http.server's naming
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = f'{{"status": "error", "errorType": "internal", "error": "{MARKER}"}}'.encode()
+                self.send_response(500)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def failing_prometheus() -> Iterator[FailingEndpoint]:
+    endpoint = FailingEndpoint()
+    yield endpoint
+    endpoint.close()
+
+
+def test_a_failing_endpoint_s_body_reaches_neither_status_nor_events(
+    dev_cluster: DevCluster, namespace: str, failing_prometheus: FailingEndpoint,
+    operator_processes: Callable[..., Any],
+) -> None:
+    operator = operator_processes("operator", "--analysis-tick-seconds", "1")
+    manifest = SCENARIO_SD.replace("    interval: 3s\n",
+                                   f"    interval: 3s\n    prometheus: {{url: '{failing_prometheus.url}'}}\n")
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+    obj = wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdictReason") == "PrometheusUnavailable",
+                          60, "Inconclusive: PrometheusUnavailable", namespace=namespace)
+    assert f"Prometheus at {failing_prometheus.url} failed (HTTP 500, errorType internal)" in _analysis(obj)["message"]
+    assert MARKER not in json.dumps(obj)
+    assert MARKER not in json.dumps(get_json(dev_cluster, "events", namespace=namespace))
+    assert MARKER not in operator.output()
