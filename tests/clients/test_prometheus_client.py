@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
@@ -122,11 +123,11 @@ def test_a_vector_has_no_points() -> None:
     {"metric": {}, "values": [["soon", "1"]]},
     {"metric": {}, "value": [T, "1"]},                # a vector's element in a matrix
 ])
-def test_a_malformed_matrix_is_a_bad_response_naming_the_element(item: Any) -> None:
+def test_a_malformed_matrix_is_a_bad_response_naming_the_element_not_repeating_it(item: Any) -> None:
     body = {"status": "success", "data": {"resultType": "matrix", "result": [item]}}
     with pytest.raises(PrometheusBadResponse, match=r'expected \{metric: \{…\}, values: \[\[time, "number"\]') as caught:
         query_once(answer(200, body))
-    assert str(caught.value).endswith("got " + repr(item))
+    assert str(caught.value).endswith("series 0 is not")
 
 
 def test_a_matrix_whose_result_is_not_a_list_is_a_bad_response() -> None:
@@ -165,28 +166,28 @@ def test_the_request_is_a_form_post_with_a_timeout_and_the_headers() -> None:
 @pytest.mark.parametrize(("handler", "error", "text"), [
     (answer(500, text="internal error"), PrometheusUnavailable, "HTTP 500"),
     (answer(503, {"status": "error", "errorType": "timeout", "error": "query timed out in expression evaluation"}),
-     PrometheusUnavailable, "timeout: query timed out"),
+     PrometheusUnavailable, "HTTP 503, errorType timeout"),
     (answer(429, text="too many requests"), PrometheusUnavailable, "HTTP 429"),
     (answer(400, {"status": "error", "errorType": "bad_data", "error": "1:5: parse error: unexpected \"}\""}),
-     PrometheusBadQuery, "bad_data: 1:5: parse error"),
+     PrometheusBadQuery, r"rejected the query \(HTTP 400, errorType bad_data\)$"),
     (answer(422, {"status": "error", "errorType": "execution", "error": "vector cannot contain metrics with the "
                                                                       "same labelset"}),
-     PrometheusBadQuery, "same labelset"),
+     PrometheusBadQuery, "HTTP 422, errorType execution"),
     (answer(401, text="Unauthorized"), PrometheusRefused, "headersSecretRef"),
     (answer(404, text="404 page not found"), PrometheusRefused, r"spec.analysis.prometheus.url"),
     (answer(200, text="<html>login</html>"), PrometheusBadResponse, "expected JSON"),
     (answer(200, {"status": "error", "errorType": "internal", "error": "boom"}), PrometheusBadResponse,
-     "expected status 'success'"),
+     "expected status 'success' from http://prometheus.test:9090, errorType internal$"),
     (answer(200, {"status": "success", "data": {"resultType": "scalar", "result": [1, "1"]}}),
      PrometheusBadResponse, "resultType 'scalar'"),
     (answer(200, {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}}),
-     PrometheusBadResponse, "value"),
+     PrometheusBadResponse, "value: .* series 0 is not"),
     (answer(200, {"status": "success", "data": {"resultType": "vector",
                                                 "result": [{"metric": {}, "value": [1, "many"]}]}}),
-     PrometheusBadResponse, "many"),
-    (raising(httpx.ConnectError("[Errno 111] Connection refused")), PrometheusUnavailable, "Connection refused"),
-    (raising(httpx.ReadTimeout("timed out")), PrometheusUnavailable, "did not answer within 10s"),
-    (raising(httpx.ConnectTimeout("timed out")), PrometheusUnavailable, "ConnectTimeout"),
+     PrometheusBadResponse, "series 0 is not"),
+    (raising(httpx.ConnectError("[Errno 111] Connection refused")), PrometheusUnavailable, "ConnectError"),
+    (raising(httpx.ReadTimeout("timed out")), PrometheusUnavailable, r"did not answer within 10s \(gave up after"),
+    (raising(httpx.ConnectTimeout("timed out")), PrometheusUnavailable, "did not answer within 10s"),
 ])
 def test_errors_are_translated(handler: Handler, error: type[PrometheusError], text: str) -> None:
     with pytest.raises(error, match=text) as caught:
@@ -332,7 +333,8 @@ def test_query_all_records_errors_per_signal_and_keeps_the_rest() -> None:
         Signal.E2E_LATENCY_SUM_SERIES: QueryErrorKind.BAD_RESPONSE,
     }
     assert sample.speculative.points(Signal.E2E_LATENCY_SUM_SERIES) == ()
-    assert "execution: nope" in sample.errors[Signal.P99_INTER_TOKEN_LATENCY].message
+    assert "(HTTP 422, errorType execution)" in sample.errors[Signal.P99_INTER_TOKEN_LATENCY].message
+    assert "nope" not in sample.errors[Signal.P99_INTER_TOKEN_LATENCY].message
 
 
 def test_query_all_when_prometheus_is_down_reports_every_signal() -> None:
@@ -367,3 +369,111 @@ def test_query_all_sends_the_queries_concurrently() -> None:
 def test_vector_payload_shape_matches_the_documented_envelope() -> None:
     body = vector((sd("a", "b", "speculative"), "1"))
     assert json.loads(json.dumps(body))["data"]["result"][0]["value"][1] == "1"
+
+
+# -- isolation: a body never repeated, a deadline for all of a query, a cap on its answer, a share of the cycle --
+
+BODY = "internal-endpoint-secret-text"
+
+
+@pytest.mark.parametrize("handler", [
+    answer(500, text=BODY), answer(404, text=BODY), answer(401, {"status": "error", "errorType": BODY, "error": BODY}),
+    answer(400, {"status": "error", "errorType": "bad_data", "error": BODY}), answer(200, text=f"<html>{BODY}</html>"),
+    answer(200, {"status": BODY}), answer(200, {"status": "success", "data": {"resultType": BODY, "result": []}}),
+    answer(200, {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1, BODY]}]}}),
+])
+def test_a_failed_answer_s_body_is_never_repeated(handler: Handler) -> None:
+    """Whoever writes spec.analysis.prometheus.url must not read an endpoint through the SD's status."""
+    with pytest.raises(PrometheusError) as caught:
+        query_once(handler)
+    assert BODY not in str(caught.value)
+
+
+def _trickling_server(go: Callable[[int], Any]) -> Any:
+    """Run `go(port)` against a loopback server that sends an answer's headers and then a byte every 50 ms:
+    no single read waits long, the answer never ends."""
+    async def main() -> Any:
+        handlers: list[asyncio.Task[Any]] = []
+
+        async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+            await reader.read(65536)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000000\r\n\r\n")
+            try:
+                while True:
+                    writer.write(b" ")
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+        try:
+            return await go(server.sockets[0].getsockname()[1])
+        finally:
+            for task in handlers:
+                task.cancel()
+            server.close()
+            await asyncio.gather(*handlers, return_exceptions=True)
+            await server.wait_closed()
+    return asyncio.run(asyncio.wait_for(main(), timeout=5))
+
+
+def test_a_query_has_one_deadline_for_all_of_it_not_per_read() -> None:
+    async def go(port: int) -> None:
+        async with PrometheusClient(f"http://127.0.0.1:{port}", timeout=0.5) as prometheus:
+            await prometheus.query("up")
+
+    started = time.monotonic()
+    with pytest.raises(PrometheusUnavailable, match=r"did not answer within 0.5s \(gave up after 0.5 s\)"):
+        _trickling_server(go)
+    assert time.monotonic() - started < 2
+
+
+def test_an_answer_past_the_cap_is_not_read_further() -> None:
+    read: list[int] = []
+
+    async def go(port: int) -> None:
+        async with PrometheusClient(f"http://127.0.0.1:{port}", timeout=3, max_answer_bytes=5) as prometheus:
+            try:
+                await prometheus.query("up")
+            finally:
+                read.append(prometheus.answer_bytes)
+
+    with pytest.raises(PrometheusBadResponse, match=r"larger than 5 bytes \(HTTP 200\); stopped reading it"):
+        _trickling_server(go)
+    assert read == [6]
+
+
+def test_query_all_gives_up_at_the_end_of_its_share_of_the_cycle() -> None:
+    async def silent(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(30)
+        return httpx.Response(200, json=vector())
+
+    async def go() -> Any:
+        async with PrometheusClient(BASE, transport=httpx.MockTransport(silent)) as prometheus:
+            return await query_all(prometheus, [QueryGroup(EngineKind.VLLM, 300.0)], share=0.2)
+
+    started = time.monotonic()
+    samples = asyncio.run(go())
+    assert time.monotonic() - started < 2
+    [group] = samples.groups.values()
+    assert {e.kind for e in group.errors.values()} == {QueryErrorKind.UNAVAILABLE}
+    assert len(group.errors) == len(queries_for(EngineKind.VLLM, 300.0))
+    assert all("did not answer within its share of the analysis cycle (gave up after 0.2 s)" in e.message
+               for e in group.errors.values())
+
+
+def test_query_all_leaves_a_nan_instant_out_of_the_sd_s_slices_and_counts_it() -> None:
+    spec, control = sd("prod", "llama", "speculative", pod="a"), sd("prod", "llama", "control", pod="b")
+    handler = prepared({
+        Signal.INTER_TOKEN_LATENCY_SUM_SERIES: answer(200, matrix(
+            (spec, [(T, "1"), (T + 30, "NaN"), (T + 60, "3")]), (control, [(T, "1"), (T + 30, "2"), (T + 60, "3")]))),
+        Signal.INTER_TOKEN_LATENCY_COUNT_SERIES: answer(200, matrix(
+            (spec, [(T, "10"), (T + 30, "20"), (T + 60, "30")]), (control, [(T, "10"), (T + 30, "20"), (T + 60, "30")]))),
+    })
+    sample = run_all(handler, [QueryGroup(EngineKind.VLLM, 300.0)]).for_deployment("prod", "llama", EngineKind.VLLM, 300.0)
+    for values in (sample.speculative, sample.control):    # the instant left out of both variants alike
+        assert values.points(Signal.INTER_TOKEN_LATENCY_SUM_SERIES) == ((T, 0.0), (T + 60, 2.0))
+        assert values.points(Signal.INTER_TOKEN_LATENCY_COUNT_SERIES) == ((T, 0.0), (T + 60, 20.0))
+    assert sample.dropped_instants == 1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import logging
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,10 +13,12 @@ import pytest
 from lightkube import ALL_NS
 
 from specdeploy.api.resource import SpeculativeDeployment
-from specdeploy.controller import logs
-from specdeploy.controller.analysis_loop import _validated_due, due
+from specdeploy.controller import analysis_loop, logs
+from specdeploy.controller.analysis_loop import Source, _validated_due, due
 from specdeploy.controller.logs import WATCH_HANDLERS, QuietWatchHandlers
+from specdeploy.controller.metrics import OperatorMetrics
 from specdeploy.controller.watched import SD, Watched
+from specdeploy.judgment.samples import DeploymentSample, QueryErrorKind
 
 NOW = datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC).timestamp()
 PROMETHEUS = "http://prometheus.monitoring:9090"
@@ -139,3 +143,86 @@ def test_the_quiet_handlers_are_exactly_the_watch_event_handlers() -> None:
         and any(isinstance(d, ast.Call) and ast.unparse(d.func) == "kopf.on.event" for d in node.decorator_list)
     }
     assert event_handlers == set(WATCH_HANDLERS)
+
+
+class _Recording:
+    """A Reconciler as the analysis loop uses it: the watched SDs, metrics, and reconcile() recording each sample."""
+
+    def __init__(self, watched: Watched) -> None:
+        self.watched, self.client, self.metrics = watched, None, OperatorMetrics()
+        self.samples: dict[str, tuple[float, DeploymentSample]] = {}
+        self.started = time.monotonic()
+
+    async def reconcile(self, namespace: str, name: str, trigger: object, sample: DeploymentSample) -> None:
+        self.samples[name] = (time.monotonic() - self.started, sample)
+
+
+EMPTY = b'{"status": "success", "data": {"resultType": "vector", "result": []}}'
+
+
+def test_a_silent_prometheus_makes_only_its_own_sds_inconclusive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two namespaces, two Prometheus URLs; one accepts and never answers. The other's SD has its sample at once,
+    the silent one's SD gets PrometheusUnavailable (with the time) at the end of its share of the cycle."""
+    monkeypatch.setattr(analysis_loop, "SOURCE_SHARE_SECONDS", 1.0)
+    urls: dict[str, str] = {}
+
+    async def go() -> _Recording:
+        stop = asyncio.Event()
+        handlers: list[asyncio.Task[None]] = []
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer: bool) -> None:
+            handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+            try:
+                while not stop.is_set():
+                    await reader.readuntil(b"\r\n\r\n")
+                    if not answer:
+                        await stop.wait()
+                        break
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(EMPTY), EMPTY))
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+
+        servers = {namespace: await asyncio.start_server(
+            lambda r, w, answer=answer: serve(r, w, answer), "127.0.0.1", 0)  # type: ignore[misc]
+            for namespace, answer in (("team-a", False), ("team-b", True))}
+        known = Watched()
+        for namespace, server in servers.items():
+            urls[namespace] = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            body = _sd(namespace, namespace)
+            body["spec"]["analysis"]["prometheus"] = {"url": urls[namespace]}  # type: ignore[index]
+            known.seen(SD, body)
+        reconciler = _Recording(known)
+        try:
+            sampled = await asyncio.wait_for(analysis_loop.analyse_once(reconciler, [ALL_NS], None), 5)  # type: ignore[arg-type]
+            assert sampled == 2
+        finally:
+            stop.set()
+            for server in servers.values():
+                server.close()
+            await asyncio.gather(*handlers, return_exceptions=True)
+        return reconciler
+
+    reconciler = asyncio.run(go())
+    answered_at, answered = reconciler.samples["team-b"]
+    silent_at, silent = reconciler.samples["team-a"]
+    assert answered.errors == {} and answered_at < 0.9, "not held up by the silent source"
+    assert silent_at >= 1.0
+    assert {error.kind for error in silent.errors.values()} == {QueryErrorKind.UNAVAILABLE}
+    assert all("did not answer within its share of the analysis cycle (gave up after 1.0 s)" in error.message
+               for error in silent.errors.values())
+    metric = reconciler.metrics.value
+    assert metric("specdeploy_prometheus_source_failures_total", source=urls["team-a"], kind="Unavailable") \
+        == len(silent.errors)
+    assert metric("specdeploy_prometheus_source_failures_total", source=urls["team-b"], kind="Unavailable") is None
+    assert (metric("specdeploy_prometheus_source_bytes_total", source=urls["team-b"]) or 0) >= len(EMPTY)
+    assert metric("specdeploy_prometheus_source_seconds_count", source=urls["team-a"]) == 1
+
+
+def test_a_source_is_named_without_the_credentials_its_url_may_carry() -> None:
+    assert Source("https://user:pa55@prom.example:9090/p?token=t#x", "", None).label == "https://prom.example:9090/p"
+    assert Source("http://p:9090", "team-a", "auth").label == "http://p:9090 (Secret team-a/auth)"
+    assert Source("http://p:9090", "", None, Path("/h")).label == "http://p:9090 (operator's headers)"

@@ -80,8 +80,8 @@ def test_helm_lint_is_clean(sets: tuple[str, ...]) -> None:
 def test_defaults_render_the_operator_without_monitoring_crds() -> None:
     docs = _render()
     kinds = sorted({doc["kind"] for doc in docs})
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Role", "RoleBinding",
-                     "Service", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodDisruptionBudget", "Role",
+                     "RoleBinding", "Service", "ServiceAccount"]
     assert not any(doc["apiVersion"].startswith("monitoring.coreos.com") for doc in docs)
 
 
@@ -107,15 +107,16 @@ def _container(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
     return dict(container)
 
 
-def test_operator_deployment_is_one_recreated_locked_down_replica() -> None:
-    deployment = _one(_render(), "Deployment")
+def test_one_operator_replica_is_recreated_locked_down_and_probed_on_healthz() -> None:
+    deployment = _one(_render("replicas=1"), "Deployment")
     spec = deployment["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert _kinds(_render("replicas=1"), "PodDisruptionBudget") == []
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == _one(_render(), "ServiceAccount")["metadata"]["name"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    container = _container(_render())
+    container = _container(_render("replicas=1"))
     assert container["image"] == "ghcr.io/specdeploy/operator:0.1.0"
     security = container["securityContext"]
     assert security == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -183,11 +184,30 @@ def test_operator_headers_secrets_are_mounted_where_the_flags_point() -> None:
         assert volumes[f"{which}-headers"]["secret"]["secretName"] == secret
 
 
+def test_two_replicas_by_default_roll_one_at_a_time_on_other_nodes_with_a_budget_and_probes_on_metrics() -> None:
+    """The one waiting for the Lease serves no /healthz (kopf serves it once the pod leads): every probe reads
+    /metrics, so both pods are Ready and the budget lets a drain of the active pod's node through."""
+    docs = _render()
+    spec = _one(docs, "Deployment")["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    [term] = spec["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert _container(docs)[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}, probe
+    budget = _one(docs, "PodDisruptionBudget")["spec"]
+    assert budget == {"maxUnavailable": 1, "selector": {"matchLabels": spec["selector"]["matchLabels"]}}
+    assert _kinds(_render("podDisruptionBudget.enabled=false"), "PodDisruptionBudget") == []
+    failed = _helm_run("template", RELEASE, str(CHART), "--set", "metricsPort=0")
+    assert failed.returncode != 0 and "replicas above 1 needs a metricsPort other than 0" in failed.stderr
+
+
 def test_metrics_port_zero_drops_the_port_and_the_service() -> None:
-    docs = _render("metricsPort=0")
+    docs = _render("metricsPort=0", "replicas=1")
     assert _kinds(docs, "Service") == []
     assert [p["name"] for p in _container(docs)["ports"]] == ["health"]
-    failed = _helm_run("template", RELEASE, str(CHART), "--set", "metricsPort=0",
+    failed = _helm_run("template", RELEASE, str(CHART), "--set", "metricsPort=0", "--set", "replicas=1",
                        "--set", "metrics.serviceMonitor.enabled=true")
     assert failed.returncode != 0 and "metrics.serviceMonitor.enabled needs" in failed.stderr
 

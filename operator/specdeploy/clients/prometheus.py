@@ -15,13 +15,18 @@ can say why it is Inconclusive (the tree mirrors samples.QueryErrorKind):
 Status codes and the envelope `{status, data: {resultType, result}, errorType, error}` are those of the
 Prometheus HTTP API (prometheus.io/docs/prometheus/latest/querying/api: 400 for bad parameters, 422 for
 an expression that cannot be executed, 503 for a query that timed out or was aborted). NaN and ±Inf
-values are kept as the floats they are; the verdict handles them. Header values (tokens from
+values are kept as the floats they are; the verdict handles them, and query_all leaves the instants where a slice
+series has one out of that SD's slices. A failed answer's body is never repeated in an error (only the status
+code and Prometheus' own error type): the operator must not read endpoints for whoever writes the URL. Each
+query has a deadline for all of it, the answer a cap on its size, and query_all a share of the cycle for all of
+one Prometheus' queries. Header values (tokens from
 `spec.analysis.prometheus.headersSecretRef`) are never logged nor shown in repr or error messages.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -43,12 +48,21 @@ from specdeploy.judgment.samples import (
     SeriesKey,
     Signal,
     SignalValues,
+    finite_instants,
 )
 
 log = logging.getLogger(__name__)
 
 QUERY_PATH = "/api/v1/query"
-_ERROR_TEXT_LIMIT = 300
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+"""The most of one answer read before giving up on it. The largest answer the analysis asks for is a slice series
+(CUMULATIVE_SERIES: SLICES + 1 points per pod) for every SD of an engine and window: about 500 bytes a pod, so
+16 MiB is some 30,000 pods in one answer (an estimate from the answer's shape). Past it the body is not read
+further: a URL that streams without end costs the operator this much memory, not all of it."""
+KNOWN_ERROR_TYPES = frozenset({"bad_data", "timeout", "canceled", "execution", "internal", "unavailable",
+                               "not_found", "not_acceptable"})
+"""The `errorType` values of the Prometheus HTTP API (prometheus.io/docs/prometheus/latest/querying/api, "Format
+overview"). Only these are repeated in a message: the rest of a failed answer's body never is (see `_vector`)."""
 
 
 class PrometheusError(Exception):
@@ -87,11 +101,6 @@ def _timeout_param(seconds: float) -> str:
     return f"{max(1, round(seconds * 1000))}ms"
 
 
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _ERROR_TEXT_LIMIT else text[:_ERROR_TEXT_LIMIT] + "…"
-
-
 class PrometheusClient:
     """Instant queries against one Prometheus (or anything that speaks its HTTP API: Thanos, Mimir …).
 
@@ -102,17 +111,23 @@ class PrometheusClient:
     unusable_headers: why the headers meant for this Prometheus could not be had; every query then fails
         with PrometheusRefused saying so instead of going out without them (without a tenant header, a
         Mimir or Thanos could answer with another tenant's series).
-    timeout: seconds for connecting, the whole request, and Prometheus' own evaluation (`timeout=`).
+    timeout: seconds one query may take in all — connecting, sending, Prometheus' own evaluation (`timeout=`) and
+        reading the whole answer — not httpx's per-read timeout, which a server that trickles bytes never trips.
+    max_answer_bytes: the most of one answer read (MAX_ANSWER_BYTES).
     transport: for tests (httpx.MockTransport).
+
+    `answer_bytes` counts the bytes read so far, for the operator's per-source metric.
     """
 
     def __init__(self, base_url: str, headers: Mapping[str, str] | None = None, timeout: float = 10.0,
                  transport: httpx.AsyncBaseTransport | None = None, headers_from: str | None = None,
-                 unusable_headers: str | None = None) -> None:
+                 unusable_headers: str | None = None, max_answer_bytes: int = MAX_ANSWER_BYTES) -> None:
         self.base_url = base_url.rstrip("/")
         self.headers_from = headers_from
         self.unusable_headers = unusable_headers
         self.timeout = timeout
+        self.max_answer_bytes = max_answer_bytes
+        self.answer_bytes = 0
         self._client = httpx.AsyncClient(headers=dict(headers or {}), timeout=httpx.Timeout(timeout),
                                          transport=transport)
 
@@ -137,62 +152,77 @@ class PrometheusClient:
         form = {"query": promql, "timeout": _timeout_param(self.timeout)}
         if at is not None:
             form["time"] = f"{at:.3f}"
-        url = self.base_url + QUERY_PATH
+        started = time.monotonic()
         try:
-            response = await self._client.post(url, data=form)
-        except httpx.TimeoutException as exc:
+            async with asyncio.timeout(self.timeout):
+                async with self._client.stream("POST", self.base_url + QUERY_PATH, data=form) as response:
+                    body = await self._read(response)
+        except (TimeoutError, httpx.TimeoutException) as exc:
             raise PrometheusUnavailable(
-                f"Prometheus at {self.base_url} did not answer within {self.timeout:g}s ({type(exc).__name__})"
+                f"Prometheus at {self.base_url} did not answer within {self.timeout:g}s "
+                f"(gave up after {time.monotonic() - started:.1f} s)"
             ) from exc
-        except httpx.HTTPError as exc:
+        except httpx.HTTPError as exc:   # its message is httpx's or the socket's, never the server's
             raise PrometheusUnavailable(
-                f"cannot reach Prometheus at {self.base_url}: {type(exc).__name__}: {_short(str(exc))}"
+                f"cannot reach Prometheus at {self.base_url}: {type(exc).__name__} "
+                f"(after {time.monotonic() - started:.1f} s)"
             ) from exc
-        return _vector(self.base_url, response, self.headers_from)
+        return _vector(self.base_url, response.status_code, body, self.headers_from)
+
+    async def _read(self, response: httpx.Response) -> bytes:
+        """The answer's body, read as it streams in and abandoned past `max_answer_bytes`."""
+        chunks, size = [], 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            self.answer_bytes += len(chunk)
+            if size > self.max_answer_bytes:
+                raise PrometheusBadResponse(
+                    f"the answer of Prometheus at {self.base_url} is larger than {self.max_answer_bytes:,} bytes "
+                    f"(HTTP {response.status_code}); stopped reading it")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
 
-def _envelope_error(response: httpx.Response) -> str:
-    """Prometheus' own `errorType: error` when the body has it, else the start of the body."""
+def _error_type(body: Any) -> str:
+    """", errorType bad_data" when the body is Prometheus' error envelope with one of its own error types."""
+    kind = body.get("errorType") if isinstance(body, dict) else None
+    return f", errorType {kind}" if kind in KNOWN_ERROR_TYPES else ""
+
+
+def _vector(base_url: str, code: int, raw: bytes, headers_from: str | None = None) -> list[Sample]:
+    """The samples of an answer, or the PrometheusError it is. No message repeats the body: whoever can write
+    `spec.analysis.prometheus.url` could otherwise read any endpoint the operator reaches through its status
+    (docs/security.md); the status code, Prometheus' own error type and a fixed sentence say what went wrong."""
     try:
-        body = response.json()
+        body: Any = json.loads(raw)
     except ValueError:
-        return _short(response.text) or "(empty body)"
-    if isinstance(body, dict) and "error" in body:
-        return _short(f"{body.get('errorType', 'error')}: {body['error']}")
-    return _short(response.text)
-
-
-def _vector(base_url: str, response: httpx.Response, headers_from: str | None = None) -> list[Sample]:
-    code = response.status_code
+        body = None
     if code >= 400:
-        detail = _envelope_error(response)
+        detail = f"HTTP {code}{_error_type(body)}"
         if code in (400, 422):
-            raise PrometheusBadQuery(f"Prometheus at {base_url} rejected the query (HTTP {code}): {detail}")
+            raise PrometheusBadQuery(f"Prometheus at {base_url} rejected the query ({detail})")
         if code >= 500 or code == 429:
-            raise PrometheusUnavailable(f"Prometheus at {base_url} failed (HTTP {code}): {detail}")
+            raise PrometheusUnavailable(f"Prometheus at {base_url} failed ({detail})")
         hint = "check `spec.analysis.prometheus.url`" if code == 404 else \
             f"check the headers in {headers_from or '`spec.analysis.prometheus.headersSecretRef`'}"
-        raise PrometheusRefused(f"Prometheus at {base_url} refused the query (HTTP {code}): {detail}; {hint}")
-    try:
-        body: Any = response.json()
-    except ValueError as exc:
+        raise PrometheusRefused(f"Prometheus at {base_url} refused the query ({detail}); {hint}")
+    if body is None:
         raise PrometheusBadResponse(
-            f"expected JSON from {base_url}{QUERY_PATH}, got {_short(response.text)!r} (HTTP {code}); "
-            "is `spec.analysis.prometheus.url` a Prometheus?"
-        ) from exc
+            f"expected JSON from {base_url}{QUERY_PATH}, got {len(raw):,} bytes of something else (HTTP {code}); "
+            "is `spec.analysis.prometheus.url` a Prometheus?")
     if not isinstance(body, dict) or body.get("status") != "success":
-        detail = _short(f"{body.get('errorType', '')}: {body.get('error', '')}") if isinstance(body, dict) else ""
-        raise PrometheusBadResponse(f"expected status 'success' from {base_url}, got {_short(str(body))!r} {detail}")
+        raise PrometheusBadResponse(f"expected status 'success' from {base_url}{_error_type(body)}")
     data = body.get("data")
-    kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+    kind = data.get("resultType") if isinstance(data, dict) else None
     if not isinstance(data, dict) or kind not in ("vector", "matrix") or not isinstance(data.get("result"), list):
-        raise PrometheusBadResponse(f"expected an instant or range vector from {base_url}, got resultType {kind!r}")
+        shown = f"resultType {kind!r}" if kind in ("scalar", "string", "vector", "matrix") else "something else"
+        raise PrometheusBadResponse(f"expected an instant or range vector from {base_url}, got {shown}")
     if kind == "matrix":
-        return [_range_sample(base_url, item) for item in data["result"]]
-    return [_sample(base_url, item) for item in data["result"]]
+        return [_range_sample(base_url, index, item) for index, item in enumerate(data["result"])]
+    return [_sample(base_url, index, item) for index, item in enumerate(data["result"])]
 
 
-def _range_sample(base_url: str, item: Any) -> Sample:
+def _range_sample(base_url: str, index: int, item: Any) -> Sample:
     try:
         labels, values = item["metric"], item["values"]
         if not isinstance(labels, dict) or not isinstance(values, list) or not values:
@@ -203,11 +233,11 @@ def _range_sample(base_url: str, item: Any) -> Sample:
         return Sample({str(k): str(v) for k, v in labels.items()}, points[-1][1], points)
     except (KeyError, TypeError, ValueError) as exc:
         raise PrometheusBadResponse(
-            f"expected {{metric: {{…}}, values: [[time, \"number\"], …]}} from {base_url}, got {_short(repr(item))}"
+            f"expected {{metric: {{…}}, values: [[time, \"number\"], …]}} from {base_url}; series {index} is not"
         ) from exc
 
 
-def _sample(base_url: str, item: Any) -> Sample:
+def _sample(base_url: str, index: int, item: Any) -> Sample:
     try:
         labels = item["metric"]
         _, text = item["value"]
@@ -216,7 +246,7 @@ def _sample(base_url: str, item: Any) -> Sample:
         return Sample({str(k): str(v) for k, v in labels.items()}, float(text))
     except (KeyError, TypeError, ValueError) as exc:
         raise PrometheusBadResponse(
-            f"expected {{metric: {{…}}, value: [time, \"number\"]}} from {base_url}, got {_short(repr(item))}"
+            f"expected {{metric: {{…}}, value: [time, \"number\"]}} from {base_url}; series {index} is not"
         ) from exc
 
 
@@ -228,14 +258,23 @@ class _Answer:
     seconds: float
 
 
-async def _ask(client: PrometheusClient, query: Query, at: float | None) -> _Answer:
+async def _ask(client: PrometheusClient, query: Query, at: float | None, until: float | None) -> _Answer:
+    """One query's answer or error; `until`: the loop time by which the source's share of the cycle ends."""
     started = time.perf_counter()
     try:
-        samples = await client.query(query.promql, at)
+        async with asyncio.timeout_at(until):
+            samples = await client.query(query.promql, at)
+    except TimeoutError as exc:
+        error: PrometheusError = PrometheusUnavailable(
+            f"Prometheus at {client.base_url} did not answer within its share of the analysis cycle "
+            f"(gave up after {time.perf_counter() - started:.1f} s)")
+        error.__cause__ = exc
     except PrometheusError as exc:
-        log.warning("analysis query %s for %s failed: %s", query.signal.value, query.engine.value, exc)
-        return _Answer(query, None, exc, time.perf_counter() - started)
-    return _Answer(query, samples, None, time.perf_counter() - started)
+        error = exc
+    else:
+        return _Answer(query, samples, None, time.perf_counter() - started)
+    log.warning("analysis query %s for %s failed: %s", query.signal.value, query.engine.value, error)
+    return _Answer(query, None, error, time.perf_counter() - started)
 
 
 def _key(labels: Mapping[str, str]) -> SeriesKey | None:
@@ -255,18 +294,23 @@ def _position(labels: Mapping[str, str], label: str | None) -> int | None:
     return int(text) + 1
 
 
-async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: float | None = None) -> Samples:
+async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: float | None = None,
+                    share: float | None = None) -> Samples:
     """Every signal for every SD in `groups`, the queries sent concurrently, evaluated at one instant.
 
     `at` defaults to now (one timestamp for all queries, so the signals of a cycle describe the same
-    window). Failed queries are recorded per signal, never raised: the verdict decides what they mean.
+    window). `share`: seconds all of them may take together (this Prometheus' share of the cycle); a query
+    unanswered by then is PrometheusUnavailable. Failed queries are recorded per signal, never raised: the verdict
+    decides what they mean. Each SD's slice series lose the instants where a scrape read NaN or ±Inf
+    (samples.finite_instants), counted in GroupSamples.dropped.
     """
     instant = time.time() if at is None else at
+    until = None if share is None else asyncio.get_running_loop().time() + share
     queries = [q for group in dict.fromkeys(groups) for q in queries_for(group.engine, group.window_seconds)]
-    answers = await asyncio.gather(*(_ask(client, q, instant) for q in queries))
+    answers = await asyncio.gather(*(_ask(client, q, instant, until) for q in queries))
     values: dict[QueryGroup, dict[SeriesKey, SignalValues]] = {}
     errors: dict[QueryGroup, dict[Signal, QueryError]] = {}
-    per_pod: dict[tuple[QueryGroup, SeriesKey, Signal], list[Points]] = {}
+    per_pod: dict[tuple[QueryGroup, str, str], dict[tuple[str, Signal], list[Points]]] = {}
     for answer in answers:
         group = QueryGroup(answer.query.engine, answer.query.window_seconds)
         series = values.setdefault(group, {})
@@ -280,7 +324,8 @@ async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: 
                 continue
             signal = answer.query.signal
             if signal.is_series:
-                per_pod.setdefault((group, key, signal), []).append(sample.points)
+                of_sd = per_pod.setdefault((group, key.namespace, key.name), {})
+                of_sd.setdefault((key.variant, signal), []).append(sample.points)
                 series.setdefault(key, SignalValues())
             elif signal.is_per_position:
                 position = _position(sample.labels, answer.query.position_label)
@@ -288,9 +333,15 @@ async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: 
                     series[key] = series.get(key, SignalValues()).with_position(signal, position, sample.value)
             else:
                 series[key] = series.get(key, SignalValues()).with_value(signal, sample.value)
-    for (group, key, signal), pods in per_pod.items():
-        values[group][key] = values[group][key].with_points(signal, merge_counters(pods))
+    dropped: dict[QueryGroup, dict[tuple[str, str], int]] = {}
+    for (group, namespace, name), series_of_sd in per_pod.items():
+        kept, left_out = finite_instants(series_of_sd)
+        if left_out:
+            dropped.setdefault(group, {})[(namespace, name)] = left_out
+        for (variant, signal), pods in kept.items():
+            key = SeriesKey(namespace, name, variant)
+            values[group][key] = values[group][key].with_points(signal, merge_counters(pods))
     return Samples(
-        groups={g: GroupSamples(values[g], errors[g]) for g in values},
+        groups={g: GroupSamples(values[g], errors[g], dropped.get(g, {})) for g in values},
         query_seconds=tuple(a.seconds for a in answers),
     )

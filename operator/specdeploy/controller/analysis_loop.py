@@ -2,18 +2,24 @@
 sampled together — one PromQL query per signal per (engine, window) for each Prometheus, not one per
 SD — and each is reconciled with its sample. Which SDs are due is read from the operator's own watch of
 them (`Reconciler.watched`), not from a list each tick.
+
+Each Prometheus (URL and credentials: a `Source`) is its own task: one that answers slowly, never, or without
+end makes its own SDs Inconclusive (PrometheusUnavailable, with the time it took) and delays no one else's
+sample or rollback (docs/reliability.md "One Prometheus per tenant").
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from lightkube.core.exceptions import ApiError
 
@@ -43,6 +49,16 @@ class Source:
     namespace: str
     headers_secret: str | None
     headers_dir: Path | None = None
+
+    @property
+    def label(self) -> str:
+        """The source as the operator's metrics and log name it: the URL without user, password, query or fragment
+        (a URL may carry credentials) and where its headers come from."""
+        parts = urlsplit(self.url)
+        shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+        if self.headers_secret:
+            return f"{shown} (Secret {self.namespace}/{self.headers_secret})"
+        return f"{shown} (operator's headers)" if self.headers_dir is not None else shown
 
 
 def due(obj: Mapping[str, Any], now: float, status: Mapping[str, Any] | None = None) -> bool:
@@ -90,65 +106,135 @@ def _validated_due(watched: Watched, namespaces: Iterable[str], now: float,
     return resources
 
 
-async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], default_url: str | None,
-                       default_headers_dir: Path | None = None) -> int:
-    """One cycle: sample every due SD and reconcile it with its sample; returns how many were sampled."""
-    started = time.monotonic()
-    now = time.time()
-    limit = asyncio.Semaphore(CONCURRENT_RECONCILES)
+SOURCE_SHARE_SECONDS = 20.0
+"""All of one Prometheus' queries in one cycle: they go out at once, each with its own deadline (the client's 10 s);
+a Prometheus that queues them (its --query.max-concurrency is 20 by default) gets twice that. Past it, that
+source's SDs are Inconclusive (PrometheusUnavailable) for this sample — and only they."""
+
+
+def _due_by_source(reconciler: Reconciler, namespaces: Iterable[str], now: float, default_url: str | None,
+                   default_headers_dir: Path | None) -> dict[Source, list[SpeculativeDeployment]]:
     # The SDs as the operator's watch last saw them (`Reconciler.watched`): listing every SD each tick
     # cost the apiserver and the operator more than the samples with a thousand SDs (docs/performance.md).
-    resources = _validated_due(reconciler.watched, namespaces, now, default_url)
     by_source: defaultdict[Source, list[SpeculativeDeployment]] = defaultdict(list)
-    for resource in resources:
+    for resource in _validated_due(reconciler.watched, namespaces, now, default_url):
         source = source_of(resource, default_url, default_headers_dir)
         if source is not None:
             by_source[source].append(resource)
+    return by_source
+
+
+async def _analyse_source(reconciler: Reconciler, source: Source, members: list[SpeculativeDeployment], now: float,
+                          limit: asyncio.Semaphore) -> None:
+    """Sample the SDs of one Prometheus and reconcile each with its sample, as soon as this source has answered:
+    no other source's answers are waited for."""
+    started = time.monotonic()
+    headers, headers_from, unusable = None, None, None
+    if source.headers_secret:
+        headers_from = f"Secret {source.namespace}/{source.headers_secret} (`spec.analysis.prometheus.headersSecretRef`)"
+        try:
+            headers = await kube.secret_headers(reconciler.client, source.namespace, source.headers_secret)
+        except (ApiError, InvalidHeaders) as error:   # neither message holds a value
+            why = error.status.message if isinstance(error, ApiError) else str(error)
+            unusable = f"cannot read {headers_from}: {why}"
+            logger.warning("%s", unusable)
+    elif source.headers_dir is not None:
+        headers_from = f"the operator's headers directory {source.headers_dir} (--prometheus-headers-dir)"
+        try:
+            headers = await asyncio.to_thread(directory_headers, source.headers_dir)
+        except InvalidHeaders as error:   # its message holds no value
+            unusable = str(error)
+            logger.warning("%s", unusable)
+    async with PrometheusClient(source.url, headers=headers, headers_from=headers_from,
+                                unusable_headers=unusable) as prometheus:
+        samples = await query_all(prometheus, {query_group(r.spec) for r in members}, at=now,
+                                  share=SOURCE_SHARE_SECONDS)
+    reconciler.metrics.queries(samples.query_seconds)
+    reconciler.metrics.source(source.label, time.monotonic() - started, prometheus.answer_bytes,
+                              [error.kind.value for group in samples.groups.values() for error in group.errors.values()])
+
+    async def reconcile_with_sample(resource: SpeculativeDeployment, samples: Samples) -> None:
+        namespace, name = resource.metadata.namespace or "", resource.metadata.name
+        sample = samples.for_deployment(namespace, name, resource.spec.engine.kind, resource.spec.analysis.window)
+        async with limit:
+            try:
+                await reconciler.reconcile(namespace, name, None, sample)
+            except Exception:  # one SD's failure must not stop the others' analysis
+                logger.exception("reconciling %s/%s with its sample failed", namespace, name)
+
+    await asyncio.gather(*(reconcile_with_sample(r, samples) for r in members))
+
+
+@dataclass
+class InFlight:
+    """The sources whose cycle still waits for its answers or reconciles (they start no other until it ends), and
+    the cycles still running: a slow Prometheus delays its own SDs' next sample, never another source's."""
+
+    sources: dict[Source, asyncio.Task[None]] = field(default_factory=dict)
+    cycles: set[asyncio.Task[int]] = field(default_factory=set)
+
+    def cancel(self) -> None:
+        for task in (*self.sources.values(), *self.cycles):
+            task.cancel()
+
+
+def start_cycle(reconciler: Reconciler, namespaces: Iterable[str], default_url: str | None,
+                default_headers_dir: Path | None = None, in_flight: InFlight | None = None) -> asyncio.Task[int]:
+    """Start one cycle: every due SD of every source not still busy is sampled, each source on its own; the task
+    returned ends when they are all reconciled (observing the cycle's time) and returns how many were sampled."""
+    started = time.monotonic()
+    now = time.time()
+    busy = in_flight if in_flight is not None else InFlight()
+    limit = asyncio.Semaphore(CONCURRENT_RECONCILES)
+    by_source = {source: members for source, members
+                 in _due_by_source(reconciler, namespaces, now, default_url, default_headers_dir).items()
+                 if source not in busy.sources}
+    tasks = []
     for source, members in by_source.items():
-        headers, headers_from, unusable = None, None, None
-        if source.headers_secret:
-            headers_from = f"Secret {source.namespace}/{source.headers_secret} (`spec.analysis.prometheus.headersSecretRef`)"
-            try:
-                headers = await kube.secret_headers(reconciler.client, source.namespace, source.headers_secret)
-            except (ApiError, InvalidHeaders) as error:   # neither message holds a value
-                why = error.status.message if isinstance(error, ApiError) else str(error)
-                unusable = f"cannot read {headers_from}: {why}"
-                logger.warning("%s", unusable)
-        elif source.headers_dir is not None:
-            headers_from = f"the operator's headers directory {source.headers_dir} (--prometheus-headers-dir)"
-            try:
-                headers = await asyncio.to_thread(directory_headers, source.headers_dir)
-            except InvalidHeaders as error:   # its message holds no value
-                unusable = str(error)
-                logger.warning("%s", unusable)
-        async with PrometheusClient(source.url, headers=headers, headers_from=headers_from,
-                                    unusable_headers=unusable) as prometheus:
-            samples = await query_all(prometheus, {query_group(r.spec) for r in members}, at=now)
-        reconciler.metrics.queries(samples.query_seconds)
+        task = asyncio.create_task(_analyse_source(reconciler, source, members, now, limit))
+        busy.sources[source] = task
+        task.add_done_callback(functools.partial(_finished, busy, source))
+        tasks.append(task)
 
-        async def reconcile_with_sample(resource: SpeculativeDeployment, samples: Samples) -> None:
-            namespace, name = resource.metadata.namespace or "", resource.metadata.name
-            sample = samples.for_deployment(namespace, name, resource.spec.engine.kind, resource.spec.analysis.window)
-            async with limit:
-                try:
-                    await reconciler.reconcile(namespace, name, None, sample)
-                except Exception:  # one SD's failure must not stop the others' analysis
-                    logger.exception("reconciling %s/%s with its sample failed", namespace, name)
+    async def cycle() -> int:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        reconciler.metrics.cycle(time.monotonic() - started)
+        return sum(len(members) for members in by_source.values())
 
-        await asyncio.gather(*(reconcile_with_sample(r, samples) for r in members))
-    reconciler.metrics.cycle(time.monotonic() - started)
-    return sum(len(members) for members in by_source.values())
+    whole = asyncio.create_task(cycle())
+    busy.cycles.add(whole)
+    whole.add_done_callback(busy.cycles.discard)
+    return whole
+
+
+def _finished(in_flight: InFlight, source: Source, task: asyncio.Task[None]) -> None:
+    in_flight.sources.pop(source, None)
+    if task.cancelled():
+        return
+    if isinstance(error := task.exception(), kube.API_UNREACHABLE):
+        logger.warning("analysis of the SDs on %s skipped: the apiserver does not answer (%s: %s)",
+                       source.label, type(error).__name__, error)
+    elif error is not None:
+        logger.error("analysis of the SDs on %s failed", source.label, exc_info=error)
+
+
+async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], default_url: str | None,
+                       default_headers_dir: Path | None = None) -> int:
+    """One cycle, awaited: sample every due SD and reconcile it with its sample; returns how many were sampled."""
+    return await start_cycle(reconciler, namespaces, default_url, default_headers_dir)
 
 
 async def analyse_forever(reconciler: Reconciler, namespaces: list[str], default_url: str | None,
                           tick: float, default_headers_dir: Path | None = None) -> None:
-    """Run `analyse_once` every `tick` seconds until cancelled."""
-    while True:
-        try:
-            await analyse_once(reconciler, namespaces, default_url, default_headers_dir)
-        except kube.API_UNREACHABLE as error:
-            logger.warning("analysis cycle skipped: the apiserver does not answer (%s: %s)",
-                           type(error).__name__, error)
-        except Exception:
-            logger.exception("analysis cycle failed")
-        await asyncio.sleep(tick)
+    """Start a cycle every `tick` seconds until cancelled; a source still busy with an earlier cycle sits the new
+    one out, the others go on."""
+    in_flight = InFlight()
+    try:
+        while True:
+            try:
+                start_cycle(reconciler, namespaces, default_url, default_headers_dir, in_flight)
+            except Exception:
+                logger.exception("analysis cycle failed")
+            await asyncio.sleep(tick)
+    finally:
+        in_flight.cancel()

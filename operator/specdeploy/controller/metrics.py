@@ -30,6 +30,8 @@ from specdeploy.api.status import ProbeCellStatus
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 QUERY_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 """Prometheus clients' default latency buckets: a query takes milliseconds, a timeout 10 s."""
+SOURCE_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
+"""One source's queries go out at once: about one query's time, up to its share of the cycle (20 s)."""
 RESYNC_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """A resync of a few SDs takes a fraction of a second; of a thousand, about a minute (docs/performance.md)."""
 SPEEDUP_BOUNDS = ("estimate", "low", "high")
@@ -37,7 +39,8 @@ SPEEDUP_BOUNDS = ("estimate", "low", "high")
 
 class OperatorMetrics:
     """The metrics the operator serves on its own /metrics: rollbacks, activity, acceptance, speedup,
-    verdicts, query and cycle time, reconcile passes, the periodic resync, and the last probe's cells."""
+    verdicts, query and cycle time, each Prometheus' time, failures and bytes, reconcile passes, the periodic
+    resync, and the last probe's cells."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -63,6 +66,17 @@ class OperatorMetrics:
         self.cycle_seconds = Histogram(
             "specdeploy_analysis_cycle_seconds", "Time one analysis cycle (all queries, verdicts) took.",
             buckets=QUERY_SECONDS_BUCKETS, registry=self.registry)
+        self.source_seconds = Histogram(
+            "specdeploy_prometheus_source_seconds",
+            "Time all of one Prometheus' queries took in one analysis cycle, by source (URL without credentials, and "
+            "where its headers come from).", ("source",), buckets=SOURCE_SECONDS_BUCKETS, registry=self.registry)
+        self.source_failures = Counter(
+            "specdeploy_prometheus_source_failures",
+            "Analysis queries that got no usable answer, by source and kind (Unavailable, Refused, BadQuery, "
+            "BadResponse).", ("source", "kind"), registry=self.registry)
+        self.source_bytes = Counter(
+            "specdeploy_prometheus_source_bytes", "Bytes of answers read from each source.", ("source",),
+            registry=self.registry)
         self.resync_seconds = Histogram(
             "specdeploy_resync_seconds", "Time one periodic resync of every SpeculativeDeployment in scope took.",
             buckets=RESYNC_SECONDS_BUCKETS, registry=self.registry)
@@ -132,6 +146,13 @@ class OperatorMetrics:
     def queries(self, seconds: Sequence[float]) -> None:
         for value in seconds:
             self.query_seconds.observe(value)
+
+    def source(self, source: str, seconds: float, answer_bytes: int, failures: Sequence[str]) -> None:
+        """One source's part of a cycle: how long its queries took, the bytes read, and the kinds of its failures."""
+        self.source_seconds.labels(source=source).observe(seconds)
+        self.source_bytes.labels(source=source).inc(answer_bytes)
+        for kind in failures:
+            self.source_failures.labels(source=source, kind=kind).inc()
 
     def cycle(self, seconds: float) -> None:
         self.cycle_seconds.observe(seconds)

@@ -158,7 +158,7 @@ def next_analysis_state(previous: AnalysisStatus | None, sample: DeploymentSampl
         baseline_output_tokens_per_second_per_gpu=per_gpu(control) if control else None,
         verdict=kind(result),
         verdict_reason=verdict_reason(result),
-        message=message(result),
+        message=message(result) + sample.dropped_note,
         consecutive_failures=failures,
         consecutive_inconclusive=inconclusive,
         previous_baseline=before.previous_baseline,

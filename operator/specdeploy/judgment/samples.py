@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from specdeploy.api.spec import EngineKind
 
@@ -79,6 +79,8 @@ class Signal(StrEnum):
 
 Points = tuple[tuple[float, float], ...]
 """(Unix time, value) pairs in time order."""
+
+_K = TypeVar("_K")
 
 PerPosition = Mapping[int, float]
 """A count per draft position, the first drafted token being position 1."""
@@ -249,10 +251,12 @@ class QueryError:
 
 @dataclass(frozen=True)
 class GroupSamples:
-    """The answers to one QueryGroup's queries."""
+    """The answers to one QueryGroup's queries; `dropped`: per (namespace, SD), the instants of its slice series
+    left out because a scrape read NaN or ±Inf there (`finite_instants`)."""
 
     values: Mapping[SeriesKey, SignalValues] = field(default_factory=dict)
     errors: Mapping[Signal, QueryError] = field(default_factory=dict)
+    dropped: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -263,6 +267,17 @@ class DeploymentSample:
     speculative: SignalValues = field(default_factory=SignalValues)
     control: SignalValues = field(default_factory=SignalValues)
     errors: Mapping[Signal, QueryError] = field(default_factory=dict)
+    dropped_instants: int = 0
+
+    @property
+    def dropped_note(self) -> str:
+        """"; 1 instant of the window left out of its slices: a scrape read NaN or ±Inf" when any was: the
+        evidence counts what it did not use."""
+        if not self.dropped_instants:
+            return ""
+        many = "s" if self.dropped_instants > 1 else ""
+        return (f"; {self.dropped_instants} instant{many} of the window left out of its slices: a scrape read NaN or "
+                "±Inf")
 
     @property
     def requests_per_second(self) -> float | None:
@@ -299,7 +314,26 @@ class Samples:
         group = self.groups.get(QueryGroup(engine, window_seconds), GroupSamples())
         speculative = group.values.get(SeriesKey(namespace, name, Variant.SPECULATIVE.value), SignalValues())
         control = group.values.get(SeriesKey(namespace, name, Variant.CONTROL.value), SignalValues())
-        return DeploymentSample(window_seconds, speculative, control, group.errors)
+        return DeploymentSample(window_seconds, speculative, control, group.errors,
+                                group.dropped.get((namespace, name), 0))
+
+
+def finite_instants(per_pod: Mapping[_K, Sequence[Points]]) -> tuple[dict[_K, list[Points]], int]:
+    """One SD's per-pod cumulative series (both variants, every slice signal) without the instants at which any
+    of them is NaN or ±Inf, and how many instants that left out; keyed as the caller likes (variant, signal).
+
+    One such point (a scrape that exported NaN) otherwise made every later total of the merged series NaN
+    (judgment/comparison.py merge_counters accumulates growth), so the window had no slice after it. Leaving the
+    instant out of every series of the SD alike, the slice ending there joins the next one in both variants: the
+    paired slices still cover the same time, and a counter's growth across the instant is kept (the next point is
+    cumulative). A bad last instant only drops the last slice.
+    """
+    bad = {at for pods in per_pod.values() for points in pods for at, value in points if not math.isfinite(value)}
+    if not bad:
+        return {key: list(pods) for key, pods in per_pod.items()}, 0
+    kept = {key: [tuple((at, value) for at, value in points if at not in bad) for points in pods]
+            for key, pods in per_pod.items()}
+    return kept, len(bad)
 
 
 def chain_acceptance(sample: DeploymentSample, k: int) -> DeploymentSample:
