@@ -283,15 +283,14 @@ def test_without_pod_monitor_rights_an_sd_runs_and_says_so_and_with_them_its_mon
         tmp_path: Path) -> None:
     """rbac.podMonitors=false on a cluster with the PodMonitor CRD: the operator (asking the apiserver what it may
     do) renders none, the SD runs to Ready, and its status says once what must scrape it. With the rights back,
-    the SD's PodMonitor carries the configured labels (passed here with extraArgs: the chart's
-    engineMonitoring.sdPodMonitors values reach the same flags once the operator Deployment renders them)."""
+    the SD's PodMonitor carries the labels of the chart's engineMonitoring.sdPodMonitors.labels."""
     values = tmp_path / "values.yaml"
 
     def install(command: str, pod_monitors: bool) -> ChartOperator:
         values.write_text(yaml.safe_dump({
             "watchNamespaces": [watched], "resyncSeconds": 3, "logFormat": "plain",
             "rbac": {"podMonitors": pod_monitors},
-            "extraArgs": ["--pod-monitor-label=release=kube-prometheus-stack", "--pod-monitor-label=team=ml"]}))
+            "engineMonitoring": {"sdPodMonitors": {"labels": {"release": "kube-prometheus-stack", "team": "ml"}}}}))
         _helm(dev_cluster, command, release, str(CHART), "-n", namespace, "-f", str(values))
         manifest = _manifest(dev_cluster, release, namespace)
         [account] = [d["metadata"]["name"] for d in manifest if d["kind"] == "ServiceAccount"]
