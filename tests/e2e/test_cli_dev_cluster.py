@@ -39,8 +39,11 @@ class Terminal:
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self._pid, self._fd = pty.fork()
-        if self._pid == 0:   # the child
-            os.execve(argv[0], argv, {**env, "COLUMNS": "200", "LINES": "200", "TERM": "xterm"})
+        if self._pid == 0:   # the child: the command, or an exit that never runs pytest's code twice
+            try:
+                os.execve(argv[0], argv, {**env, "COLUMNS": "200", "LINES": "200", "TERM": "xterm"})
+            finally:
+                os._exit(127)
         self._raw = bytearray()
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
