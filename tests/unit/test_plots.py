@@ -87,3 +87,12 @@ def test_the_probe_picture_has_a_line_per_workload_and_the_floor(tmp_path: Path,
 def test_a_probe_that_measured_nothing_has_no_picture(tmp_path: Path) -> None:
     with pytest.raises(CannotPlot, match="measured no acceptance"):
         write_probe_figure("x", [ProbeCell("code", 0.0, 0, 4, None, None)], None, tmp_path / "probe.svg")
+
+
+def test_the_schedules_curve_is_the_schedule_tables_own_prediction_at_each_ranges_ends() -> None:
+    _, plan = _plan("trtllm-llama-8b-eagle3", maxNumSeqs=256)
+    curves = speedup_curves(plan)
+    assert plan.schedule is not None and curves.speedup_by_schedule is not None and len(plan.schedule.ranges) > 1
+    for entry in plan.schedule.ranges:
+        assert curves.speedup_by_schedule[entry.min_batch - 1] == pytest.approx(entry.speedup_at_min_batch, rel=1e-6)
+        assert curves.speedup_by_schedule[entry.max_batch - 1] == pytest.approx(entry.speedup_at_max_batch, rel=1e-6)
