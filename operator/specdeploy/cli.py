@@ -1,4 +1,6 @@
-"""The `specdeploy` command: plan, render, crd, dev-cluster (and later run, demo).
+"""The `specdeploy` command: plan, render, crd and reference offline; run (the operator); get, probe and retry
+against a cluster, found as kubectl finds it (-n, --kubeconfig, --context); demo, dev-cluster, load and sim on
+this machine.
 
 Exit codes of `plan` and `render`: 0 the spec fits, 1 it is rejected, 2 the input is bad (YAML error,
 unknown field, unknown model, a model or revision the Hub does not have, a gated model without a token,
