@@ -176,8 +176,10 @@ def pod_at_host_address(dev_cluster: DevCluster, crds: None, namespace: str) -> 
         dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod, "labels": {"specdeploy.io/name": "chat", "specdeploy.io/variant": "speculative"}},
-            "spec": {"nodeName": node, "containers": [{"name": "engine", "image": "vllm/vllm-openai", "args": ARGV,
-                                                       "ports": [{"containerPort": port}]}]}}))
+            # it tolerates every taint: the Node, with no kubelet behind it, turns NotReady (NoExecute) within a minute
+            "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "engine", "image": "vllm/vllm-openai", "args": ARGV,
+                                     "ports": [{"containerPort": port}]}]}}))
         dev_cluster.kubectl("patch", "pod", pod, "-n", namespace, "--subresource=status", "--type=merge", "-p",
                             json.dumps({"status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}],
                                                    "conditions": [{"type": "Ready", "status": "True"}]}}))
