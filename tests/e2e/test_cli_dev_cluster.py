@@ -105,7 +105,9 @@ def test_get_watch_redraws_through_a_rollback_and_retry_brings_speculation_back(
     watch = Terminal(_cli("get", SCENARIO_NAME, "-n", namespace, "-w"), _env(dev_cluster))
     try:
         healthy = watch.wait_for("verdict Healthy", 120)
-        assert "speculation on (decided)" in watch.text and "speculative" in watch.text
+        assert "speculation on (decided)" in watch.text
+        assert re.search(r"speculative\s+\S+\s+Running\s+yes\s+\d+\s+4\s", watch.text)   # ngram k = 4, from its argv
+        assert re.search(r"control\s+\S+\s+Running\s+yes\s+\d+\s+off\s", watch.text)
         early = subprocess.run(_cli("retry", SCENARIO_NAME, "-n", namespace), env=_env(dev_cluster),
                                capture_output=True, text=True, timeout=60)
         assert early.returncode == 1 and "nothing to retry" in early.stderr   # and no annotation written
@@ -119,6 +121,8 @@ def test_get_watch_redraws_through_a_rollback_and_retry_brings_speculation_back(
         redrawn = watch.text[healthy:]
         assert "Failing AcceptanceBelowMinimum" in redrawn and "speculation off (decided)" in redrawn
         watch.wait_for("SpeculationRolledBack", 30, after=rolled)   # the Event (posted after the status write)
+        wait_for(lambda: re.search(r"speculative\s+\S+\s+Running\s+yes\s+\d+\s+off\s", watch.text[rolled:]), 60,
+                 "a speculative pod drawn running without speculation")
 
         sim_admin(dev_cluster, serving, "speculative", {"acceptance": 0.8})
         retry = subprocess.run(_cli("retry", SCENARIO_NAME, "-n", namespace), env=_env(dev_cluster),
