@@ -1,4 +1,4 @@
-"""`specdeploy probe --sd` on the dev cluster: an EAGLE-3 SD whose engine answers with vLLM's per-request
+"""`specdeploy probe NAME -n NS --url URL` on the dev cluster: an EAGLE-3 SD whose engine answers with vLLM's per-request
 speculative metrics (`engine.extraArgs`), two workloads the simulator accepts differently (its
 `workloadAcceptance` knob), three temperatures; the result in the SD's status.probe, kept by the operator's
 own status writes after it, in `kubectl describe sd`, and on the operator's /metrics."""
@@ -53,11 +53,12 @@ def test_the_probe_fills_status_probe_and_the_operator_keeps_it(
     (tmp_path / "workloads.yaml").write_text(WORKLOADS)
 
     probe = subprocess.run(
-        [sys.executable, "-m", "specdeploy.cli", "probe", "--sd", sd, "--url", url, "--workloads",
+        [sys.executable, "-m", "specdeploy.cli", "probe", NAME, "-n", namespace, "--url", url, "--workloads",
          str(tmp_path / "workloads.yaml"), "--requests-per-cell", "6", "--rate", "20", "-o", "json"],
         env={**os.environ, "KUBECONFIG": str(dev_cluster.kubeconfig), "HF_HUB_OFFLINE": "1"},
         capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0, probe.stderr
+    assert "deprecated" not in probe.stderr
     printed = json.loads(probe.stdout)
 
     written = _status(dev_cluster, namespace)["probe"]

@@ -163,3 +163,90 @@ def test_speculation_enabled_without_a_method_is_refused_with_the_fix(tmp_path: 
     assert result.exit_code == 2
     assert "`spec.speculation.method` is required while `spec.speculation.enabled` is true" in result.output
     assert "or set enabled to false" in result.output
+
+
+# --- kubectl's habits: the flags every cluster command takes, and how they pick a context -----------------------
+
+KUBECONFIG = """
+apiVersion: v1
+kind: Config
+current-context: dev
+clusters:
+- {name: dev, cluster: {server: "https://127.0.0.1:1"}}
+- {name: prod, cluster: {server: "https://10.0.0.1:6443"}}
+users:
+- {name: me, user: {token: not-a-secret}}
+contexts:
+- {name: dev, context: {cluster: dev, user: me, namespace: team-a}}
+- {name: prod, context: {cluster: prod, user: me}}
+"""
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and "0.1.0" in result.output
+
+
+@pytest.mark.parametrize("command", ["get", "probe", "retry"])
+def test_every_cluster_command_takes_kubectls_flags(command: str) -> None:
+    options = {name for param in main.commands[command].params for name in getattr(param, "opts", [])}
+    assert {"-n", "--namespace", "--kubeconfig", "--context"} <= options
+
+
+@pytest.mark.parametrize(("flags", "server", "namespace"), [
+    ([], "https://127.0.0.1:1", "team-a"),                       # the current context and its namespace
+    (["-n", "other"], "https://127.0.0.1:1", "other"),
+    (["--context", "prod"], "https://10.0.0.1:6443", "default"),  # a context without a namespace
+])
+def test_the_context_and_namespace_are_kubectls(tmp_path: Path, flags: list[str], server: str,
+                                                 namespace: str) -> None:
+    from specdeploy.clients.cluster_access import cluster_access
+
+    (tmp_path / "config").write_text(KUBECONFIG)
+    context = flags[1] if flags[:1] == ["--context"] else None
+    chosen = flags[1] if flags[:1] == ["-n"] else None
+    access = cluster_access(str(tmp_path / "config"), context, chosen)
+    assert access.config.cluster.server == server and access.namespace == namespace
+    assert access.pod_proxy_url("chat-spec-0", 8000) == f"{server}/api/v1/namespaces/{namespace}/pods/chat-spec-0:8000/proxy"
+
+
+def test_an_unknown_context_is_a_sentence(tmp_path: Path) -> None:
+    (tmp_path / "config").write_text(KUBECONFIG)
+    result = CliRunner().invoke(main, ["get", "chat", "--kubeconfig", str(tmp_path / "config"), "--context", "nope"])
+    assert result.exit_code == 2 and "nope" in result.output and "Traceback" not in result.output
+
+
+def test_probe_of_a_file_needs_the_url(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["probe", str(EXAMPLES[0].parent / "llama-8b-ngram.yaml"), "--offline"])
+    assert result.exit_code == 2 and "give --url" in result.output
+
+
+def test_probe_sd_is_deprecated_and_still_parsed() -> None:
+    result = CliRunner().invoke(main, ["probe", "--sd", "no-slash"])
+    assert result.exit_code == 2
+    assert "--sd NAMESPACE/NAME is deprecated: give NAME -n NAMESPACE" in result.output
+    assert "expected NAMESPACE/NAME" in result.output
+
+
+def test_plan_plot_names_the_formats_it_writes(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["plan", "--offline", "--plot", str(tmp_path / "speedup.jpg"),
+                                       str(EXAMPLES[0].parent / "llama-8b-ngram.yaml")])
+    assert result.exit_code == 2 and "name a .png or .svg file" in result.output
+
+
+def test_plan_plot_writes_the_picture(tmp_path: Path) -> None:
+    picture = tmp_path / "speedup.svg"
+    result = CliRunner().invoke(main, ["plan", "--offline", "--plot", str(picture),
+                                       str(EXAMPLES[0].parent / "llama-8b-ngram.yaml")])
+    assert result.exit_code == 0, result.output
+    assert picture.read_text().lstrip().startswith("<?xml") and "<svg" in picture.read_text()
+
+
+def test_a_picture_without_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib raises ImportError
+    result = CliRunner().invoke(main, ["plan", "--offline", "--plot", str(tmp_path / "speedup.png"),
+                                       str(EXAMPLES[0].parent / "llama-8b-ngram.yaml")])
+    assert result.exit_code == 2 and "pip install 'specdeploy[plot]'" in result.output
+    assert not (tmp_path / "speedup.png").exists()

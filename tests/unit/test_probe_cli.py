@@ -58,12 +58,13 @@ def simulator_thread(argv: list[str]) -> Iterator[str]:
 
 
 def _probe(tmp_path: Path, url: str, *extra: str) -> tuple[int, str]:
+    """The exit code and what was printed: stdout alone for `-o json`, else stdout and stderr (the progress)."""
     (tmp_path / "sd.yaml").write_text(SD)
     (tmp_path / "workloads.yaml").write_text(WORKLOADS)
     result = CliRunner().invoke(main, ["probe", str(tmp_path / "sd.yaml"), "--url", url, "--offline",
                                        "--workloads", str(tmp_path / "workloads.yaml"), "--requests-per-cell", "4",
                                        "--rate", "100", *extra], env={"COLUMNS": "240"})
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout if "json" in extra else result.output
 
 
 def test_the_probe_prints_each_cell_and_names_the_workload_that_would_not_pay(tmp_path: Path) -> None:
@@ -74,6 +75,7 @@ def test_the_probe_prints_each_cell_and_names_the_workload_that_would_not_pay(tm
     assert "counts from each answer's metrics.speculative_decoding" in text
     assert "break-even: Auto: break-even 0.09 at batch 1 for eagle3 k=3" in text
     assert text.count("not paying: support at temperature") == 3 and "not paying: code" not in text
+    assert "probe round 4/4: code@0 0.8" in text   # progress per round of requests, each cell's acceptance so far
     assert json_code == 0
     cells = {(c["workload"], c["temperature"]): c for c in json.loads(document)["cells"]}
     assert len(cells) == 6 and all(c["requests"] == 4 for c in cells.values())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,16 +50,20 @@ async def served_model(http: httpx.AsyncClient, base_url: str) -> str:
 
 async def run_probe(http: httpx.AsyncClient, base_url: str, workloads: dict[str, list[str]],
                     temperatures: Sequence[float], budget: ProbeBudget, deadline_seconds: float,
-                    counters: MetricNames | None = None) -> tuple[str, list[ProbeOutcome]]:
-    """The served model and the outcome of every request of the probe (`specdeploy probe` and the operator's)."""
+                    counters: MetricNames | None = None,
+                    on_outcome: Callable[[ProbeOutcome], None] | None = None) -> tuple[str, list[ProbeOutcome]]:
+    """The served model and the outcome of every request of the probe (`specdeploy probe` and the operator's);
+    `on_outcome` sees each as it comes (the CLI's progress)."""
     model = await served_model(http, base_url)
     requests = probe_requests(workloads, temperatures, budget)
-    return model, await send_probe(http, base_url, model, requests, budget, deadline_seconds, counters=counters)
+    return model, await send_probe(http, base_url, model, requests, budget, deadline_seconds, counters=counters,
+                                   on_outcome=on_outcome)
 
 
 async def send_probe(http: httpx.AsyncClient, base_url: str, model: str, requests: Sequence[ProbeRequest],
                      budget: ProbeBudget, deadline_seconds: float,
-                     counters: MetricNames | None = None) -> list[ProbeOutcome]:
+                     counters: MetricNames | None = None,
+                     on_outcome: Callable[[ProbeOutcome], None] | None = None) -> list[ProbeOutcome]:
     """The outcome of each request sent, in order; requests left when the deadline comes are not sent.
     `counters`: the engine's metric names, to fall back on counter deltas (see the module docstring)."""
     outcomes: list[ProbeOutcome] = []
@@ -88,6 +92,8 @@ async def send_probe(http: httpx.AsyncClient, base_url: str, model: str, request
             elif delta is not None:
                 outcome = ProbeOutcome(request, error="the engine's spec-decode counters went back (did it restart?)")
         outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
     return outcomes
 
 
