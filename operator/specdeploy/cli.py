@@ -349,7 +349,7 @@ async def _probe_engine(access: ClusterAccess | None, resource: SpeculativeDeplo
 async def _proxied_pod_url(access: ClusterAccess, resource: SpeculativeDeployment) -> str:
     """The pod-proxy URL of the Ready speculative pod the operator's own probe would pick."""
     from specdeploy.clients import kube
-    from specdeploy.controller.probe_loop import _ready_pod as ready_speculative_pod
+    from specdeploy.controller.probe_loop import ready_speculative_pod
 
     name = resource.metadata.name
     client = access.client()

@@ -15,7 +15,7 @@ from analysis_samples import T0
 from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, load_resource
 from specdeploy.api.spec import Probe
 from specdeploy.api.status import ConditionStatus, ProbeStatus, SpeculationStatus, SpeculativeDeploymentStatus
-from specdeploy.controller.probe_loop import _ready_pod
+from specdeploy.controller.probe_loop import ready_speculative_pod
 from specdeploy.judgment import evidence
 from specdeploy.judgment.probe import (
     RETRY_AFTER_FAILURE_SECONDS,
@@ -101,8 +101,8 @@ def _pod(name: str, ready: bool = True, ip: str | None = "127.80.0.5", variant: 
 
 
 def test_the_pod_probed_is_a_ready_speculative_one_with_an_address() -> None:
-    assert _ready_pod([_pod("b"), _pod("a")])["metadata"]["name"] == "a"  # type: ignore[index]
-    assert _ready_pod([_pod("a", ready=False), _pod("b", ip=None), _pod("c", variant="control"),
+    assert ready_speculative_pod([_pod("b"), _pod("a")])["metadata"]["name"] == "a"  # type: ignore[index]
+    assert ready_speculative_pod([_pod("a", ready=False), _pod("b", ip=None), _pod("c", variant="control"),
                        _pod("d", deleting=True)]) is None
 
 

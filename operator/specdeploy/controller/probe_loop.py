@@ -56,7 +56,7 @@ def _wants_probe(body: Mapping[str, Any]) -> bool:
     return bool(((body.get("spec") or {}).get("analysis") or {}).get("probe"))
 
 
-def _ready_pod(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+def ready_speculative_pod(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """A Ready speculative pod with an address (the first by name, so a retry picks the same one)."""
     ready = [pod for pod in pods
              if ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_VARIANT) == Variant.SPECULATIVE.value
@@ -144,7 +144,7 @@ class Prober:
         def failed(reason: str, message: str) -> ProbeStatus:
             return probe_failed(last, reason, message, started, generation)
 
-        pod = _ready_pod(await kube.engine_pods(client, namespace, name))
+        pod = ready_speculative_pod(await kube.engine_pods(client, namespace, name))
         if pod is None:
             return failed(Reason.POD_NOT_READY, "no speculative pod is Ready with a pod IP")
         workloads = {NEUTRAL_WORKLOAD: list(NEUTRAL_PROMPTS)}
