@@ -4,8 +4,8 @@
     python scripts/figures.py [--out docs/figures]
 
 - plan-llama-70b-fp8-tp2.png: `specdeploy plan --plot` of examples/llama-70b-fp8-tp2.yaml as it is.
-- plan-qwen3-4b-draft-auto.png: examples/qwen3-4b-draft.yaml with `schedule: {mode: Auto}` and maxNumSeqs 256,
-  so the picture shows a break-even and the schedule's k by batch.
+- plan-llama-70b-fp8-tp2-auto.png: the same with `schedule: {mode: Auto}` and maxNumSeqs 256, so the picture
+  shows a break-even and the schedule's k by batch.
 
 Every figure is drawn by the code `--plot` runs (specdeploy/views/plots.py), so docs show what users get. The
 cost model against measured H100 step times waits for tests/data/h100-step-times.json in the repository.
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: (figure name, example, changes to its spec)
 PLAN_FIGURES: list[tuple[str, str, dict[str, Any]]] = [
     ("plan-llama-70b-fp8-tp2.png", "llama-70b-fp8-tp2.yaml", {}),
-    ("plan-qwen3-4b-draft-auto.png", "qwen3-4b-draft.yaml",
+    ("plan-llama-70b-fp8-tp2-auto.png", "llama-70b-fp8-tp2.yaml",
      {"serving": {"maxNumSeqs": 256}, "speculation": {"schedule": {"mode": "Auto"}}}),
 ]
 

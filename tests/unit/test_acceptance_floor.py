@@ -46,6 +46,8 @@ DRAFT_70B = make_spec(LLAMA_70B, "draft_model", LLAMA_8B, 4, tp=4, max_num_seqs=
 DRAFT_70B_FP8 = make_spec(LLAMA_70B, "draft_model", LLAMA_8B, 4, tp=2, quantization="fp8",
                           draft_quantization="fp8", max_num_seqs=512)   # examples/llama-70b-fp8-tp2.yaml
 NGRAM = make_spec(LLAMA_8B, "ngram", None, 3, max_num_seqs=512)
+# A 3B draft for an 8B target: each drafted token costs about half a target step.
+DRAFT_3B = make_spec(LLAMA_8B, "draft_model", "meta-llama/Llama-3.2-3B-Instruct", 4, max_num_seqs=512)
 SPECS = {"eagle3": EAGLE3, "draft-70b": DRAFT_70B, "draft-70b-fp8": DRAFT_70B_FP8, "ngram": NGRAM}
 batches = st.integers(min_value=1, max_value=512)
 
@@ -80,10 +82,10 @@ def be(spec: SpeculativeDeploymentSpec, batch: int) -> float:
     return auto(spec, batch).break_even
 
 
-def verify_is_compute_bound(cost: SpeculationCost, batch: int, k: int) -> bool:
-    """The verify step costs more than a baseline step (past the roofline's ridge)."""
+def verify_share(cost: SpeculationCost, batch: int, k: int) -> float:
+    """What the verify step costs beyond a baseline step, as a share of it."""
     verify = cost.speculative_step_seconds(batch, k) - k * cost.draft_pass_seconds(batch)
-    return verify > cost.baseline_step_seconds(batch) * (1 + 1e-12)
+    return verify / cost.baseline_step_seconds(batch) - 1
 
 
 # --- the floor is where the model says so ----------------------------------------------------------------
@@ -121,28 +123,32 @@ def test_eagle3_on_llama_8b_breaks_even_far_below_a_healthy_047() -> None:
     floor = auto(EAGLE3)
     assert floor.batch_size == DEFAULT_BATCH_SIZE == 1
     assert 0.05 <= floor.break_even <= 0.2
-    assert floor.break_even == pytest.approx(0.0914, abs=0.002)
-    assert floor.rate == pytest.approx(0.1126, abs=0.002)
+    assert floor.break_even == pytest.approx(0.0888, abs=0.002)
+    assert floor.rate == pytest.approx(0.1099, abs=0.002)
     # The healthy head of the brief: 0.47 at k=3 is 2.41 tokens per step and well above the floor.
     alpha = alpha_from_acceptance_rate(0.47, 3)
     assert expected_tokens_per_step(alpha, 3) == pytest.approx(2.41)
-    assert cost_of(EAGLE3).speedup(1, alpha, 3) == pytest.approx(1.89, abs=0.01)
+    assert cost_of(EAGLE3).speedup(1, alpha, 3) == pytest.approx(1.90, abs=0.01)
     assert 3 * floor.rate < 0.47
 
 
-def test_while_verify_is_memory_bound_the_break_even_is_the_draft_cost_ratio() -> None:
-    # speedup = (1 + k·rate) ÷ (k·c + 1) when verifying costs one step: it breaks even at rate = c.
+def test_while_verifying_costs_about_one_step_the_break_even_is_about_the_draft_cost_ratio() -> None:
+    # speedup = (1 + k·rate) ÷ (k·c + 1 + v) with v the verify step's share beyond a baseline step: it breaks even
+    # at rate = c + v ÷ k. At small batches v is a few percent (measured on an H100: 5 tokens per sequence cost
+    # 1.05 steps at batch 1 and 1.07 at 16 on Llama-3.1-8B, 1.06 at 16 on a 70B TP-4 rank), so the break-even sits
+    # just above c.
     for spec in SPECS.values():
         cost, k = cost_of(spec), spec.speculation.num_speculative_tokens
         for batch in (1, 4, 16):
-            assert not verify_is_compute_bound(cost, batch, k)
-            assert be(spec, batch) == pytest.approx(cost.draft_cost_ratio(batch), abs=1e-12)
+            extra = verify_share(cost, batch, k)
+            assert 0.0 < extra < 0.06
+            assert be(spec, batch) == pytest.approx(cost.draft_cost_ratio(batch) + extra / k, abs=1e-12)
             assert auto(spec, batch).draft_cost_ratio == pytest.approx(cost.draft_cost_ratio(batch))
 
 
 def test_a_70b_draft_model_breaks_even_higher_than_an_eagle3_head() -> None:
-    assert be(DRAFT_70B, 1) == pytest.approx(0.1636, abs=0.002)
-    assert be(DRAFT_70B_FP8, 1) == pytest.approx(0.1641, abs=0.002)
+    assert be(DRAFT_70B, 1) == pytest.approx(0.1900, abs=0.002)
+    assert be(DRAFT_70B_FP8, 1) == pytest.approx(0.1906, abs=0.002)
     for batch in (1, 8, 32, 64, 128, 256):
         assert be(DRAFT_70B, batch) > be(EAGLE3, batch)
         assert be(DRAFT_70B_FP8, batch) > be(EAGLE3, batch)
@@ -150,8 +156,10 @@ def test_a_70b_draft_model_breaks_even_higher_than_an_eagle3_head() -> None:
 
 def test_ngram_drafts_for_free() -> None:
     floor = auto(NGRAM)
-    assert floor.break_even == 0.0 and floor.draft_cost_ratio == 0.0
-    assert floor.rate == pytest.approx(AUTO_MARGIN / 3)   # (1.05 × B ÷ B − 1) ÷ k
+    assert floor.draft_cost_ratio == 0.0
+    # Only the verify pass's few percent above a step remain: (1.05 × V ÷ B − 1) ÷ k with V ≈ B.
+    assert floor.break_even is not None and 0.0 < floor.break_even < 0.002
+    assert floor.rate == pytest.approx(AUTO_MARGIN / 3, abs=0.002)
     assert "drafting takes no GPU time" in floor.describe()
 
 
@@ -159,8 +167,8 @@ def test_ngram_drafts_for_free() -> None:
 
 def test_the_break_even_rises_with_the_batch_past_the_compute_ridge() -> None:
     assert be(EAGLE3, 32) < be(EAGLE3, 128) < be(EAGLE3, 256)
-    assert be(EAGLE3, 256) > 2.5 * be(EAGLE3, 1)
-    assert be(DRAFT_70B_FP8, 384) > 0.9 > be(DRAFT_70B_FP8, 32)
+    assert be(EAGLE3, 256) > 3.5 * be(EAGLE3, 1)
+    assert be(DRAFT_70B_FP8, 384) > 0.65 > 0.3 > be(DRAFT_70B_FP8, 32)
 
 
 @pytest.mark.parametrize("name", ["draft-70b", "draft-70b-fp8"])
@@ -174,19 +182,13 @@ def test_a_draft_models_floor_never_falls_as_the_batch_grows(name: str, first: i
 
 @pytest.mark.parametrize("name", SPECS)
 @given(first=batches, second=batches)
-def test_past_the_ridge_the_floor_never_falls_as_the_batch_grows(name: str, first: int, second: int) -> None:
-    # Below the ridge an EAGLE head's fixed per-pass overhead shrinks against a slower baseline step, so
-    # its break-even (= c) dips a little with the batch (0.091 at 1, 0.069 at 78); past it, verify costs grow.
+def test_the_floor_never_falls_as_the_batch_grows(name: str, first: int, second: int) -> None:
+    # An EAGLE head's fixed per-pass overhead shrinks against a baseline step that grows with the KV reads, but
+    # the verify pass's share grows faster from the first sequences on (the smooth transition), so no floor dips.
     spec = SPECS[name]
     low, high = sorted((first, second))
-    if verify_is_compute_bound(cost_of(spec), low, spec.speculation.num_speculative_tokens):
-        assert be(spec, low) <= be(spec, high) + 1e-12
-        assert auto(spec, low).rate <= auto(spec, high).rate + 1e-12
-
-
-def test_the_eagle3_dip_below_the_ridge_is_small() -> None:
-    lowest = min(be(EAGLE3, batch) for batch in range(1, 513))
-    assert lowest > 0.7 * be(EAGLE3, 1)
+    assert be(spec, low) <= be(spec, high) + 1e-12
+    assert auto(spec, low).rate <= auto(spec, high).rate + 1e-12
 
 
 @pytest.mark.parametrize(
@@ -202,15 +204,15 @@ def test_the_batch_is_rounded_and_clamped_to_max_num_seqs(batch: float | None, e
 # --- when speculation cannot pay --------------------------------------------------------------------------
 
 def test_speculation_that_never_pays_has_floor_1() -> None:
-    floor = auto(DRAFT_70B_FP8, 512)
+    floor = auto(DRAFT_3B, 256)
     assert not floor.pays
     assert floor.rate == 1.0 and floor.break_even == 1.0
-    assert "never pays at batch 512" in floor.describe()
+    assert "never pays at batch 256" in floor.describe()
     assert floor.describe().endswith("floor 1.00")
 
 
 def test_a_margin_out_of_reach_gives_floor_1_with_the_break_even_below_it() -> None:
-    floor = auto(DRAFT_70B_FP8, 432)
+    floor = auto(DRAFT_3B, 200)
     assert floor.pays and 0.9 < floor.break_even < 1.0
     assert floor.rate == 1.0
     assert "margin is out of reach" in floor.describe()
@@ -261,7 +263,7 @@ def test_an_architecture_makes_an_unknown_model_resolvable() -> None:
                     "numKeyValueHeads": 8, "vocabSize": 128256, "numParameters": 8_030_000_000,
                     "maxPositionEmbeddings": 131072}
     spec = make_spec("acme/secret-model", "ngram", None, 3, architecture=architecture)
-    assert auto(spec).rate == pytest.approx(AUTO_MARGIN / 3)
+    assert auto(spec).rate == pytest.approx(AUTO_MARGIN / 3, abs=0.002)
 
 
 # --- output -----------------------------------------------------------------------------------------------

@@ -90,19 +90,19 @@ def test_plan_prints_the_auto_acceptance_floor() -> None:
     assert result.exit_code == 0, result.output
     text = " ".join(" ".join(line.strip("│ ") for line in result.output.splitlines()).split())
     assert ("acceptance floor — Auto: break-even 0.09 at batch 1 for eagle3 k=3 (draft 9% of a target step on "
-            "H100-80GB), floor 0.11 with the 5% margin; 0.10 at maxNumSeqs 48") in text
+            "H100-80GB), floor 0.11 with the 5% margin; 0.15 at maxNumSeqs 48") in text
 
 
 def test_plan_prints_a_fixed_acceptance_floor_with_the_models_break_even() -> None:
     result = CliRunner().invoke(main, ["plan", str(EXAMPLES[0].parent / "llama-70b-fp8-tp2.yaml")])
     text = " ".join(" ".join(line.strip("│ ") for line in result.output.splitlines()).split())
-    assert "acceptance floor — Fixed: minAcceptanceRate 0.50 (the model's break-even at batch 1: 0.16)" in text
+    assert "acceptance floor — Fixed: minAcceptanceRate 0.50 (the model's break-even at batch 1: 0.19)" in text
 
 
 @pytest.mark.parametrize(
     ("example", "expected"),
-    [("llama-70b-fp8-tp2.yaml", {"rate": 0.5, "breakEven": 0.164, "batchSize": 1, "source": "Fixed"}),
-     ("sglang-llama-8b-eagle3.yaml", {"rate": 0.113, "breakEven": 0.091, "batchSize": 1, "source": "Auto"})],
+    [("llama-70b-fp8-tp2.yaml", {"rate": 0.5, "breakEven": 0.191, "batchSize": 1, "source": "Fixed"}),
+     ("sglang-llama-8b-eagle3.yaml", {"rate": 0.11, "breakEven": 0.089, "batchSize": 1, "source": "Auto"})],
 )
 def test_plan_json_has_the_acceptance_floor(example: str, expected: dict[str, object]) -> None:
     result = CliRunner().invoke(main, ["plan", "-o", "json", str(EXAMPLES[0].parent / example)])

@@ -60,9 +60,13 @@ def test_speculation_pays_at_night_and_costs_at_the_dipped_peak(benchmarks: tupl
         start, stop = (hour * short.hour_seconds for hour in hours)
         return statistics.fmean(r.tpot for r in served if start <= r.arrival < stop)
 
+    # k 2, what Auto derives for this SD at the prior. k 5 (alwaysOn) no longer pays even at night: with the step
+    # costs held to the measured H100 table the 1B draft's pass is about a quarter of a target step, and five of
+    # them cost what 2.4 tokens per step win (docs/speedup-model.md).
     night, peak = (0.0, 2.0), (11.0, 13.0)
-    assert mean_tpot("k5", night) < mean_tpot("off", night)
-    assert mean_tpot("k5", peak) > mean_tpot("off", peak)
+    assert mean_tpot("k2", night) < mean_tpot("off", night)
+    assert mean_tpot("k2", peak) > mean_tpot("off", peak)
+    assert mean_tpot("k5", night) > mean_tpot("k2", night)
 
 
 def test_a_recalibrated_schedule_re_renders_the_speculative_pod(benchmarks: tuple[ModuleType, ModuleType],

@@ -125,7 +125,7 @@ def test_a_compute_bound_fp8_pass_takes_half_the_compute_time() -> None:
     fp8 = replace(bf16, fp8_weights=True)
     h100, a100 = GPU_PRODUCTS["H100-80GB"], GPU_PRODUCTS["A100-80GB"]
     fixed = forward_seconds(bf16, h100, batch=1)   # memory-bound: the same either way
-    assert forward_seconds(fp8, h100, batch=1) == fixed
+    assert forward_seconds(fp8, h100, batch=1) == pytest.approx(fixed, rel=1e-3)
     slow, fast = forward_seconds(bf16, h100, batch=4096), forward_seconds(fp8, h100, batch=4096)
     assert fast - LAYER_OVERHEAD_S == pytest.approx((slow - LAYER_OVERHEAD_S) * 989 / 1979)
     assert forward_seconds(fp8, a100, batch=4096) == forward_seconds(bf16, a100, batch=4096)
@@ -145,13 +145,13 @@ def test_which_weights_are_fp8(model: str, quantization: Quantization, fp8: bool
     assert model_forward_cost(info, quantization=quantization).fp8_weights is fp8
 
 
-def test_the_70b_fp8_example_pays_up_to_max_num_seqs_with_the_fp8_ceiling() -> None:
+def test_the_70b_fp8_example_pays_nearly_twice_as_far_with_the_fp8_ceiling() -> None:
     spec = example_spec()
     target, draft = resolve_target(spec), resolve_draft(spec)
     estimate = estimate_speedup(spec, target, draft, GPU_PRODUCTS["H100-80GB"])
-    assert estimate.breakeven_batch_size is None and estimate.max_batch_size == 64
-    # With bf16's ceiling for the same passes speculation stopped paying at 33 sequences.
+    assert estimate.breakeven_batch_size == 54 and estimate.max_batch_size == 64
+    # With bf16's ceiling for the same passes speculation stops paying at 29 sequences.
     cost = speculation_cost(spec, target, draft, GPU_PRODUCTS["H100-80GB"])
     assert cost.draft is not None
     bf16 = SpeculationCost(replace(cost.target, fp8_weights=False), replace(cost.draft, fp8_weights=False), cost.gpu)
-    assert speculation_breakeven_batch_size(bf16, estimate.alpha, estimate.k, 64) == 33
+    assert speculation_breakeven_batch_size(bf16, estimate.alpha, estimate.k, 64) == 29

@@ -28,7 +28,7 @@ def _plan(example: str, **serving: object) -> tuple[str, Plan]:
 
 
 def test_the_break_even_is_where_the_drawn_curve_of_the_sds_k_crosses_one() -> None:
-    _, plan = _plan("qwen3-4b-draft", maxNumSeqs=256)
+    _, plan = _plan("llama-70b-fp8-tp2", maxNumSeqs=256)
     curves = speedup_curves(plan)
     assert plan.speedup is not None and curves.break_even_batch == plan.speedup.breakeven_batch_size
     assert curves.break_even_batch is not None and curves.batches[:3] == (1, 2, 3)

@@ -384,15 +384,15 @@ def _shifted(alpha_before: float, alpha_now: float, itl: float = 0.014, latest_j
 
 def test_acceptance_that_turned_in_the_latest_slice_fails_at_once_on_the_models_loss_and_the_latest_slice() -> None:
     """The window still says 0.6 and 30% faster; its latest slice says 0.1 and slower than the control. At 0.1 the
-    table's k 2 is predicted at 0.78×, and no k pays (k 1: 0.91×)."""
+    table's k 2 is predicted at 0.75×, and no k pays (k 1: 0.88×)."""
     step = _judged(_speculating(), _shifted(0.6, 0.1))
 
     assert step.rollback is not None and step.rollback.reason.value == "NoSchedulePays", step.verdict
     said = step.verdict.evidence
     assert said.startswith("position 1's acceptance moved from 0.60 ± 0.002 over the rest of the window to 0.10 ± "
                            "0.004 in its last 30 s; at the acceptance measured per draft position (0.10, 0.01, 0.00, "
-                           "0.00, 0.00; 20,000 drafts) the schedule's k 2 is predicted at 0.78× of no speculation and "
-                           "no k pays at 8 running requests per pod: the best, k 1, is predicted at 0.91× of no "
+                           "0.00, 0.00; 20,000 drafts) the schedule's k 2 is predicted at 0.75× of no speculation and "
+                           "no k pays at 8 running requests per pod: the best, k 1, is predicted at 0.88× of no "
                            "speculation; in the window's latest slice per-token latency was +"), said
     assert said.endswith("still mixes slices from before) — a loss no schedule fixes"), said
     # Counts of 20,000 drafts, a loss beyond the model's error, the latest slice agreeing: not the noise failureLimit

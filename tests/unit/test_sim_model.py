@@ -47,7 +47,7 @@ def test_a_uniform_batch_costs_what_the_planner_roofline_says(batch: int, tokens
         cost = model_forward_cost(model, tensor_parallel_size=tp)
         expected = forward_seconds(cost, H100, batch=batch, tokens_per_sequence=tokens, context_tokens=context)
         got = pass_seconds(cost, H100, tokens=batch * tokens, kv_tokens=batch * context,
-                           window_kv_tokens=batch * min(cost.window, context))
+                           window_kv_tokens=batch * min(cost.window, context), tokens_per_sequence=tokens)
         assert got == pytest.approx(expected, rel=1e-12)
 
 

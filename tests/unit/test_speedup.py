@@ -136,11 +136,19 @@ def test_verifying_a_few_tokens_costs_about_one_step_but_many_cost_many() -> Non
     assert forward_seconds(cost, H100, batch=512, tokens_per_sequence=4, context_tokens=128) > 3 * big
 
 
-def test_long_contexts_keep_a_big_batch_memory_bound() -> None:
-    # 512 sequences of 4096 cached tokens read 275 GB of KV per step: verifying 4 tokens each is still cheap.
+def test_a_long_context_makes_verifying_cheaper_but_not_free() -> None:
+    # Each sequence's KV cache is read once for all its new tokens, so the longer the context, the smaller the
+    # share of a verify pass its extra tokens add. But the GEMMs and attention are separate kernels: at 512
+    # sequences the GEMMs of 4 tokens each are compute-bound whatever the context, and add their time to the KV
+    # read (measured: tests/data/h100-step-times.json, Llama-3.1-8B at batch 256 with 5 tokens ≈ GEMMs + KV).
     cost = model_forward_cost(LLAMA_8B)
-    big = forward_seconds(cost, H100, batch=512, context_tokens=4096)
-    assert forward_seconds(cost, H100, batch=512, tokens_per_sequence=4, context_tokens=4096) < 1.01 * big
+
+    def verify_over_decode(context: int) -> float:
+        return (forward_seconds(cost, H100, batch=512, tokens_per_sequence=4, context_tokens=context)
+                / forward_seconds(cost, H100, batch=512, context_tokens=context))
+
+    assert verify_over_decode(4096) < verify_over_decode(1024) < verify_over_decode(128)
+    assert 1.2 < verify_over_decode(4096) < 1.6
 
 
 def test_tensor_parallel_splits_weights_and_adds_all_reduces() -> None:
@@ -162,13 +170,16 @@ def test_moe_reads_only_the_experts_its_tokens_touch() -> None:
 
 # --- calibration against published measurements ----------------------------------------------------------
 
+BLOG_DRAFT_ALPHA = 0.56
+
+
 def test_vllm_blog_draft_model_at_low_load() -> None:
     # vLLM blog 2024-10-17: 1.5x at QPS 1, Llama3-70B on 4xH100, draft turboderp/Qwama-0.5B-Instruct
-    # (ShareGPT). k is not stated; 5 was vLLM's example value then. α 0.5 is what this model needs (fitted
+    # (ShareGPT). k is not stated; 5 was vLLM's example value then. α 0.56 is what this model needs (fitted
     # once; a vocabulary-transplanted draft agrees less than a same-family one). Held to ±5%.
     cost = speculation_cost(make_spec(LLAMA_70B.name, "draft_model", QWAMA_05B.name, 5, tp=4),
                             LLAMA_70B, QWAMA_05B, H100)
-    assert cost.speedup(1, 0.5, 5) == pytest.approx(1.5, rel=0.05)
+    assert cost.speedup(1, BLOG_DRAFT_ALPHA, 5) == pytest.approx(1.5, rel=0.05)
 
 
 def test_vllm_blog_draft_model_at_high_load() -> None:
@@ -176,20 +187,22 @@ def test_vllm_blog_draft_model_at_high_load() -> None:
     # vLLM's default 256 sequences and be at least 1.4x slower by then (the blog gives no batch size).
     cost = speculation_cost(make_spec(LLAMA_70B.name, "draft_model", QWAMA_05B.name, 5, tp=4),
                             LLAMA_70B, QWAMA_05B, H100)
-    breakeven = speculation_breakeven_batch_size(cost, 0.5, 5, 256)
+    breakeven = speculation_breakeven_batch_size(cost, BLOG_DRAFT_ALPHA, 5, 256)
     assert breakeven is not None and 32 <= breakeven <= 128
-    assert cost.speedup(256, 0.5, 5) <= 1 / 1.4
+    assert cost.speedup(256, BLOG_DRAFT_ALPHA, 5) <= 1 / 1.4
 
 
 def test_vllm_blog_ngram_at_low_and_high_load() -> None:
     # Same blog: 2.8x at QPS 1 with n-grams on CNN/DailyMail, 1.8x slower at high QPS. α 0.7 (summaries
-    # copy their article) gives 2.8x within ±6%; at 256 sequences the model predicts a slowdown within 15%
-    # of 1.8x (it is milder: V0's per-sequence n-gram proposer cost is not modelled).
+    # copy their article) gives 2.8x within ±6%. At 256 sequences the GPU time alone is slower, but far less
+    # than the blog's 1.8x (0.85x; a measured TP-4 rank of the 70B verifies 5 tokens per sequence in 3.3x a
+    # decode at batch 256, the model in 2.9x: tests/data/h100-step-times.json): what the blog measured
+    # beyond that is not GPU time — V0's per-sequence n-gram proposer on the CPU, and long
+    # CNN/DailyMail prefills sharing the steps — which this model does not hold.
     cost = speculation_cost(make_spec(LLAMA_70B.name, "ngram", None, 5, tp=4), LLAMA_70B, None, H100)
     assert cost.draft_cost_ratio() == 0.0
     assert cost.speedup(1, 0.7, 5) == pytest.approx(2.8, rel=0.06)
-    assert cost.speedup(256, 0.7, 5) == pytest.approx(1 / 1.8, rel=0.15)
-    assert cost.speedup(256, 0.7, 5) < 1
+    assert 1 / 1.8 < cost.speedup(256, 0.7, 5) < 0.9
 
 
 def test_eagle3_llama_8b_on_one_h100() -> None:

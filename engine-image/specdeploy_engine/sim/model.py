@@ -29,15 +29,7 @@ from specdeploy.planning.catalog import CATALOG, UnknownModel, resolve_draft, re
 from specdeploy.planning.gpus import GpuProduct
 from specdeploy.planning.memory import plan_memory
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
-from specdeploy.planning.roofline import (
-    ALLREDUCE_S,
-    BANDWIDTH_EFFICIENCY,
-    COMPUTE_EFFICIENCY,
-    ENGINE_STEP_OVERHEAD_S,
-    LAYER_OVERHEAD_S,
-    ForwardCost,
-    peak_flops,
-)
+from specdeploy.planning.roofline import ENGINE_STEP_OVERHEAD_S, ForwardCost, pass_seconds
 from specdeploy.planning.speedup import DRAFT_PASS_OVERHEAD_S, speculation_cost
 from specdeploy_engine.sim.argv import EngineConfig
 
@@ -64,22 +56,6 @@ class StepShape:
     draft_passes: int | None = None   # drafting passes (tokens proposed per sequence); None: the model's k
 
 
-def pass_seconds(cost: ForwardCost, gpu: GpuProduct, *, tokens: int, kv_tokens: int = 0,
-                 window_kv_tokens: int = 0) -> float:
-    """One forward pass over `tokens` new tokens that read `kv_tokens` cached tokens: the roofline of
-    planning.roofline.forward_seconds with the batch given as totals (equal to it for a uniform batch)."""
-    if tokens <= 0:
-        return 0.0
-    fraction = cost.expert_fraction_per_token
-    touched = 1.0 - (1.0 - fraction) ** tokens if fraction else 0.0
-    moved = (cost.dense_weight_bytes + cost.expert_weight_bytes * touched
-             + cost.kv_bytes_per_token * kv_tokens + cost.window_kv_bytes_per_token * window_kv_tokens)
-    memory_s = moved / (gpu.hbm_bandwidth_gb_s * 1e9 * BANDWIDTH_EFFICIENCY)
-    compute_s = cost.flops_per_token * tokens / (peak_flops(cost, gpu) * COMPUTE_EFFICIENCY)
-    allreduce_s = 2 * cost.layers * ALLREDUCE_S if cost.tensor_parallel_size > 1 else 0.0
-    return max(memory_s, compute_s) + cost.layers * LAYER_OVERHEAD_S + allreduce_s
-
-
 @dataclass(frozen=True)
 class TimingModel:
     """Seconds per engine step for a target, an optional drafter and k."""
@@ -99,7 +75,7 @@ class TimingModel:
             return 0.0
         seconds = pass_seconds(
             self.target, self.gpu, tokens=tokens, kv_tokens=shape.decode_kv_tokens + shape.prefill_kv_tokens,
-            window_kv_tokens=shape.decode_window_kv_tokens,
+            window_kv_tokens=shape.decode_window_kv_tokens, tokens_per_sequence=shape.verify_tokens,
         ) + ENGINE_STEP_OVERHEAD_S
         k = self.num_speculative_tokens if shape.draft_passes is None else shape.draft_passes
         if k and shape.drafting_seqs and self.draft is not None:

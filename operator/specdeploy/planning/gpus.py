@@ -6,7 +6,8 @@ H100/H200/A100/L40S/L4/B200 datasheets; each datasheet prints the sparse figure,
 The compute capability is NVIDIA's (developer.nvidia.com/cuda-gpus): FP8 tensor cores from 8.9 (Ada,
 Hopper, Blackwell), where vLLM runs `--quantization fp8` as FP8 × FP8 GEMMs; an A100 (8.0) has none
 and runs FP8 weight-only with bf16 compute. The node label value is what NVIDIA's GPU feature
-discovery writes to `nvidia.com/gpu.product`.
+discovery writes to `nvidia.com/gpu.product`. The roofline's efficiencies (planning/roofline.py) were fitted on
+one measured H100 and are applied to every product's datasheet numbers (docs/speedup-model.md).
 """
 
 from __future__ import annotations

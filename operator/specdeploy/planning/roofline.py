@@ -3,15 +3,24 @@
     cost = model_forward_cost(llama_8b, tensor_parallel_size=1)
     seconds = forward_seconds(cost, find_gpu("H100-80GB"), batch=64, tokens_per_sequence=4)
 
-A decode pass reads every weight once and each sequence's KV cache once, and does 2 FLOPs per active
-parameter per token. Few tokens leave it memory-bound (the time does not grow with the tokens: this is
-why verifying k+1 drafted tokens costs about as much as decoding one); many tokens make it
-compute-bound (the time grows with every token: this is where speculation stops paying). The compute
-ceiling is the GPU's FP8 rate for FP8 weights on a GPU with FP8 tensor cores, else its bf16 rate. Kernel
-launch gaps and tensor-parallel all-reduces add a fixed time per layer.
+A pass is two kinds of kernel plus the time between kernels:
+- the GEMMs read every weight once (an MoE's experts as far as the pass's tokens touch them), read and
+  write every token's activations, and do 2 FLOPs per active parameter per token;
+- attention reads each sequence's KV cache once and does 4 × heads × head_dim FLOPs per layer per new token per
+  cached token (QKᵀ and PV), so its work grows with tokens per sequence × context;
+- each layer pays a fixed kernel time (launches and the small norm, rotary, activation kernels between
+  the GEMMs), which dominates a small, narrow model's pass; a tensor-parallel layer adds two all-reduces.
 
-Constants are calibrated in docs/speedup-model.md and tests/unit/test_speedup.py against published
-measurements; GPU numbers come from planning/gpus.py (vendor datasheets).
+Each kind's time is a smooth maximum of its memory time and its compute time, (m^p + c^p)^(1/p), not
+max(m, c): measured, verifying 5 tokens per sequence costs +14% over decoding 1 at batch 32 on Llama-3.1-8B
+where max() sees no cost until the compute knee (tests/data/h100-step-times.json). The GEMMs' shapes set
+where the transition falls: weights against FLOPs put it near tokens ≈ peak ÷ bandwidth, and each GEMM's
+activations in and out (tokens × (K + N)) move it later the wider the layer. The compute ceiling is the
+GPU's FP8 rate for FP8 weights on a GPU with FP8 tensor cores, else its bf16 rate.
+
+Constants are fitted to one measured table (one H100, Llama-shaped bf16 passes, 1,024 cached tokens) and
+checked against published end-to-end measurements (docs/speedup-model.md, tests/unit/test_step_cost_table.py,
+tests/unit/test_speedup.py); other GPUs are scaled by their datasheet bandwidth and FLOP/s (planning/gpus.py).
 """
 
 from __future__ import annotations
@@ -22,18 +31,28 @@ from specdeploy.api.spec import Architecture, Quantization
 from specdeploy.planning.gpus import GpuProduct
 from specdeploy.planning.modelinfo import ModelInfo
 
-# Share of datasheet HBM bandwidth a decode pass reaches (H100 GEMV/attention kernels reach ~80-90%);
-# 0.8 with the overheads below gives SGLang's published 158 tok/s for Llama-3.1-8B on one H100.
-BANDWIDTH_EFFICIENCY = 0.8
-# Share of the dense tensor-core peak that decode/verify GEMMs of a few hundred tokens reach. 0.5
-# reproduces the high-load slowdowns of vLLM's 2024-10-17 blog (1.4x with a draft model, 1.8x with
-# ngram, Llama3-70B on 4xH100); see docs/speedup-model.md.
-COMPUTE_EFFICIENCY = 0.5
-# Launch gap per layer per pass under CUDA graphs (norms, rotary, residual kernels between the GEMMs).
-LAYER_OVERHEAD_S = 8e-6
-# One NVLink all-reduce of a decode-sized activation; a tensor-parallel layer does two.
+# The four constants below are fitted together to tests/data/h100-step-times.json (one H100, 108 cells of
+# Llama-3.1-8B, Llama-3.2-1B, the EAGLE-3 head and a Llama-3.1-70B TP-4 rank): every cell within ±9%, mean 3.6%
+# (tests/unit/test_step_cost_table.py, docs/speedup-model.md). Other GPUs scale by their datasheets.
+# Share of datasheet HBM bandwidth the passes reach (weights, KV and activations alike): 2.91 TB/s on an H100,
+# where the table's own 2 GiB copy reached 3.04 (read + write).
+BANDWIDTH_EFFICIENCY = 0.87
+# Share of the dense tensor-core peak the GEMMs and attention reach once compute-bound: 593 TFLOP/s bf16 on an
+# H100, where the table's own 8192³ GEMM reached 797; decode-shaped GEMMs are skinny.
+COMPUTE_EFFICIENCY = 0.60
+# p of the smooth maximum (m^p + c^p)^(1/p) of a kernel class's memory and compute times: how gradually a
+# pass turns compute-bound (∞ would be max(), the hard knee).
+TRANSITION_SHARPNESS = 3.2
+# Kernel time per layer per pass under CUDA graphs: launches and the small kernels between the GEMMs. The
+# table's plain PyTorch forward pays 54 µs per layer; it runs about twice the kernels per layer of an engine's
+# fused layer (~20: unfused RMSNorm, SiLU·mul, cache and layout copies, against ~10: fused add+RMSNorm ×2,
+# rotary, cache write, attention, SiLU·mul and the four GEMMs), so an engine pays half. With it, Llama-3.1-8B
+# decodes 155 tok/s on one H100 (SGLang docs: 158), and a 16-layer 1B draft pays 0.43 ms per pass in gaps.
+LAYER_OVERHEAD_S = 27e-6
+# One NVLink all-reduce of a decode-sized activation; a tensor-parallel layer does two. Not in the table
+# (one GPU); its growth with the tokens of a large pass is not modelled.
 ALLREDUCE_S = 10e-6
-# Scheduling, sampling and output processing once per engine step.
+# Scheduling, sampling and output processing once per engine step (not in the table: GPU time only).
 ENGINE_STEP_OVERHEAD_S = 0.4e-3
 # Routed experts' share of an MoE model's parameters (the catalog has no expert size). 0.975 gives active
 # counts of 37B for DeepSeek-V3 (published 37B of 671B, 8 of 256 experts), 12.5B for Mixtral-8x7B (12.9B of
@@ -41,6 +60,8 @@ ENGINE_STEP_OVERHEAD_S = 0.4e-3
 EXPERT_PARAMETER_SHARE = 0.975
 # Tokens already in a sequence's KV cache when it decodes: a mid-length chat turn.
 DEFAULT_CONTEXT_TOKENS = 1024
+# Bytes per activation element: engines keep activations in 16-bit, FP8 checkpoints included.
+ACTIVATION_BYTES = 2.0
 
 # Bytes per weight; int4-family checkpoints carry a 16-bit scale (and zero) per group of 128 weights.
 WEIGHT_BYTES: dict[Quantization, float] = {
@@ -61,9 +82,12 @@ class ForwardCost:
     expert_weight_bytes: float = 0.0    # MoE routed experts: read as far as the pass's tokens touch them
     expert_fraction_per_token: float = 0.0  # experts per token ÷ experts (0 for a dense model)
     flops_per_token: float = 0.0        # 2 × active parameters ÷ TP
+    activation_bytes_per_token: float = 0.0  # each token's activations in and out of every kernel, all layers
     kv_bytes_per_token: float = 0.0     # KV read per cached token of a sequence (full-attention layers)
     window_kv_bytes_per_token: float = 0.0  # the same for sliding-window layers, which read at most `window`
     window: int = 0
+    attention_flops_per_token: float = 0.0  # per new token per cached token it attends to (full-attention layers)
+    window_attention_flops_per_token: float = 0.0  # the same for sliding-window layers
     layers: int = 1
     tensor_parallel_size: int = 1
     fp8_weights: bool = False           # FP8 GEMMs where the GPU has FP8 tensor cores
@@ -85,19 +109,55 @@ def forward_seconds(
     batch: int,
     tokens_per_sequence: int = 1,
     context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+    layer_overhead_s: float = LAYER_OVERHEAD_S,
 ) -> float:
-    """Seconds for one pass over `batch` sequences of `tokens_per_sequence` new tokens each."""
-    tokens = batch * tokens_per_sequence
-    touched = 1.0 - (1.0 - cost.expert_fraction_per_token) ** tokens if cost.expert_fraction_per_token else 0.0
-    kv_read = batch * (
-        cost.kv_bytes_per_token * context_tokens
-        + cost.window_kv_bytes_per_token * min(cost.window, context_tokens)
+    """Seconds for one pass over `batch` sequences of `tokens_per_sequence` new tokens each, every sequence
+    with `context_tokens` in its KV cache. `layer_overhead_s`: the kernel time per layer (an engine's by default;
+    a forward of other kernels pays its own, as the measured table's plain PyTorch forward does)."""
+    return pass_seconds(
+        cost, gpu, tokens=batch * tokens_per_sequence, kv_tokens=batch * context_tokens,
+        window_kv_tokens=batch * min(cost.window, context_tokens), tokens_per_sequence=tokens_per_sequence,
+        layer_overhead_s=layer_overhead_s,
     )
-    moved = cost.dense_weight_bytes + cost.expert_weight_bytes * touched + kv_read
-    memory_s = moved / (gpu.hbm_bandwidth_gb_s * 1e9 * BANDWIDTH_EFFICIENCY)
-    compute_s = cost.flops_per_token * tokens / (peak_flops(cost, gpu) * COMPUTE_EFFICIENCY)
-    allreduce_s = 2 * cost.layers * ALLREDUCE_S if cost.tensor_parallel_size > 1 else 0.0
-    return max(memory_s, compute_s) + cost.layers * LAYER_OVERHEAD_S + allreduce_s
+
+
+def pass_seconds(
+    cost: ForwardCost,
+    gpu: GpuProduct,
+    *,
+    tokens: int,
+    kv_tokens: int = 0,
+    window_kv_tokens: int = 0,
+    tokens_per_sequence: int = 1,
+    layer_overhead_s: float = LAYER_OVERHEAD_S,
+) -> float:
+    """One pass over `tokens` new tokens, `tokens_per_sequence` of each sequence, whose sequences hold
+    `kv_tokens` cached tokens in all (`window_kv_tokens`: the same capped at the sliding window)."""
+    if tokens <= 0:
+        return 0.0
+    bandwidth = gpu.hbm_bandwidth_gb_s * 1e9 * BANDWIDTH_EFFICIENCY
+    flops = peak_flops(cost, gpu) * COMPUTE_EFFICIENCY
+    fraction = cost.expert_fraction_per_token
+    touched = 1.0 - (1.0 - fraction) ** tokens if fraction else 0.0
+    weights = cost.dense_weight_bytes + cost.expert_weight_bytes * touched
+    gemm_s = _smooth_max((weights + cost.activation_bytes_per_token * tokens) / bandwidth,
+                         cost.flops_per_token * tokens / flops)
+    kv_read = cost.kv_bytes_per_token * kv_tokens + cost.window_kv_bytes_per_token * window_kv_tokens
+    attended = tokens_per_sequence * (
+        cost.attention_flops_per_token * kv_tokens + cost.window_attention_flops_per_token * window_kv_tokens)
+    attention_s = _smooth_max(kv_read / bandwidth, attended / flops)
+    return gemm_s + attention_s + cost.layers * layer_overhead_s + allreduce_seconds(cost)
+
+
+def allreduce_seconds(cost: ForwardCost) -> float:
+    """The pass's tensor-parallel all-reduces: two per layer, none on one GPU."""
+    return 2 * cost.layers * ALLREDUCE_S if cost.tensor_parallel_size > 1 else 0.0
+
+
+def _smooth_max(memory_s: float, compute_s: float) -> float:
+    """max(memory_s, compute_s) rounded off near the ridge, where neither HBM nor the tensor cores are kept busy."""
+    p = TRANSITION_SHARPNESS
+    return float((memory_s**p + compute_s**p) ** (1 / p))
 
 
 def peak_flops(cost: ForwardCost, gpu: GpuProduct) -> float:
@@ -126,6 +186,29 @@ def _kv_bytes_per_token(arch: Architecture, layers: int, tensor_parallel_size: i
     return layers * 2 * heads_per_rank * head_dim * element_bytes
 
 
+def _attention_flops_per_token(arch: Architecture, layers: int, tensor_parallel_size: int) -> float:
+    """FLOPs one new token spends per cached token it attends to, on each GPU across `layers` layers: QKᵀ and PV
+    for each query head (GQA: 2 × 2 × head_dim; MLA, absorbed: 2 × (2 × kv_lora_rank + qk_rope_head_dim))."""
+    heads = max(1.0, arch.num_attention_heads / tensor_parallel_size)
+    if arch.kv_lora_rank is not None:
+        return layers * heads * 2 * (2 * arch.kv_lora_rank + (arch.qk_rope_head_dim or 0))
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    return layers * heads * 4 * head_dim
+
+
+def _activation_bytes_per_token(arch: Architecture, layers: int, tensor_parallel_size: int, vocab: int) -> float:
+    """Bytes one token's activations move through an engine's fused kernels on each GPU: every GEMM's input
+    and output (qkv, o, gate_up, down, then lm_head and the sampler's read of the logits), two fused
+    add+RMSNorms of the hidden state in and out, rotary on q and k, the KV cache write and SiLU·mul.
+    An MoE layer is counted with `intermediate_size`, as if dense; `vocab` is the rows the lm_head computes."""
+    tp = tensor_parallel_size
+    hidden, intermediate = arch.hidden_size, arch.intermediate_size / tp
+    head_dim = arch.head_dim or arch.hidden_size // arch.num_attention_heads
+    heads, kv_heads = arch.num_attention_heads / tp, max(1.0, arch.num_key_value_heads / tp)
+    per_layer = 12 * hidden + 6 * intermediate + head_dim * (4 * heads + 6 * kv_heads)
+    return (layers * per_layer + hidden + 2 * vocab / tp) * ACTIVATION_BYTES
+
+
 def _cost_from_parameters(
     arch: Architecture,
     parameters: float,
@@ -135,21 +218,26 @@ def _cost_from_parameters(
     weight_bytes: float,
     kv_element_bytes: float,
     fp8_weights: bool,
+    vocab: int,
 ) -> ForwardCost:
     expert_share = EXPERT_PARAMETER_SHARE if arch.num_experts and arch.num_experts_per_token else 0.0
     fraction = arch.num_experts_per_token / arch.num_experts if arch.num_experts and arch.num_experts_per_token else 0.0
     dense, experts = parameters * (1 - expert_share), parameters * expert_share
     window_layers = min(arch.sliding_window_layers or 0, layers) if arch.sliding_window else 0
+    tp = tensor_parallel_size
     return ForwardCost(
-        dense_weight_bytes=dense * weight_bytes / tensor_parallel_size,
-        expert_weight_bytes=experts * weight_bytes / tensor_parallel_size,
+        dense_weight_bytes=dense * weight_bytes / tp,
+        expert_weight_bytes=experts * weight_bytes / tp,
         expert_fraction_per_token=fraction,
-        flops_per_token=2 * (dense + experts * fraction) / tensor_parallel_size,
-        kv_bytes_per_token=_kv_bytes_per_token(arch, layers - window_layers, tensor_parallel_size, kv_element_bytes),
-        window_kv_bytes_per_token=_kv_bytes_per_token(arch, window_layers, tensor_parallel_size, kv_element_bytes),
+        flops_per_token=2 * (dense + experts * fraction) / tp,
+        activation_bytes_per_token=_activation_bytes_per_token(arch, layers, tp, vocab),
+        kv_bytes_per_token=_kv_bytes_per_token(arch, layers - window_layers, tp, kv_element_bytes),
+        window_kv_bytes_per_token=_kv_bytes_per_token(arch, window_layers, tp, kv_element_bytes),
         window=arch.sliding_window or 0,
+        attention_flops_per_token=_attention_flops_per_token(arch, layers - window_layers, tp),
+        window_attention_flops_per_token=_attention_flops_per_token(arch, window_layers, tp),
         layers=layers,
-        tensor_parallel_size=tensor_parallel_size,
+        tensor_parallel_size=tp,
         fp8_weights=fp8_weights,
     )
 
@@ -181,6 +269,7 @@ def model_forward_cost(
         weight_bytes=weight_bytes_per_parameter(model, quantization),
         kv_element_bytes=kv_element_bytes,
         fp8_weights=has_fp8_weights(model, quantization),
+        vocab=model.draft_vocab_size or arch.vocab_size,
     )
 
 
@@ -221,6 +310,7 @@ def mtp_forward_cost(
         weight_bytes=weight_bytes_per_parameter(target, quantization),
         kv_element_bytes=kv_element_bytes,
         fp8_weights=has_fp8_weights(target, quantization),
+        vocab=arch.vocab_size,
     )
 
 

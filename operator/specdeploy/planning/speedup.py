@@ -34,6 +34,7 @@ from specdeploy.planning.modelinfo import ModelInfo, ModelKind
 from specdeploy.planning.roofline import (
     DEFAULT_CONTEXT_TOKENS,
     ENGINE_STEP_OVERHEAD_S,
+    LAYER_OVERHEAD_S,
     ForwardCost,
     decode_step_seconds,
     forward_seconds,
@@ -101,21 +102,30 @@ class SpeculationCost:
     draft_pass_overhead_s: float = DRAFT_PASS_OVERHEAD_S
     zero_k_speedup: float | None = None     # a schedule's k = 0 step ÷ no speculation; None: planning.schedule's
     largest_k_first: bool = False           # the engine's table drafts its largest k at batch 1 (planning.schedule)
+    layer_overhead_s: float = LAYER_OVERHEAD_S  # kernel time per layer of every pass (planning.roofline)
 
     def baseline_step_seconds(self, batch: int) -> float:
         """One engine step without speculation: one token per sequence."""
-        return self._target(batch, 1) + ENGINE_STEP_OVERHEAD_S
+        return self.target_pass_seconds(batch, 1) + ENGINE_STEP_OVERHEAD_S
 
     def draft_pass_seconds(self, batch: int) -> float:
         """One drafting pass: one proposed token per sequence."""
         if self.draft is None:
             return 0.0
-        pass_s = forward_seconds(self.draft, self.gpu, batch=batch, context_tokens=self.context_tokens)
+        pass_s = forward_seconds(self.draft, self.gpu, batch=batch, context_tokens=self.context_tokens,
+                                 layer_overhead_s=self.layer_overhead_s)
         return pass_s + self.draft_pass_overhead_s
+
+    def target_pass_seconds(self, batch: int, tokens_per_sequence: int) -> float:
+        """The target's forward pass over `tokens_per_sequence` new tokens of each of `batch` sequences."""
+        return forward_seconds(
+            self.target, self.gpu, batch=batch, tokens_per_sequence=tokens_per_sequence,
+            context_tokens=self.context_tokens, layer_overhead_s=self.layer_overhead_s,
+        )
 
     def speculative_step_seconds(self, batch: int, k: int) -> float:
         """k drafting passes, then one target pass verifying k+1 tokens per sequence."""
-        return k * self.draft_pass_seconds(batch) + self._target(batch, k + 1) + ENGINE_STEP_OVERHEAD_S
+        return k * self.draft_pass_seconds(batch) + self.target_pass_seconds(batch, k + 1) + ENGINE_STEP_OVERHEAD_S
 
     def draft_cost_ratio(self, batch: int = 1) -> float:
         """Leviathan's c: one drafting pass in target steps."""
@@ -128,12 +138,6 @@ class SpeculationCost:
     def speedup_for_tokens(self, batch: int, tokens_per_step: float, k: int) -> float:
         """The same for a step drafting `k` tokens that yields `tokens_per_step` on average."""
         return tokens_per_step * self.baseline_step_seconds(batch) / self.speculative_step_seconds(batch, k)
-
-    def _target(self, batch: int, tokens_per_sequence: int) -> float:
-        return forward_seconds(
-            self.target, self.gpu, batch=batch, tokens_per_sequence=tokens_per_sequence,
-            context_tokens=self.context_tokens,
-        )
 
 
 def batch_grid(max_batch: int) -> list[int]:
