@@ -144,6 +144,8 @@ KOPF_CALLS = {("specdeploy.io", "speculativedeployments", v) for v in ("list", "
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
 }
+#: Clients only the CLI uses, with the user's own credentials (kubectl's), never the operator's ServiceAccount.
+CLI_ONLY_CLIENTS = {"cluster_access"}
 #: Server-side apply is a create when the object is missing and a patch otherwise; replace is an update.
 _VERBS = {"get": ("get",), "list": ("list",), "watch": ("watch",), "create": ("create",), "patch": ("patch",),
           "delete": ("delete",), "replace": ("update",), "apply": ("create", "patch")}
@@ -163,6 +165,8 @@ def _lightkube_calls() -> set[tuple[str, str, str]]:
     calls = set()
     root = Path(kube.__file__).parents[1]
     for path in sorted([*(root / "clients").glob("*.py"), *(root / "controller").glob("*.py")]):
+        if path.stem in CLI_ONLY_CLIENTS:
+            continue
         module = importlib.import_module(f"specdeploy.{path.parent.name}.{path.stem}")
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
