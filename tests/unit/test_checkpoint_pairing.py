@@ -14,8 +14,8 @@ import pytest
 
 from specdeploy.api.spec import Quantization, SpeculativeDeploymentSpec
 from specdeploy.api.status import Finding, Severity
-from specdeploy.devcluster.fakehub import FakeHub
-from specdeploy.modelsource.hub import HubClient
+from specdeploy.devcluster.fakehub import FakeHub, FakeRepo
+from specdeploy.modelsource.hub import HubClient, quantised_from
 from specdeploy.modelsource.resolve import ArchitectureSource, Supplied, resolve_models
 from specdeploy.planning.catalog import lookup
 from specdeploy.planning.checkpoint import UNQUANTISED, CheckpointQuantization, read_checkpoint_quantization
@@ -244,3 +244,38 @@ def test_hub_checkpoints_plan_with_the_head_from_their_own_config(
     with_head = spec({"name": name, "quantization": quantization})
     plan = make_plan(with_head, resolve_models(with_head, hub=HubClient(tmp_path, endpoint=hub.url)))
     assert plan.compatibility.compatible, plan.compatibility.findings
+
+
+def test_the_hub_model_tree_names_the_base_of_a_repository_the_catalog_does_not_know(tmp_path: Path) -> None:
+    unknown = "someone/Llama-3.3-70B-Instruct-FP8"
+    quantised = [f"base_model:{BASE}", f"base_model:quantized:{BASE}"]
+    repos = [
+        FakeRepo.with_files(unknown, {"config.json": (FIXTURES / FP8_DYNAMIC / "config.json").read_bytes()},
+                            tags=quantised),
+        FakeRepo.with_files("someone/Llama-3.3-70B-finetune", {"config.json": (FIXTURES / FP8_DYNAMIC /
+                            "config.json").read_bytes()}, tags=[f"base_model:finetune:{BASE}"]),
+        FakeRepo.with_files(HEAD, {"config.json": (FIXTURES / HEAD / "config.json").read_bytes()}),
+    ]
+    with FakeHub(repos) as hub:
+        client = HubClient(tmp_path, endpoint=hub.url)
+        written = spec({"name": unknown})
+        plan = make_plan(written, resolve_models(written, hub=client))
+        assert plan.compatibility.compatible, plan.compatibility.findings
+        assert plan.target.base_model == BASE and "TargetQuantized" in findings(plan)
+        # the same commit again, from the cache: no model_info asked, and the base still known
+        sha = hub.sha(unknown)
+        pinned = spec({"name": unknown, "revision": sha})
+        asked = len(hub.requests_for(f"/api/models/{unknown}"))
+        again = make_plan(pinned, resolve_models(pinned, hub=client))
+        assert len(hub.requests_for(f"/api/models/{unknown}")) == asked
+        assert again.target.base_model == BASE and again.compatibility.compatible
+        # a fine-tune holds other weights: the base's head is still refused for it
+        finetune = spec({"name": "someone/Llama-3.3-70B-finetune"})
+        refused = make_plan(finetune, resolve_models(finetune, hub=client))
+        assert findings(refused)["EagleHeadTargetMismatch"].severity == Severity.ERROR
+
+
+def test_only_one_quantised_base_counts() -> None:
+    assert quantised_from([f"base_model:quantized:{BASE}", f"base_model:{BASE}"]) == BASE
+    assert quantised_from([f"base_model:finetune:{BASE}"]) == ""
+    assert quantised_from([f"base_model:quantized:{BASE}", "base_model:quantized:other/model"]) == ""

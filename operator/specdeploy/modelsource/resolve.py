@@ -33,9 +33,10 @@ and the published parameter count when the shapes agree with the catalog's).
 
 What a checkpoint stores is read from its own config.json's `quantization_config` (planning/checkpoint.py) into
 `ModelInfo.stored_quantization`: with `quantization: none` the memory plan counts the stored size, and compat
-refuses a spec quantization the checkpoint contradicts. `spec.model.baseModel` names the model whose weights a
-checkpoint holds (a local path, a mirror): heads trained for that model pair with it, and the catalog's entry for
-it describes the checkpoint when nothing else does (what it stores is then the spec's word).
+refuses a spec quantization the checkpoint contradicts. The model whose weights a checkpoint holds is
+`spec.model.baseModel`, else the Hub's `base_model:quantized:` tag (`HubConfig.base_model`), else the catalog's:
+heads trained for that model pair with it, and with `baseModel` the catalog's entry for it describes a checkpoint
+nothing else describes (what it stores is then the spec's word).
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ class HubConfig:
     commit_sha: str
     config: dict[str, Any]
     endpoint: str
+    base_model: str = ""    # the model the Hub's model tree says this repository quantises ("" for none)
 
     @property
     def url(self) -> str:
@@ -259,7 +261,10 @@ def _family(view: Mapping[str, Any], name: str) -> str:
     return _FAMILY_BY_MODEL_TYPE.get(str(model_type), "") or guess_family(name)
 
 
-def _from_config(request: ModelRequest, config: Mapping[str, Any], origin: Origin, where: str) -> ResolvedModel:
+def _from_config(request: ModelRequest, config: Mapping[str, Any], origin: Origin, where: str,
+                 hub_base_model: str = "") -> ResolvedModel:
+    """`hub_base_model`: what the Hub says the repository quantises; the spec's `baseModel` wins over it."""
+    request = replace(request, base_model=request.base_model or hub_base_model or None)
     view = parser_view(config)
     try:
         architecture = architecture_from_hf_config(view)
@@ -353,7 +358,8 @@ def resolve_model(request: ModelRequest, *, hub: HubConfigs | None = None, offli
         try:
             fetched = hub.fetch_config(request.name, revision, request.supplied.token)
             origin = Origin(ArchitectureSource.HUB, request.name, revision, fetched.commit_sha, fetched.url)
-            return _from_config(request, fetched.config, origin, f"config.json of {request.name}@{fetched.commit_sha}")
+            return _from_config(request, fetched.config, origin, f"config.json of {request.name}@{fetched.commit_sha}",
+                                fetched.base_model)
         except _CATALOG_STANDS_IN_FOR as error:
             if known is None:
                 raise
