@@ -367,8 +367,7 @@ def quantization(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
         quant = stored.scheme
         said = (f"`spec.model.name` {spec.model.name} is {target.base_model} {stored.describe()}, and the memory "
                 f"plan counts it as {quant.value}")
-        estimate = ("the speedup estimate reads `spec.model.quantization` and so assumes the unquantised rate "
-                    f"(set {quant.value} there where the engine accepts it)")
+        estimate = "the speedup estimate reads only `spec.model.quantization` and so assumes the unquantised rate"
     if quant != Quantization.NONE and spec.speculation.method != Method.NGRAM:
         strength = (
             "a little (8-bit weights stay close to the original)"
