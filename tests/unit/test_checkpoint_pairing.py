@@ -16,7 +16,7 @@ from specdeploy.api.spec import Quantization, SpeculativeDeploymentSpec
 from specdeploy.api.status import Finding, Severity
 from specdeploy.devcluster.fakehub import FakeHub, FakeRepo
 from specdeploy.modelsource.hub import HubClient, quantised_from
-from specdeploy.modelsource.resolve import ArchitectureSource, Supplied, resolve_models
+from specdeploy.modelsource.resolve import ArchitectureSource, ConfigMapConfig, Supplied, resolve_models
 from specdeploy.planning.catalog import lookup
 from specdeploy.planning.checkpoint import UNQUANTISED, CheckpointQuantization, read_checkpoint_quantization
 from specdeploy.planning.plan import Plan, make_plan
@@ -121,6 +121,19 @@ def test_a_local_config_is_read_for_its_quantisation_and_pairs_through_base_mode
     plan = make_plan(written, models)
     assert plan.compatibility.compatible, plan.compatibility.findings
     assert plan.memory.per_gpu.target_weights_gib < 40   # counted as the AWQ it stores, with quantization none
+
+
+def test_a_config_map_checkpoint_is_read_for_its_quantisation_and_a_contradiction_refused() -> None:
+    config_map = ConfigMapConfig("llama-fp8", {"config.json": json.dumps(fixture_config(FP8_DYNAMIC))})
+    for quantization, contradicts in (("none", False), ("fp8", True)):
+        written = spec({"name": "/models/llama", "baseModel": BASE, "configMapRef": "llama-fp8",
+                        "quantization": quantization})
+        models = resolve_models(written, offline=True, target=Supplied(config_map=config_map))
+        assert models.target.origin.source == ArchitectureSource.CONFIG_MAP
+        plan = make_plan(written, models)
+        assert ("QuantizationContradictsCheckpoint" in findings(plan)) == contradicts
+        assert "EagleHeadTargetMismatch" not in findings(plan)
+        assert plan.memory.per_gpu.target_weights_gib == pytest.approx(67.7 / 2, abs=0.2)
 
 
 def test_without_base_model_a_head_for_another_model_is_still_refused_with_the_field_to_set() -> None:
