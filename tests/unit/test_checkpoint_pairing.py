@@ -136,6 +136,12 @@ def test_a_config_map_checkpoint_is_read_for_its_quantisation_and_a_contradictio
         assert plan.memory.per_gpu.target_weights_gib == pytest.approx(67.7 / 2, abs=0.2)
 
 
+def test_a_path_named_like_a_catalog_model_is_not_refused_for_what_its_files_might_store() -> None:
+    plan = make_plan(spec({"name": "/models/Llama-3.3-70B-Instruct", "quantization": "awq"}, tp=1))
+    assert plan.target.stored_quantization is None
+    assert "QuantizationContradictsCheckpoint" not in findings(plan) and plan.compatibility.compatible
+
+
 def test_without_base_model_a_head_for_another_model_is_still_refused_with_the_field_to_set() -> None:
     plan = make_plan(spec({"name": "meta-llama/Llama-3.1-70B-Instruct", "quantization": "fp8"}))
     mismatch = findings(plan)["EagleHeadTargetMismatch"]

@@ -76,7 +76,10 @@ def lookup(name: str) -> ModelInfo | None:
     if model is not None:
         return model
     candidates = _BY_REPO.get(wanted.rsplit("/", 1)[-1], [])
-    return candidates[0] if len(candidates) == 1 else None
+    if len(candidates) != 1:
+        return None
+    # A path with the repository's name has its shapes; what its files store was not read.
+    return replace(candidates[0], stored_quantization=None)
 
 
 def lookup_through_base(name: str, base_model: str | None) -> ModelInfo | None:
