@@ -223,6 +223,12 @@ class Model(ConfigSources):
     )
     dtype: Dtype = Field(Dtype.BFLOAT16, description="Activation and unquantised weight dtype")
     revision: str | None = Field(None, max_length=128, description="Model revision (branch, tag, commit)")
+    base_model: str | None = Field(
+        None, min_length=1, max_length=256,
+        description="Hugging Face id of the model whose weights `name` holds, quantised or copied (a local path or "
+        "a mirror of meta-llama/Llama-3.3-70B-Instruct): an EAGLE head trained for that model pairs with this one, "
+        "and the built-in catalog describes it when nothing else does",
+    )
     architecture: Architecture | None = Field(
         None, description="The model's numbers; they win over every config.json. Needed only when no "
         "configMapRef, configPath, Hugging Face Hub or built-in catalog entry describes the model"

@@ -8,7 +8,7 @@
 It answers what the client asks for a model's info and for one file at a revision (read in
 huggingface_hub 2.4.0: `HfApi.model_info`, `get_hf_file_metadata`, `http_get`, `hf_raise_for_status`):
 
-    GET  /api/models/{repo_id}[/revision/{revision}]    {"id", "sha", "gated", "private", "siblings"}
+    GET  /api/models/{repo_id}[/revision/{revision}]    {"id", "sha", "gated", "private", "siblings", "tags"}
     HEAD /{repo_id}/resolve/{revision}/{filename}        X-Repo-Commit, ETag, Content-Length
     GET  /{repo_id}/resolve/{revision}/{filename}        the same headers and the file
 
@@ -17,7 +17,8 @@ Errors carry the Hub's `X-Error-Code` header, from which the client picks its ex
 GatedRepo (401 without a token, 403 with a token not on the repo's list; GatedRepoError). Like the
 Hub, a gated repo's info is public and only its files need the token. `outage_status` makes every
 answer that status (a 503 is a Hub that is up but failing). Revisions are branch or tag names, or
-full commit shas. The fixture directory holds `index.json` ({"repos": {repo_id: {"gated": bool}}}) and
+full commit shas. The fixture directory holds `index.json` ({"repos": {repo_id: {"gated": bool, "tags": [...]}}}:
+the tags as the Hub lists them, e.g. its model tree's `base_model:quantized:{id}`) and
 `{repo_id}/config.json`; each repo starts with one commit on `main`, whose sha is derived from its files.
 Requests are recorded (method, path, whether a token came), never the token itself.
 """
@@ -56,11 +57,13 @@ class FakeRepo:
     commits: dict[str, dict[str, bytes]] = field(default_factory=dict)
     refs: dict[str, str] = field(default_factory=dict)
     gated: bool = False
+    tags: tuple[str, ...] = ()
 
     @classmethod
-    def with_files(cls, repo_id: str, files: Mapping[str, bytes], gated: bool = False) -> FakeRepo:
+    def with_files(cls, repo_id: str, files: Mapping[str, bytes], gated: bool = False,
+                   tags: Iterable[str] = ()) -> FakeRepo:
         sha = commit_sha(repo_id, files)
-        return cls(repo_id, commits={sha: dict(files)}, refs={"main": sha}, gated=gated)
+        return cls(repo_id, commits={sha: dict(files)}, refs={"main": sha}, gated=gated, tags=tuple(tags))
 
     def sha_of(self, revision: str) -> str | None:
         if revision in self.refs:
@@ -108,7 +111,7 @@ class FakeHub:
         index = json.loads((root / "index.json").read_text(encoding="utf-8"))
         repos = [
             FakeRepo.with_files(repo_id, {"config.json": (root / repo_id / "config.json").read_bytes()},
-                                gated=bool(entry.get("gated", False)))
+                                gated=bool(entry.get("gated", False)), tags=entry.get("tags", ()))
             for repo_id, entry in index["repos"].items()
         ]
         return cls(repos, access_tokens)
@@ -180,6 +183,7 @@ class FakeHub:
             "id": repo_id, "modelId": repo_id, "sha": sha, "private": False,
             "gated": "manual" if repo.gated else False,
             "siblings": [{"rfilename": name} for name in sorted(repo.commits[sha])],
+            "tags": list(repo.tags),
         }
         return _Answer(200, {"Content-Type": "application/json"}, json.dumps(body).encode())
 

@@ -11,7 +11,9 @@ plan, cannot change what was planned: the sha is what the record and the rendere
 The cache. Fetched configs are kept on disk under `cache_dir` (the operator passes a directory of
 its own, e.g. an emptyDir), one file per (model, commit sha) named `{owner}--{name}--{sha}.json`, holding
 config.json's bytes as the Hub served them. A commit never changes, so a sha-keyed entry never goes
-stale and a second resolution of the same sha makes no request. The cache is bounded by entries
+stale and a second resolution of the same sha makes no request. Beside it, `…--{sha}.base` keeps the model
+the Hub's model tree says the repository quantises (its `base_model:quantized:{id}` tag, from the same
+`model_info` answer), so a commit resolved from the cache pairs as it did when it was fetched. The cache is bounded by entries
 (`max_cached_configs`, least recently used evicted; default 256) and each entry by size (a config.json
 over 1 MiB is refused, not cached): at most 256 MiB, and in practice a few MiB, since config.json files
 are kilobytes. Nothing else is kept: the client downloads into a temporary directory inside
@@ -35,7 +37,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,6 +112,16 @@ class ConfigCache:
     def entries(self) -> list[Path]:
         return sorted(self.directory.glob("*--*.json"))
 
+    def _base_path(self, repo_id: str, sha: str) -> Path:
+        return self.directory / f"{repo_id.replace('/', '--')}--{sha}.base"
+
+    def base_model(self, repo_id: str, sha: str) -> str:
+        """The base model recorded with the commit's config.json ("" when the Hub named none)."""
+        try:
+            return self._base_path(repo_id, sha).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return ""
+
     def get(self, repo_id: str, sha: str) -> bytes | None:
         path = self._path(repo_id, sha)
         try:
@@ -119,8 +131,10 @@ class ConfigCache:
             return None
         return content
 
-    def put(self, repo_id: str, sha: str, content: bytes) -> None:
+    def put(self, repo_id: str, sha: str, content: bytes, base_model: str = "") -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        if base_model:   # written first: a config.json on disk always has its record beside it
+            self._base_path(repo_id, sha).write_text(base_model, encoding="utf-8")
         path = self._path(repo_id, sha)
         with tempfile.NamedTemporaryFile(dir=self.directory, prefix=".put-", delete=False) as partial:
             partial.write(content)
@@ -137,6 +151,24 @@ class ConfigCache:
         entries = sorted(self.entries(), key=last_used)
         for stale in entries[: max(0, len(entries) - self.max_entries)]:
             stale.unlink(missing_ok=True)
+            stale.with_suffix(".base").unlink(missing_ok=True)
+
+
+_QUANTISED_FROM = "base_model:quantized:"
+
+
+def quantised_from(tags: Iterable[str]) -> str:
+    """The model a repository quantises, from the tag the Hub's model tree derives from its card's `base_model`
+    and the relation (`base_model:quantized:meta-llama/Llama-3.3-70B-Instruct`); "" for none or several. A
+    fine-tune (`base_model:finetune:…`) holds other weights and is not the base's."""
+    bases = {tag[len(_QUANTISED_FROM):] for tag in tags if tag.startswith(_QUANTISED_FROM)}
+    return bases.pop() if len(bases) == 1 else ""
+
+
+@dataclass(frozen=True)
+class _Commit:
+    sha: str
+    base_model: str    # quantised_from the repository's tags at that commit ("" when none)
 
 
 DOWN_SECONDS = 30.0
@@ -168,7 +200,7 @@ class HubClient:
         self._clock = clock
         self._sleep = sleep
         self._api = HfApi(endpoint=self.endpoint)
-        self._revisions: dict[tuple[str, str], tuple[str, float]] = {}
+        self._revisions: dict[tuple[str, str], tuple[_Commit, float]] = {}
         self._lock = threading.Lock()
         self._down: tuple[float, str] | None = None   # until when the Hub counts as down, and why
 
@@ -178,35 +210,36 @@ class HubClient:
             raise ModelNotFound(f"{repo_id!r} is not a Hugging Face repository id (owner/name), so the Hub is "
                                 "not asked for it; give config.json through a ConfigMap or a path instead")
         credential: str | bool = token or self._token or False
-        sha = self._commit_for(repo_id, revision, credential)
+        commit = self._commit_for(repo_id, revision, credential)
+        sha = commit.sha
         cached = self.cache.get(repo_id, sha)
         content = cached or self._with_retries(lambda: self._download(repo_id, sha, credential), repo_id, revision)
         config = parse_config_json(content, f"config.json of {repo_id} at commit {sha}")
         if cached is None:
-            self.cache.put(repo_id, sha, content)  # only a config that parses is kept
-        return HubConfig(repo_id, revision, sha, config, self.endpoint)
+            self.cache.put(repo_id, sha, content, commit.base_model)  # only a config that parses is kept
+        return HubConfig(repo_id, revision, sha, config, self.endpoint, commit.base_model)
 
-    def _commit_for(self, repo_id: str, revision: str, credential: str | bool) -> str:
+    def _commit_for(self, repo_id: str, revision: str, credential: str | bool) -> _Commit:
         if is_commit_sha(revision) and self.cache.get(repo_id, revision) is not None:
-            return revision
+            return _Commit(revision, self.cache.base_model(repo_id, revision))
         key = (repo_id, revision)
         now = self._clock()
         with self._lock:
             remembered = self._revisions.get(key)
         if remembered is not None and now < remembered[1]:
             return remembered[0]
-        sha = self._with_retries(lambda: self._model_sha(repo_id, revision, credential), repo_id, revision)
+        commit = self._with_retries(lambda: self._model_commit(repo_id, revision, credential), repo_id, revision)
         if not is_commit_sha(revision):
             with self._lock:
-                self._revisions[key] = (sha, now + self.revision_ttl_s)
-        return sha
+                self._revisions[key] = (commit, now + self.revision_ttl_s)
+        return commit
 
-    def _model_sha(self, repo_id: str, revision: str, credential: str | bool) -> str:
+    def _model_commit(self, repo_id: str, revision: str, credential: str | bool) -> _Commit:
         info = self._api.model_info(repo_id, revision=revision, token=credential, timeout=self.timeout_s)
         if not info.sha or not is_commit_sha(info.sha):
             raise HubUnreachable(f"the Hub at {self.endpoint} answered for {repo_id}@{revision} without a commit "
                                  "sha, so it does not look like a Hugging Face Hub; check HF_ENDPOINT")
-        return info.sha
+        return _Commit(info.sha, quantised_from(info.tags or ()))
 
     def _download(self, repo_id: str, sha: str, credential: str | bool) -> bytes:
         self.cache.directory.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,13 @@ raised, typed (see `specdeploy.modelsource`), and the caller keeps its last good
 When a config.json describes a catalog model, its numbers are used, and the catalog adds what a
 config.json does not carry (tokenizer family, trained-on targets, checkpoint bytes per parameter,
 and the published parameter count when the shapes agree with the catalog's).
+
+What a checkpoint stores is read from its own config.json's `quantization_config` (planning/checkpoint.py) into
+`ModelInfo.stored_quantization`: with `quantization: none` the memory plan counts the stored size, and compat
+refuses a spec quantization the checkpoint contradicts. The model whose weights a checkpoint holds is
+`spec.model.baseModel`, else the Hub's `base_model:quantized:` tag (`HubConfig.base_model`), else the catalog's:
+heads trained for that model pair with it, and with `baseModel` the catalog's entry for it describes a checkpoint
+nothing else describes (what it stores is then the spec's word).
 """
 
 from __future__ import annotations
@@ -53,7 +60,14 @@ from specdeploy.modelsource import (
     HubUnreachable,
     ModelNotResolvable,
 )
-from specdeploy.planning.catalog import guess_family, lookup, near_names
+from specdeploy.planning.catalog import (
+    guess_family,
+    lookup,
+    lookup_through_base,
+    near_names,
+    with_stored_quantization,
+)
+from specdeploy.planning.checkpoint import read_checkpoint_quantization
 from specdeploy.planning.hf_config import architecture_from_hf_config, head_kind
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
 from specdeploy.planning.pairing import check_head_pairing, parser_view, read_head_config
@@ -111,6 +125,7 @@ class HubConfig:
     commit_sha: str
     config: dict[str, Any]
     endpoint: str
+    base_model: str = ""    # the model the Hub's model tree says this repository quantises ("" for none)
 
     @property
     def url(self) -> str:
@@ -177,6 +192,7 @@ class ModelRequest:
     architecture: Architecture | None = None
     kind: ModelKind = ModelKind.BASE     # what the spec's method expects of it
     supplied: Supplied = field(default_factory=Supplied)
+    base_model: str | None = None        # `spec.model.baseModel`: the model whose weights it holds
 
 
 @dataclass(frozen=True)
@@ -195,7 +211,7 @@ class ResolvedModels:
 def target_request(spec: SpeculativeDeploymentSpec, supplied: Supplied | None = None) -> ModelRequest:
     model = spec.model
     return ModelRequest("spec.model", model.name, model.revision, model.architecture, ModelKind.BASE,
-                        supplied or Supplied())
+                        supplied or Supplied(), model.base_model)
 
 
 def draft_request(spec: SpeculativeDeploymentSpec, supplied: Supplied | None = None) -> ModelRequest | None:
@@ -245,13 +261,16 @@ def _family(view: Mapping[str, Any], name: str) -> str:
     return _FAMILY_BY_MODEL_TYPE.get(str(model_type), "") or guess_family(name)
 
 
-def _from_config(request: ModelRequest, config: Mapping[str, Any], origin: Origin, where: str) -> ResolvedModel:
+def _from_config(request: ModelRequest, config: Mapping[str, Any], origin: Origin, where: str,
+                 hub_base_model: str = "") -> ResolvedModel:
+    """`hub_base_model`: what the Hub says the repository quantises; the spec's `baseModel` wins over it."""
+    request = replace(request, base_model=request.base_model or hub_base_model or None)
     view = parser_view(config)
     try:
         architecture = architecture_from_hf_config(view)
     except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
         raise _not_understood(request, where, config, exc) from None
-    known = lookup(request.name)
+    known = lookup_through_base(request.name, request.base_model)
     declared = head_kind(view)
     if known is not None:
         same_shapes = architecture.model_copy(update={"num_parameters": known.architecture.num_parameters})
@@ -266,7 +285,18 @@ def _from_config(request: ModelRequest, config: Mapping[str, Any], origin: Origi
             family=_family(view, request.name), targets=(verifier,) if verifier else (),
             draft_vocab_size=view.get("draft_vocab_size"),
         )
-    return ResolvedModel(info, origin, config)
+    info = with_stored_quantization(replace(info, checkpoint_bytes_per_param=_own_size(known, info)),
+                                    read_checkpoint_quantization(config))
+    return ResolvedModel(_with_base(info, request), origin, config)
+
+
+def _own_size(known: ModelInfo | None, info: ModelInfo) -> float | None:
+    """A catalog size of the model itself (DeepSeek-V3's FP8 blocks) stays; a base model's is not this file's."""
+    return info.checkpoint_bytes_per_param if known is not None and lookup(info.name) is not None else None
+
+
+def _with_base(info: ModelInfo, request: ModelRequest) -> ModelInfo:
+    return replace(info, base_model=request.base_model) if request.base_model else info
 
 
 def _supplied_config(request: ModelRequest) -> ResolvedModel | None:
@@ -309,16 +339,16 @@ def resolve_model(request: ModelRequest, *, hub: HubConfigs | None = None, offli
     Raises a `ModelSourceError`: ConfigNotUnderstood / ConfigUnreadable for a supplied or fetched
     config.json, a HubError the catalog cannot stand in for, or ModelNotResolvable.
     """
-    known = lookup(request.name)
+    known = lookup_through_base(request.name, request.base_model)
     if request.architecture is not None:
         where = f"{request.spec_field}.architecture"
         origin = Origin(ArchitectureSource.SPEC, request.name, request.revision, location=where)
         if known is not None:
-            return ResolvedModel(replace(known, name=request.name, architecture=request.architecture,
-                                         source=where), origin)
+            return ResolvedModel(_with_base(replace(known, name=request.name, architecture=request.architecture,
+                                                    source=where), request), origin)
         info = ModelInfo(name=request.name, architecture=request.architecture, kind=request.kind, source=where,
                          family=guess_family(request.name))
-        return ResolvedModel(info, origin)
+        return ResolvedModel(_with_base(info, request), origin)
     supplied = _supplied_config(request)
     if supplied is not None:
         return supplied
@@ -328,7 +358,8 @@ def resolve_model(request: ModelRequest, *, hub: HubConfigs | None = None, offli
         try:
             fetched = hub.fetch_config(request.name, revision, request.supplied.token)
             origin = Origin(ArchitectureSource.HUB, request.name, revision, fetched.commit_sha, fetched.url)
-            return _from_config(request, fetched.config, origin, f"config.json of {request.name}@{fetched.commit_sha}")
+            return _from_config(request, fetched.config, origin, f"config.json of {request.name}@{fetched.commit_sha}",
+                                fetched.base_model)
         except _CATALOG_STANDS_IN_FOR as error:
             if known is None:
                 raise
@@ -336,7 +367,7 @@ def resolve_model(request: ModelRequest, *, hub: HubConfigs | None = None, offli
     if known is not None:
         origin = Origin(ArchitectureSource.CATALOG, request.name, request.revision, location=known.source,
                         warnings=warnings)
-        return ResolvedModel(replace(known, name=request.name), origin)
+        return ResolvedModel(_with_base(replace(known, name=request.name), request), origin)
     raise ModelNotResolvable(_unresolvable_message(request, hub, offline))
 
 
@@ -380,9 +411,12 @@ def head_findings(spec: SpeculativeDeploymentSpec, models: ResolvedModels) -> li
     if draft is None or draft.config is None:
         return []
     catalog_target, catalog_head = lookup(spec.model.name), lookup(draft.info.name)
+    aliases = {catalog_target.name} if catalog_target else set()
+    if models.target.info.base_model:
+        aliases.add(models.target.info.base_model)   # a quantised or local copy pairs with its base's heads
     return check_head_pairing(
         spec.speculation.method, spec.model.name, models.target.info.architecture, draft.info.name, draft.config,
-        target_aliases=(catalog_target.name,) if catalog_target else (),
+        target_aliases=sorted(aliases),
         catalog_targets=catalog_head.targets if catalog_head else (),
     )
 

@@ -15,15 +15,31 @@ from __future__ import annotations
 import difflib
 from dataclasses import replace
 
-from specdeploy.api.spec import Architecture, Method, SpeculativeDeploymentSpec
+from specdeploy.api.spec import Architecture, Method, Quantization, SpeculativeDeploymentSpec
 from specdeploy.planning.catalog_entries import ENTRIES, Entry
+from specdeploy.planning.checkpoint import CheckpointQuantization, read_checkpoint_quantization
 from specdeploy.planning.hf_config import architecture_from_hf_config
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.weights import model_weight_bytes
 
 __all__ = [
-    "CATALOG", "UnknownModel", "architecture_from_hf_config", "guess_family", "lookup", "resolve_draft",
-    "resolve_target",
+    "CATALOG", "UnknownModel", "architecture_from_hf_config", "guess_family", "lookup", "lookup_through_base",
+    "quantised_checkpoints_of", "resolve_draft", "resolve_target", "with_stored_quantization",
 ]
+
+_SIXTEEN_BIT = 2.0   # bytes of what a quantised checkpoint keeps unquantised (embeddings, LM head)
+
+
+def with_stored_quantization(model: ModelInfo, stored: CheckpointQuantization | None) -> ModelInfo:
+    """`model` as its checkpoint stores it: a quantised one loads at its scheme's bytes per parameter when
+    `spec.model.quantization` is none (the engine reads the checkpoint's `quantization_config`). A size the
+    model already has (DeepSeek-V3's FP8 blocks, gpt-oss's MXFP4) is kept."""
+    if stored is None or not stored.quantised or stored.scheme in (None, Quantization.NONE) \
+            or model.checkpoint_bytes_per_param is not None:
+        return replace(model, stored_quantization=stored)
+    assert stored.scheme is not None
+    size = model_weight_bytes(model, stored.scheme, _SIXTEEN_BIT) / model.architecture.num_parameters
+    return replace(model, stored_quantization=stored, checkpoint_bytes_per_param=size)
 
 
 def _models(entry: Entry) -> list[ModelInfo]:
@@ -33,8 +49,9 @@ def _models(entry: Entry) -> list[ModelInfo]:
     first = ModelInfo(
         name=entry.names[0], architecture=arch, kind=entry.kind, source=entry.source, family=entry.family,
         targets=entry.targets, draft_vocab_size=entry.draft_vocab_size,
-        checkpoint_bytes_per_param=entry.checkpoint_bytes_per_param,
+        checkpoint_bytes_per_param=entry.checkpoint_bytes_per_param, base_model=entry.base_model,
     )
+    first = with_stored_quantization(first, read_checkpoint_quantization(entry.config))
     return [replace(first, name=name) for name in entry.names]
 
 
@@ -59,7 +76,31 @@ def lookup(name: str) -> ModelInfo | None:
     if model is not None:
         return model
     candidates = _BY_REPO.get(wanted.rsplit("/", 1)[-1], [])
-    return candidates[0] if len(candidates) == 1 else None
+    if len(candidates) != 1:
+        return None
+    # A path with the repository's name has its shapes; what its files store was not read.
+    return replace(candidates[0], stored_quantization=None)
+
+
+def lookup_through_base(name: str, base_model: str | None) -> ModelInfo | None:
+    """The catalog model called `name`, else the one `base_model` names, as `name`: a local copy or a mirror
+    has its base's shapes. Its checkpoint was not read, so what it stores is unknown (the spec says)."""
+    known = lookup(name)
+    if known is not None or not base_model:
+        return known
+    base = lookup(base_model)
+    if base is None:
+        return None
+    return replace(base, name=name, base_model=base.name, stored_quantization=None,
+                   source=f"{base.source} (the catalog's {base.name}, `spec.model.baseModel`)")
+
+
+def quantised_checkpoints_of(base_model: str, scheme: Quantization) -> list[str]:
+    """Catalog repositories that hold `base_model`'s weights quantised with `scheme`, for fixes."""
+    wanted = _normalise(base_model)
+    return [model.name for model in CATALOG.values()
+            if _normalise(model.base_model) == wanted and model.stored_quantization is not None
+            and model.stored_quantization.scheme == scheme]
 
 
 def near_names(name: str, count: int = 3) -> list[str]:
@@ -101,8 +142,9 @@ class UnknownModel(ValueError):
         )
 
 
-def _resolve(name: str, architecture: Architecture | None, source_field: str, kind: ModelKind) -> ModelInfo | None:
-    known = lookup(name)
+def _resolve(name: str, architecture: Architecture | None, source_field: str, kind: ModelKind,
+             base_model: str | None = None) -> ModelInfo | None:
+    known = lookup_through_base(name, base_model)
     if architecture is None:
         return known
     if known is not None:
@@ -111,12 +153,13 @@ def _resolve(name: str, architecture: Architecture | None, source_field: str, ki
 
 
 def resolve_target(spec: SpeculativeDeploymentSpec) -> ModelInfo:
-    """The target's ModelInfo: the catalog's, with `spec.model.architecture` overriding its numbers."""
+    """The target's ModelInfo: the catalog's (or its `baseModel`'s), with `spec.model.architecture` overriding
+    its numbers."""
     model = spec.model
-    resolved = _resolve(model.name, model.architecture, "spec.model.architecture", ModelKind.BASE)
+    resolved = _resolve(model.name, model.architecture, "spec.model.architecture", ModelKind.BASE, model.base_model)
     if resolved is None:
         raise UnknownModel(model.name, "spec.model.name", "spec.model.architecture")
-    return resolved
+    return replace(resolved, base_model=model.base_model) if model.base_model else resolved
 
 
 _KIND_FOR_METHOD = {Method.EAGLE: ModelKind.EAGLE, Method.EAGLE3: ModelKind.EAGLE3}

@@ -32,6 +32,7 @@ class Entry:
     targets: tuple[str, ...] = ()
     draft_vocab_size: int | None = None
     checkpoint_bytes_per_param: float | None = None
+    base_model: str = ""  # a quantised repository: the model whose weights it holds (its model card's base_model)
     note: str = ""
     sources: tuple[str, ...] = field(default=())
 
@@ -60,6 +61,24 @@ def _qwen(model_type: str, layers: int, hidden: int, intermediate: int, heads: i
     }
 
 
+# llm-compressor's FP8_DYNAMIC scheme as compressed-tensors writes it (RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic).
+_FP8_DYNAMIC: dict[str, Any] = {
+    "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+    "ignore": ["lm_head"], "kv_cache_scheme": None,
+    "config_groups": {"group_0": {
+        "targets": ["Linear"],
+        "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": False, "symmetric": True},
+        "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True,
+                              "symmetric": True},
+    }},
+}
+# AutoAWQ's default (casperhansen/llama-3.3-70b-instruct-awq).
+_AUTOAWQ_4BIT: dict[str, Any] = {
+    "quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True,
+    "modules_to_not_convert": None,
+}
+
+
 def _meta(*names: str) -> tuple[str, ...]:
     """meta-llama publishes each Llama-3.1 model twice: "Llama-3.1-…" and the older "Meta-Llama-3.1-…"."""
     return tuple(f"meta-llama/{prefix}{name}" for name in names for prefix in ("", "Meta-"))
@@ -83,6 +102,17 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(("meta-llama/Llama-3.3-70B-Instruct",), "llama3",
           _llama(80, 8192, 28672, 64, 128, tied=False), parameters=70_553_706_496,
           note="the architecture of Llama-3.1-70B"),
+    # Quantised repositories of Llama-3.3-70B-Instruct: the base's shapes and parameter count, their own
+    # `quantization_config` (the keys and values of each repository's config.json), and the base model their
+    # model card names (`base_model: meta-llama/Llama-3.3-70B-Instruct`), so the base's EAGLE heads pair with them.
+    Entry(("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic",), "llama3",
+          {**_llama(80, 8192, 28672, 64, 128, tied=False), "quantization_config": _FP8_DYNAMIC},
+          parameters=70_553_706_496, base_model="meta-llama/Llama-3.3-70B-Instruct",
+          note="llm-compressor FP8_DYNAMIC: FP8 weights per channel, FP8 activations per token"),
+    Entry(("casperhansen/llama-3.3-70b-instruct-awq",), "llama3",
+          {**_llama(80, 8192, 28672, 64, 128, tied=False), "quantization_config": _AUTOAWQ_4BIT},
+          parameters=70_553_706_496, base_model="meta-llama/Llama-3.3-70B-Instruct",
+          note="AutoAWQ 4-bit, group size 128, GEMM kernels"),
     Entry(_meta("Llama-3.1-405B-Instruct", "Llama-3.1-405B"), "llama3",
           _llama(126, 16384, 53248, 128, 128, tied=False), parameters=405_853_388_800),
     Entry(("meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-1B"), "llama3",
@@ -129,7 +159,9 @@ ENTRIES: tuple[Entry, ...] = (
            "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
            "v_head_dim": 128, "vocab_size": 129280, "max_position_embeddings": 163840,
            "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
-           "first_k_dense_replace": 3, "num_nextn_predict_layers": 1, "tie_word_embeddings": False},
+           "first_k_dense_replace": 3, "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
+           "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                   "weight_block_size": [128, 128]}},
           parameters=671_000_000_000,
           # FP8 e4m3 weights with one fp32 scale per 128x128 block; embedding and head in bf16.
           checkpoint_bytes_per_param=1.003,
@@ -146,7 +178,7 @@ ENTRIES: tuple[Entry, ...] = (
            "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088,
            "max_position_embeddings": 131072, "sliding_window": 128,
            "layer_types": ["sliding_attention", "full_attention"] * 12, "num_local_experts": 32,
-           "num_experts_per_tok": 4, "tie_word_embeddings": False},
+           "num_experts_per_tok": 4, "tie_word_embeddings": False, "quantization_config": {"quant_method": "mxfp4"}},
           parameters=20_914_757_184,
           # vLLM loads the MXFP4 checkpoint as 13.47 GiB (llm-d-benchmark empirical-vllm-memory-results.md).
           checkpoint_bytes_per_param=13.47 * GIB / 20_914_757_184,
@@ -156,7 +188,7 @@ ENTRIES: tuple[Entry, ...] = (
            "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088,
            "max_position_embeddings": 131072, "sliding_window": 128,
            "layer_types": ["sliding_attention", "full_attention"] * 18, "num_local_experts": 128,
-           "num_experts_per_tok": 4, "tie_word_embeddings": False},
+           "num_experts_per_tok": 4, "tie_word_embeddings": False, "quantization_config": {"quant_method": "mxfp4"}},
           parameters=116_829_156_672,
           checkpoint_bytes_per_param=64.38 * GIB / 116_829_156_672,  # 64.38 GiB in vLLM (llm-d data)
           sources=("https://openai.com/index/gpt-oss-model-card/ (116.83B parameters)",)),

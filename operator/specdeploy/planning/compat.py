@@ -34,12 +34,15 @@ from specdeploy.api.speculative_keys import (
     ManagedKey,
 )
 from specdeploy.api.status import Compatibility, Finding, Severity
-from specdeploy.engines.base import DEFAULT_IMAGES
+from specdeploy.engines.base import DEFAULT_IMAGES, explicit_quantization
 from specdeploy.engines.trtllm import DECODING_TYPES as TRTLLM_DECODING_TYPES
 from specdeploy.engines.vllm import engine_key as vllm_key
+from specdeploy.planning.catalog import quantised_checkpoints_of
+from specdeploy.planning.checkpoint import contradiction
 from specdeploy.planning.managed_flags import MANAGED_FLAGS, find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
 from specdeploy.planning.schedule import LARGEST_K_FIRST, ZERO_K_SPEEDUP, ScheduleRange, SpeculationSchedule
+from specdeploy.planning.topology import GPUS_PER_NODE, tensor_parallel_fits, valid_tensor_parallel_sizes
 
 # MANAGED_FLAGS is re-exported for the renderers; it lives in planning.managed_flags with its parsing.
 __all__ = ["MANAGED_FLAGS", "SUPPORTED_METHODS", "check_compatibility", "draft_size_ratio"]
@@ -167,6 +170,8 @@ def head_belongs_to_target(
     if draft is None or spec.speculation.method not in _EAGLE_METHODS or not _is_head_like(draft):
         return
     names = {target.name.strip().rstrip("/").lower(), spec.model.name.strip().rstrip("/").lower()}
+    if target.base_model:   # a quantised or local copy pairs with its base model's heads
+        names.add(target.base_model.strip().rstrip("/").lower())
     trained_on = {name.strip().rstrip("/").lower() for name in draft.targets}
     if not trained_on:
         yield _warning(
@@ -182,8 +187,9 @@ def head_belongs_to_target(
             "EagleHeadTargetMismatch",
             f"`spec.speculation.draft.name` {draft.name} was trained for {', '.join(draft.targets)}, not "
             f"for `spec.model.name` {spec.model.name}: an EAGLE head must belong to its target, because it "
-            "predicts from that target's hidden states; name a head trained for this target, or use "
-            "method draft_model, mtp or ngram",
+            "predicts from that target's hidden states; name a head trained for this target, set "
+            "`spec.model.baseModel` if `spec.model.name` is a quantised or local copy of the model the head was "
+            "trained for, or use method draft_model, mtp or ngram",
         )
 
 
@@ -352,8 +358,16 @@ def sglang_topk(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Model
 
 
 def quantization(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
-    """A quantised target (or draft) agrees less with a drafter trained against full precision."""
-    quant = spec.model.quantization
+    """A quantised target (or draft) agrees less with a drafter trained against full precision: the spec's
+    quantisation, or a quantised copy of another model (its config.json's `quantization_config`)."""
+    stored = target.stored_quantization
+    quant, said = spec.model.quantization, f"`spec.model.quantization` is {spec.model.quantization.value}"
+    estimate = "the speedup estimate assumes a lower rate"
+    if quant == Quantization.NONE and stored is not None and stored.scheme and target.base_model:
+        quant = stored.scheme
+        said = (f"`spec.model.name` {spec.model.name} is {target.base_model} {stored.describe()}, and the memory "
+                f"plan counts it as {quant.value}")
+        estimate = "the speedup estimate reads only `spec.model.quantization` and so assumes the unquantised rate"
     if quant != Quantization.NONE and spec.speculation.method != Method.NGRAM:
         strength = (
             "a little (8-bit weights stay close to the original)"
@@ -362,8 +376,8 @@ def quantization(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
         )
         yield _info(
             "TargetQuantized",
-            f"`spec.model.quantization` is {quant.value}: the drafter was trained against the unquantised "
-            f"target, so acceptance drops {strength}; the speedup estimate assumes a lower rate, and "
+            f"{said}: the drafter was trained against the unquantised "
+            f"target, so acceptance drops {strength}; {estimate}, and "
             "`spec.analysis.checks.minAcceptanceRate` catches a larger drop",
         )
     draft_spec = spec.speculation.draft
@@ -376,6 +390,75 @@ def quantization(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
             "is cheaper per token but agrees less with the target, so acceptance drops; keep the draft "
             "unquantised unless memory is short",
         )
+
+
+def checkpoint_quantization(
+    spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None
+) -> Iterable[Finding]:
+    """`spec.model.quantization` must be what the checkpoint stores (its config.json's `quantization_config`)."""
+    stored, written = target.stored_quantization, spec.model.quantization
+    if stored is None:
+        return
+    why = contradiction(written, stored, flag_rendered=explicit_quantization(written) is not None
+                        and spec.engine.kind != EngineKind.TRTLLM)
+    if why is None:
+        return
+    if stored.quantised:
+        fix = ("set `spec.model.quantization` to none: the engine then reads the checkpoint's quantization_config "
+               "and the plan counts what it stores")
+    else:
+        base = target.base_model or target.name
+        repositories = quantised_checkpoints_of(base, written)
+        named = f" (such as {', '.join(repositories)})" if repositories else ""
+        fix = (f"name a checkpoint quantised with {written.value} in `spec.model.name`{named}, or set "
+               "`spec.model.quantization` to none or fp8")
+    yield _error(
+        "QuantizationContradictsCheckpoint",
+        f"`spec.model.quantization` must not be {written.value} for `spec.model.name` {spec.model.name}, which is "
+        f"{stored.describe()}: {why}; {fix}",
+    )
+
+
+def tensor_parallel_topology(
+    spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None
+) -> Iterable[Finding]:
+    """The engine shards attention by heads, and a pod runs on one node (planning/topology.py)."""
+    tp, count = spec.resources.tensor_parallel_size, spec.resources.gpu_count
+    if count > GPUS_PER_NODE:
+        yield _error(
+            "PodExceedsNode",
+            f"`spec.resources.gpu.count` (or `spec.resources.tensorParallelSize`) must be at most {GPUS_PER_NODE}, "
+            f"got {count}: a pod runs on one node, and {spec.resources.gpu.product} nodes have {GPUS_PER_NODE} "
+            "GPUs; use a larger GPU, quantise the model, or run more replicas",
+        )
+    arch = target.architecture
+    if not tensor_parallel_fits(arch, tp):
+        sizes = ", ".join(str(size) for size in valid_tensor_parallel_sizes(arch))
+        yield _error(
+            "TensorParallelSizeInvalid",
+            f"`spec.resources.tensorParallelSize` must divide `spec.model.name` {target.name}'s "
+            f"{arch.num_attention_heads} attention heads, and its {arch.num_key_value_heads} KV heads must divide "
+            f"by it or it by them, got {tp}: the engine splits attention by heads and refuses the rest (vLLM: "
+            f"\"Total number of attention heads ({arch.num_attention_heads}) must be divisible by tensor parallel "
+            f"size ({tp})\"); set one of {sizes}",
+        )
+    draft_spec = spec.speculation.draft
+    if not spec.speculation.enabled or draft is None or draft_spec is None:
+        return
+    draft_tp = draft_spec.tensor_parallel_size or tp
+    if spec.engine.kind != EngineKind.VLLM:
+        draft_tp = tp   # SGLang and TensorRT-LLM run the draft at the target's TP
+    if (draft_tp == tp and not tensor_parallel_fits(arch, tp)) or tensor_parallel_fits(draft.architecture, draft_tp):
+        return   # fits, or already reported for the target
+    both = [size for size in valid_tensor_parallel_sizes(arch) if tensor_parallel_fits(draft.architecture, size)]
+    draft_fix = "`spec.speculation.draft.tensorParallelSize` to 1, or " if spec.engine.kind == EngineKind.VLLM else ""
+    yield _error(
+        "DraftTensorParallelSizeInvalid",
+        f"the draft {draft.name} must run at a tensor-parallel size that divides its "
+        f"{draft.architecture.num_attention_heads} attention heads (its {draft.architecture.num_key_value_heads} KV "
+        f"heads dividing by it or it by them), got {draft_tp}: the engine refuses the rest; set {draft_fix}"
+        f"`spec.resources.tensorParallelSize` to one of {', '.join(map(str, both))}",
+    )
 
 
 # --- extraConfig ---------------------------------------------------------------------------------------
@@ -632,7 +715,7 @@ SPECULATION_RULES: tuple[Rule, ...] = (
     extra_config,
     schedule_support,
 )
-ALWAYS_RULES: tuple[Rule, ...] = (extra_args,)
+ALWAYS_RULES: tuple[Rule, ...] = (extra_args, checkpoint_quantization, tensor_parallel_topology)
 
 
 def check_compatibility(

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from specdeploy.api.spec import Architecture
+from specdeploy.planning.checkpoint import CheckpointQuantization
 
 
 class ModelKind(StrEnum):
@@ -27,3 +28,8 @@ class ModelInfo:
     # Bytes per parameter as the checkpoint stores them, where that is not `spec.model.dtype`
     # (gpt-oss ships MXFP4 experts, DeepSeek-V3 FP8): what `quantization: none` loads.
     checkpoint_bytes_per_param: float | None = None
+    # The model whose weights this checkpoint holds, quantised or copied (an FP8 or AWQ repository of
+    # meta-llama/Llama-3.3-70B-Instruct, a local path with `spec.model.baseModel`): heads pair through it.
+    base_model: str = ""
+    # What the checkpoint's config.json says it stores; None when no config.json was read (an `architecture`).
+    stored_quantization: CheckpointQuantization | None = None

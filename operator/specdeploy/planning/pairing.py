@@ -134,7 +134,8 @@ def check_head_pairing(
             "EagleHeadTargetMismatch", Severity.ERROR,
             f"{draft} {head_name} was trained for {', '.join(trained_for)} ({where}), not for "
             f"`spec.model.name` {target_name}: an EAGLE head must belong to its target, because it predicts "
-            "from that target's hidden states; name a head trained for this target, or use method "
+            "from that target's hidden states; name a head trained for this target, set `spec.model.baseModel` if "
+            "`spec.model.name` is a quantised or local copy of the model the head was trained for, or use method "
             "draft_model, mtp or ngram",
         ))
     if head.target_hidden_size is not None and head.target_hidden_size != target.hidden_size:

@@ -20,12 +20,12 @@ from specdeploy.planning.budget import (
     longest_max_model_len,
     max_utilization,
 )
-from specdeploy.planning.catalog import CATALOG
+from specdeploy.planning.catalog import CATALOG, quantised_checkpoints_of
 from specdeploy.planning.gpus import GPU_PRODUCTS
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.topology import GPUS_PER_NODE, tensor_parallel_fits
 
 MAX_SUGGESTIONS = 8
-MAX_TENSOR_PARALLEL = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,11 @@ def _gib(value: float) -> str:
 
 
 def _target_quantization(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candidate]:
-    current = inputs.target_quantization
+    """FP8 for a 16-bit checkpoint; for an 8-bit one, 4-bit AWQ, which needs an AWQ checkpoint (named when the
+    catalog has one of the same base model)."""
+    current, stored = inputs.target_quantization, inputs.target.stored_quantization
+    if current == Quantization.NONE and stored is not None and stored.scheme is not None:
+        current = stored.scheme   # a quantised checkpoint: --quantization fp8 would contradict it
     eight_bit = current == Quantization.NONE and (inputs.target.checkpoint_bytes_per_param or 2.0) > 1.0
     if eight_bit:
         variant = replace(inputs, target_quantization=Quantization.FP8)
@@ -60,9 +64,12 @@ def _target_quantization(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_
                          "quantise a 16-bit checkpoint as they load it; acceptance drops slightly)")
     elif current in (Quantization.FP8, Quantization.INT8) and not numbers.weights_fit:
         variant = replace(inputs, target_quantization=Quantization.AWQ)
+        target = inputs.target
+        named = quantised_checkpoints_of(target.base_model or target.name, Quantization.AWQ)
+        checkpoint = f"such as {named[0]}" if named else "an AWQ checkpoint"
         yield _Candidate("spec.model.quantization", "awq", variant,
-                         "4-bit AWQ target weights (needs an AWQ checkpoint in `spec.model.name`; acceptance "
-                         "drops more than with 8 bits)")
+                         f"4-bit AWQ target weights (with {checkpoint} in `spec.model.name`; acceptance drops "
+                         "more than with 8 bits)")
 
 
 def _draft_quantization(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candidate]:
@@ -83,11 +90,13 @@ def _kv_cache_dtype(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candi
 
 
 def _tensor_parallel(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candidate]:
-    """The smallest of 2×, 4× and 8× the tensor parallelism that fits, else 2× with how far it gets."""
+    """The smallest of 2×, 4× and 8× the tensor parallelism that fits, else the first with how far it gets; only
+    sizes the engine can shard the model's heads over, within one node's GPUs (planning/topology.py)."""
     tp = inputs.tensor_parallel_size
     first: _Candidate | None = None
-    size = tp * 2
-    while size <= min(tp * 8, MAX_TENSOR_PARALLEL):
+    sizes = [size for size in (tp * 2, tp * 4, tp * 8)
+             if size <= GPUS_PER_NODE and tensor_parallel_fits(inputs.target.architecture, size)]
+    for size in sizes:
         draft_tp = size if inputs.draft_tensor_parallel_size == tp else inputs.draft_tensor_parallel_size
         variant = replace(inputs, tensor_parallel_size=size, draft_tensor_parallel_size=draft_tp)
         count = inputs.gpu_count
@@ -98,7 +107,6 @@ def _tensor_parallel(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Cand
             yield candidate
             return
         first = first or candidate
-        size *= 2
     if first is not None:
         yield first
 
