@@ -12,7 +12,7 @@ from specdeploy.planning.gpus import find_gpu
 from specdeploy_engine.loadgen.workload import Lengths, PlannedRequest, QpsSchedule, Workload
 from specdeploy_engine.sim.argv import parse_engine_argv
 from specdeploy_engine.sim.engine import Engine, SimRequest
-from specdeploy_engine.sim.knobs import Knobs
+from specdeploy_engine.sim.knobs import KnobError, Knobs
 from specdeploy_engine.sim.model import ServedModel, served_model
 from specdeploy_engine.sim.virtual import simulate
 
@@ -93,6 +93,15 @@ def test_extra_latency_is_added_to_every_step() -> None:
     plain = simulate(model, burst(1, output=50))
     slowed = simulate(model, burst(1, output=50), knobs=Knobs(extra_latency_seconds=0.01))
     assert slowed.requests[0].e2e == pytest.approx(plain.requests[0].e2e + 50 * 0.01, rel=1e-9)
+
+
+def test_slower_hardware_stretches_every_step_by_its_factor() -> None:
+    model = served()
+    plain = simulate(model, burst(1, output=50))
+    slower = simulate(model, burst(1, output=50), knobs=Knobs(hardware_slowdown=1.25))
+    assert slower.requests[0].e2e == pytest.approx(plain.requests[0].e2e * 1.25, rel=1e-9)
+    with pytest.raises(KnobError, match="hardwareSlowdown"):
+        Knobs().update({"hardwareSlowdown": 0})
 
 
 def test_the_same_seed_and_requests_give_the_same_run() -> None:

@@ -266,7 +266,7 @@ class Engine:
                 1 for request, chunk in prefill if request.prefilled + chunk >= request.prefill_target),
             draft_passes=draft_k,
         )
-        seconds = self.served.timing.step_seconds(shape)
+        seconds = self.served.timing.step_seconds(shape) * self.knobs.hardware_slowdown
         if draft_k == 0 and self.served.k and self.config.kind == EngineKind.VLLM:
             # vLLM's k = 0 still runs the drafter's forward (vllm#49548) and costs 20-31% over no speculation
             # (vllm#49986): the zeroDraftOverhead knob.

@@ -1,8 +1,9 @@
 """Run-time knobs of the simulator: base acceptance (per workload too), noise, extra latency, the cost of
-a vLLM step that drafts nothing, and a CUDA OOM crash.
+a vLLM step that drafts nothing, hardware slower or faster than its profile, and a CUDA OOM crash.
 
     knobs = Knobs.from_env(os.environ)            # SPECDEPLOY_SIM_KNOBS='{"acceptance": 0.8}'
     knobs.update({"acceptance": 0.3, "extraLatencySeconds": 0.05})
+    knobs.update({"hardwareSlowdown": 1.25})      # every pass 25% slower than the hardware profile says
     knobs.update({"workloadAcceptance": {"[code]": 0.85, "[support]": 0.3}})
     knobs.update({"workloadAcceptance": "[code]=0.85,[support]=0.3"})     # the same, as one line of text
     knobs.workload_rate("fix this [code] please")                        # 0.85
@@ -32,6 +33,7 @@ WIRE_NAMES = {
     "noise": "noise",
     "workloadAcceptance": "workload_acceptance",
     "zeroDraftOverhead": "zero_draft_overhead",
+    "hardwareSlowdown": "hardware_slowdown",
 }
 # A vLLM step that drafts nothing under num_speculative_tokens_per_batch_size costs this much more than the
 # same step without speculation: vllm#49986 measures 20-31% at k = 0 (the drafter's forward still runs,
@@ -54,7 +56,9 @@ class Knobs:
     contains a marker (the first one found, in this order) has that rate instead of `acceptance` (noise and
     temperature still apply). update() replaces the mapping, never changes it in place (the engine keys a
     request's lookup on the mapping's identity). zero_draft_overhead: the extra cost of a vLLM step whose k
-    schedule drafts nothing, as a fraction of the step without speculation."""
+    schedule drafts nothing, as a fraction of the step without speculation. hardware_slowdown: every step's time
+    times this factor — GPUs that are not what their profile (the datasheet, the measured table) says, the case
+    the operator's fit of its hardware from the control pods exists for."""
 
     acceptance: float | None = None
     extra_latency_seconds: float = 0.0
@@ -63,6 +67,7 @@ class Knobs:
     noise: float = 0.0
     workload_acceptance: dict[str, float] = field(default_factory=dict)
     zero_draft_overhead: float = ZERO_DRAFT_OVERHEAD
+    hardware_slowdown: float = 1.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Knobs:
@@ -159,6 +164,8 @@ def _checked(name: str, value: Any) -> Any:
         return _number(name, value, 0.0, 1.0)
     if name == "extraLatencySeconds":
         return _number(name, value, 0.0, 60.0)
+    if name == "hardwareSlowdown":
+        return _number(name, value, 0.25, 4.0)
     if name == "oom":
         if not isinstance(value, bool):
             raise KnobError(f"knob 'oom' must be true or false, got {value!r}")
