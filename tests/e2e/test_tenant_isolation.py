@@ -1,10 +1,13 @@
 """Tenants apart: one namespace's SD names a Prometheus that accepts connections and never answers; another
 namespace's SD, on the dev cluster's Prometheus, collapses acceptance. The second rolls back within the same bound
 as alone (test_rollback_scenarios.py: 90 s from the collapse); the first is Inconclusive, PrometheusUnavailable,
-with the time it took — and nothing it did reached the other."""
+with the time it took — and nothing it did reached the other. A failing endpoint's body reaches neither status nor
+Events; a URL outside the operator's allow-list is never asked; and a scrape target that writes series labelled as
+another namespace's SD (with a collapse in them) changes nothing for that SD, and is counted and told on it."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import socket
@@ -19,11 +22,12 @@ import pytest
 from e2e_resources import SCENARIO_NAME, SCENARIO_SD, serve_scenario
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdeploy.devcluster import DevCluster
+from specdeploy.devcluster import DevCluster, monitoring, wait_for
 from specdeploy.devcluster.processes import free_port
 from specdeploy.devcluster.simadmin import sim_admin
 from specdeploy.devcluster.traffic import Traffic
 from specdeploy.devcluster.waiters import get_json, wait_for_object
+from specdeploy.judgment.evidence import parse_rfc3339
 
 pytestmark = pytest.mark.e2e
 
@@ -144,11 +148,16 @@ MARKER = "internal-endpoint-text-7f3a"
 
 
 class FailingEndpoint:
-    """A loopback HTTP server that answers every request 500 with MARKER in its body; `close()` stops it."""
+    """A loopback HTTP server that answers every request 500 with MARKER in its body, counting them in `requests`;
+    `close()` stops it."""
 
     def __init__(self) -> None:
+        self.requests = 0
+        endpoint = self
+
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:   # noqa: N802 - http.server's naming
+                endpoint.requests += 1
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 body = f'{{"status": "error", "errorType": "internal", "error": "{MARKER}"}}'.encode()
                 self.send_response(500)
@@ -191,3 +200,146 @@ def test_a_failing_endpoint_s_body_reaches_neither_status_nor_events(
     assert MARKER not in json.dumps(obj)
     assert MARKER not in json.dumps(get_json(dev_cluster, "events", namespace=namespace))
     assert MARKER not in operator.output()
+
+
+def test_a_prometheus_outside_the_allow_list_is_never_asked_and_the_sd_says_why(
+    dev_cluster: DevCluster, namespace: str, failing_prometheus: FailingEndpoint,
+    operator_processes: Callable[..., Any],
+) -> None:
+    """The failing endpoint stands for an in-cluster one the operator can reach and the user cannot: with an
+    allow-list that does not name it, it is asked nothing at all."""
+    operator = operator_processes("operator", "--analysis-tick-seconds", "1",
+                                  env={"SPECDEPLOY_ALLOWED_ENDPOINTS": "*.svc,*.svc.cluster.local"})
+    manifest = SCENARIO_SD.replace("    interval: 3s\n",
+                                   f"    interval: 3s\n    prometheus: {{url: '{failing_prometheus.url}'}}\n")
+    dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+    obj = wait_for_object(dev_cluster, ["sd", NAME],
+                          lambda o: _analysis(o).get("verdictReason") == "PrometheusUrlNotAllowed", 60,
+                          "Inconclusive: PrometheusUrlNotAllowed", namespace=namespace)
+    message = _analysis(obj)["message"]
+    assert f"{failing_prometheus.url} (`spec.analysis.prometheus.url`) is not in the operator's allow-list" in message
+    assert "allowedEndpoints" in message, "the fix: the chart value to set"
+    assert failing_prometheus.requests == 0, "nothing was sent to it"
+    assert obj["status"]["speculation"]["active"] is True, "Inconclusive is never a rollback"
+    assert "Traceback" not in operator.output(), operator.output()[-3000:]
+
+
+FORGER_POD = "forger-0"
+FORGED_DRAFTS_PER_SCRAPE, FORGED_ACCEPTED_PER_SCRAPE = 5000, 50   # acceptance 0.01, and most of the SD's drafts
+
+
+class ForgingExporter:
+    """A loopback /metrics whose vLLM counters grow on every scrape with acceptance 0.01: series that, labelled as
+    another SD's speculative pod, would collapse its acceptance. `close()` stops it."""
+
+    def __init__(self) -> None:
+        scrapes = [0]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:   # noqa: N802 - http.server's naming
+                scrapes[0] += 1
+                n = scrapes[0]
+                body = (f"vllm:spec_decode_num_draft_tokens_total {n * FORGED_DRAFTS_PER_SCRAPE}\n"
+                        f"vllm:spec_decode_num_accepted_tokens_total {n * FORGED_ACCEPTED_PER_SCRAPE}\n"
+                        f"vllm:spec_decode_num_drafts_total {n * FORGED_DRAFTS_PER_SCRAPE // 4}\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def _forging(cluster: DevCluster, namespace: str) -> Iterator[None]:
+    """A ForgingExporter registered with the dev Prometheus as a target whose labels say it is the test namespace's
+    SD's speculative pod (what a scrape that relabels, or honours a target's own labels, can write); removed after."""
+    exporter = ForgingExporter()
+    name = f"forger-{uuid.uuid4().hex[:6]}"
+    try:
+        monitoring.write_target(cluster.monitoring_paths, name, exporter.address, {
+            "namespace": namespace, "pod": FORGER_POD, "specdeploy_io_name": NAME,
+            "specdeploy_io_variant": "speculative"})
+        yield
+    finally:
+        monitoring.remove_target(cluster.monitoring_paths, name)
+        exporter.close()
+
+
+def _prometheus_value(cluster: DevCluster, promql: str) -> float | None:
+    result = httpx.get(f"{cluster.prometheus_url}/api/v1/query", params={"query": promql}, timeout=5).json()
+    values = result["data"]["result"]
+    return float(values[0]["value"][1]) if values else None
+
+
+def _events(cluster: DevCluster, namespace: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in get_json(cluster, "events", namespace=namespace)["items"] if e.get("reason") == reason]
+
+
+def test_forged_series_for_another_namespaces_sd_change_nothing_for_it_and_are_counted(
+    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any],
+) -> None:
+    operator = analysing_operator(metrics=True)
+    serving = serve_scenario(dev_cluster, namespace)
+    traffic = Traffic(dev_cluster, serving, qps=4, duration=150).start()
+    try:
+        wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
+                        "a healthy sample at acceptance 0.8", namespace=namespace)
+        with _forging(dev_cluster, namespace):
+            selector = f'namespace="{namespace}",specdeploy_io_name="{NAME}",specdeploy_io_variant="speculative"'
+            unpinned = (f"sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{selector}}}[20s]))"
+                        f" / sum(rate(vllm:spec_decode_num_draft_tokens_total{{{selector}}}[20s]))")
+            # The forged series are in the window: read as the queries did before, acceptance collapsed.
+            collapsed = wait_for(lambda: (v := _prometheus_value(dev_cluster, unpinned)) is not None and v < 0.3 and v,
+                                 60, "the forged series in the SD's window")
+            since = time.time()
+            event = wait_for(lambda: _events(dev_cluster, namespace, "ForeignSeriesIgnored"), 60,
+                             "the ForeignSeriesIgnored Event")[0]
+            # Two windows (20 s each) of samples with the forged series in them: a failure limit of 2 at 3 s
+            # intervals would have rolled back within them.
+            obj = wait_for_object(
+                dev_cluster, ["sd", NAME],
+                lambda o: _last_sample_at(o) > since + 40, 90, "two windows of samples beside the forged series",
+                namespace=namespace)
+    finally:
+        traffic.stop()
+    metrics = httpx.get(operator.metrics_url, timeout=10).text
+    ignored = _metric(metrics, "specdeploy_foreign_series_ignored_total", namespace=namespace, name=NAME)
+    print(f"TENANTS forged acceptance {collapsed:.2f} in Prometheus; the SD stayed "
+          f"{_analysis(obj).get('verdict')} at {_analysis(obj).get('acceptanceRate')}; {ignored:.0f} series ignored")
+    assert obj["status"]["speculation"]["active"] is True, obj["status"]
+    assert not obj["status"]["speculation"].get("lastRollback"), "the forged collapse rolled nothing back"
+    assert _analysis(obj).get("verdict") == "Healthy", _analysis(obj)
+    assert float(_analysis(obj)["acceptanceRate"]) > 0.6, "its own pods' acceptance, 0.8"
+    assert ignored >= 1
+    message = event["message"]
+    assert f"pod={FORGER_POD} job=dev-cluster (speculative)" in message and f"namespace={namespace}" in message
+    assert str(FORGED_DRAFTS_PER_SCRAPE) not in message, "labels only, never values"
+    assert len(_events(dev_cluster, namespace, "ForeignSeriesIgnored")) == 1, "told once"
+    assert "Traceback" not in operator.output(), operator.output()[-3000:]
+
+
+def _last_sample_at(obj: dict[str, Any]) -> float:
+    """The time of the SD's last sample (status.analysis.lastSampleAt), 0 when none."""
+    last = _analysis(obj).get("lastSampleAt")
+    return parse_rfc3339(last).timestamp() if last else 0.0
+
+
+def _metric(text: str, sample_name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == sample_name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
