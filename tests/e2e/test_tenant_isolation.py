@@ -11,14 +11,17 @@ import contextlib
 import http.server
 import json
 import socket
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from e2e_resources import SCENARIO_NAME, SCENARIO_SD, serve_scenario
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -147,6 +150,10 @@ def test_a_silent_prometheus_in_one_namespace_delays_no_rollback_in_another(
 MARKER = "internal-endpoint-text-7f3a"
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    request_queue_size = 128   # a cycle's queries arrive at once: the default backlog of 5 resets some of them
+
+
 class FailingEndpoint:
     """A loopback HTTP server that answers every request 500 with MARKER in its body, counting them in `requests`;
     `close()` stops it."""
@@ -168,7 +175,7 @@ class FailingEndpoint:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -295,8 +302,9 @@ def test_forged_series_for_another_namespaces_sd_change_nothing_for_it_and_are_c
     serving = serve_scenario(dev_cluster, namespace)
     traffic = Traffic(dev_cluster, serving, qps=4, duration=150).start()
     try:
-        wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
-                        "a healthy sample at acceptance 0.8", namespace=namespace)
+        healthy = wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
+                                  "a healthy sample at acceptance 0.8", namespace=namespace)
+        before = float(_analysis(healthy)["acceptanceRate"])
         with _forging(dev_cluster, namespace):
             selector = f'namespace="{namespace}",specdeploy_io_name="{NAME}",specdeploy_io_variant="speculative"'
             unpinned = (f"sum(rate(vllm:spec_decode_num_accepted_tokens_total{{{selector}}}[20s]))"
@@ -317,12 +325,14 @@ def test_forged_series_for_another_namespaces_sd_change_nothing_for_it_and_are_c
         traffic.stop()
     metrics = httpx.get(operator.metrics_url, timeout=10).text
     ignored = _metric(metrics, "specdeploy_foreign_series_ignored_total", namespace=namespace, name=NAME)
-    print(f"TENANTS forged acceptance {collapsed:.2f} in Prometheus; the SD stayed "
-          f"{_analysis(obj).get('verdict')} at {_analysis(obj).get('acceptanceRate')}; {ignored:.0f} series ignored")
+    print(f"TENANTS forged acceptance {collapsed:.2f} in Prometheus; the SD stayed {_analysis(obj).get('verdict')} at "
+          f"{_analysis(obj).get('acceptanceRate')} ({_analysis(healthy)['acceptanceRate']} before); "
+          f"{ignored:.0f} series ignored")
     assert obj["status"]["speculation"]["active"] is True, obj["status"]
     assert not obj["status"]["speculation"].get("lastRollback"), "the forged collapse rolled nothing back"
     assert _analysis(obj).get("verdict") == "Healthy", _analysis(obj)
-    assert float(_analysis(obj)["acceptanceRate"]) > 0.6, "its own pods' acceptance, 0.8"
+    after = float(_analysis(obj)["acceptanceRate"])
+    assert after > 0.5 and abs(after - before) < 0.15, f"its own pods' acceptance: {before} before, {after} beside"
     assert ignored >= 1
     message = event["message"]
     assert f"pod={FORGER_POD} job=dev-cluster (speculative)" in message and f"namespace={namespace}" in message
@@ -343,3 +353,56 @@ def _metric(text: str, sample_name: str, **labels: str) -> float:
             if sample.name == sample_name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     return 0.0
+
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "specdeploy"
+
+
+def test_the_charts_admission_policy_refuses_a_url_outside_the_allow_list_at_apply(
+    dev_cluster: DevCluster, namespace: str, crds: None,
+) -> None:
+    """The chart's ValidatingAdmissionPolicy (templates/endpoint-policy.yaml), rendered with an allow-list and bound
+    to the test's namespace only: a URL outside it is refused by the apiserver with the message; an allowed one, and
+    the operator's own, are created."""
+    rendered = subprocess.run(
+        [str(dev_cluster.helm_path), "template", f"iso-{namespace}"[:40], str(CHART),
+         "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+         "--set", "prometheusUrl=http://prometheus.example.net:9090",
+         "--set", "allowedEndpoints={*.svc,thanos.example.org:443}",
+         "--show-only", "templates/endpoint-policy.yaml"], capture_output=True, text=True, check=True).stdout
+    documents = [d for d in yaml.safe_load_all(rendered) if d]
+    binding = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+    manifest = yaml.safe_dump_all(documents)
+    dev_cluster.kubectl("apply", "-f", "-", input=manifest)
+    try:
+        def sd(name: str, prometheus: str, alertmanager: str | None = None) -> str:
+            body = yaml.safe_load(SCENARIO_SD)
+            body["metadata"]["name"] = name
+            body["spec"]["analysis"]["prometheus"] = {"url": prometheus}
+            if alertmanager:
+                body["spec"]["alerting"] = {"alertmanagerUrl": alertmanager}
+            return str(yaml.safe_dump(body))
+
+        def refused() -> str | None:   # the policy takes effect a moment after it is created
+            result = dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", check=False,
+                                         input=sd("outside", "http://10.0.0.7:8080"))
+            return result.stderr if result.returncode != 0 and "allow-list" in result.stderr else None
+
+        error = wait_for(refused, 30, "the policy refusing a URL outside the allow-list")
+        assert "`spec.analysis.prometheus.url` names a host outside the operator's allow-list" in error, error
+        assert "allowedEndpoints" in error
+        for name, prometheus, alertmanager in (
+                ("in-cluster", "http://prometheus.monitoring.svc:9090", None),
+                ("own", "http://prometheus.example.net:9090", None),
+                ("listed", "https://thanos.example.org", "http://am.monitoring.svc:9093")):
+            dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=sd(name, prometheus, alertmanager))
+        wrong_alertmanager = dev_cluster.kubectl(
+            "apply", "-n", namespace, "-f", "-", check=False,
+            input=sd("alerts-outside", "http://prometheus.monitoring.svc:9090", "http://169.254.169.254"))
+        assert wrong_alertmanager.returncode != 0
+        assert "`spec.alerting.alertmanagerUrl` names a host outside" in wrong_alertmanager.stderr
+        names = dev_cluster.kubectl("get", "sd", "-n", namespace, "-o", "jsonpath={.items[*].metadata.name}").stdout
+        assert set(names.split()) == {"in-cluster", "own", "listed"}
+    finally:
+        dev_cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=manifest, check=False)

@@ -6,15 +6,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
+import subprocess
+from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+import yaml
 from lightkube import ALL_NS
 
 from specdeploy.api.spec import EngineKind
 from specdeploy.clients import kube
+from specdeploy.clients.alertmanager import AlertmanagerNotAllowed, post_alerts
 from specdeploy.clients.endpoints import AllowedEndpoints
 from specdeploy.clients.prometheus import PrometheusClient
 from specdeploy.controller import analysis_loop
@@ -23,6 +28,7 @@ from specdeploy.controller.metrics import OperatorMetrics
 from specdeploy.controller.own_pods import OwnPods
 from specdeploy.controller.settings import OperatorSettings
 from specdeploy.controller.watched import SD, Watched
+from specdeploy.devcluster import build
 from specdeploy.judgment.queries import (
     SELECTOR,
     TemplateError,
@@ -248,8 +254,6 @@ def test_a_prometheus_outside_the_allow_list_is_never_asked_and_says_why(monkeyp
 
 
 def test_an_alertmanager_outside_the_allow_list_is_sent_nothing() -> None:
-    from specdeploy.clients.alertmanager import AlertmanagerNotAllowed, post_alerts
-
     sent: list[httpx.Request] = []
     transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200))
     allowed = AllowedEndpoints.of(None, "http://am.example.net:9093")
@@ -258,3 +262,60 @@ def test_an_alertmanager_outside_the_allow_list_is_sent_nothing() -> None:
     asyncio.run(post_alerts("http://am.example.net:9093", [{"labels": {}}], transport=transport, allowed=allowed))
     asyncio.run(post_alerts("http://am.monitoring.svc:9093", [{"labels": {}}], transport=transport, allowed=allowed))
     assert len(sent) == 2
+
+
+# --- the chart's admission policy: the same list, refused at apply -------------------------------------------------
+
+def _policy(*sets: str) -> list[dict[str, Any]]:
+    found, _ = build.find_binaries(["helm"])
+    if "helm" not in found:
+        pytest.skip("helm is not built yet: run `make cluster-binaries` (`make test` does)")
+    chart = Path(__file__).resolve().parents[2] / "charts" / "specdeploy"
+    args = [str(found["helm"]), "template", "sd", str(chart), "--show-only", "templates/endpoint-policy.yaml",
+            "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"]
+    result = subprocess.run([*args, *[a for s in sets for a in ("--set", s)]], capture_output=True, text=True,
+                            timeout=60)
+    if result.returncode != 0 and "could not find template" in result.stderr:
+        return []
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _policy_allows(policy: dict[str, Any], url: str) -> bool:
+    """The policy's host regexes applied as its CEL applies them (RE2 and Python's re agree on these)."""
+    expression = policy["spec"]["validations"][0]["expression"]
+    own = re.findall(r"variables\.prometheusUrl == '([^']+)'", expression)
+    if url in own:
+        return True
+    hosts, host_ports = (re.search(r"getHostname\(\)\.lowerAscii\(\)\.matches\(r'([^']+)'\)", expression),
+                         re.search(r"\)\)\.matches\(r'([^']+)'\)", expression))
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    port = str(parts.port or (443 if parts.scheme == "https" else 80))
+    return bool((hosts and re.fullmatch(hosts.group(1), host))
+                or (host_ports and re.fullmatch(host_ports.group(1), f"{host}:{port}")))
+
+
+@pytest.mark.parametrize("patterns", [None, ["*.svc", "thanos.example.org:443", "prom-?.corp"]],
+                         ids=["default", "given"])
+def test_the_charts_policy_allows_exactly_what_the_operator_allows(patterns: list[str] | None) -> None:
+    sets = ["prometheusUrl=http://prometheus.example.net:9090"]
+    if patterns:
+        sets.append("allowedEndpoints={" + ",".join(patterns) + "}")
+    documents = _policy(*sets)
+    policy = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicy")
+    binding = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    operator = AllowedEndpoints.of(patterns, "http://prometheus.example.net:9090")
+    for url in ("http://prometheus.monitoring.svc:9090", "http://a.b.svc.cluster.local:9093", "http://127.0.0.1:9",
+                "http://localhost:9090", "http://[::1]:9090", "https://thanos.example.org", "http://thanos.example.org",
+                "http://prom-1.corp", "http://prom-12.corp", "http://10.0.0.7:8080", "http://169.254.169.254",
+                "http://evil.svc.example.com", "http://prometheus.example.net:9090"):
+        assert _policy_allows(policy, url) == operator.allows(url), url
+    assert "allowedEndpoints" in policy["spec"]["validations"][0]["message"]
+    assert [v["message"].split("`")[1] for v in policy["spec"]["validations"]] == \
+        ["spec.analysis.prometheus.url", "spec.alerting.alertmanagerUrl"]
+
+
+def test_the_policy_is_left_out_where_it_is_turned_off() -> None:
+    assert _policy("endpointPolicy.enabled=false") == []
