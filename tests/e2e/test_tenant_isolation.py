@@ -384,9 +384,13 @@ def test_the_charts_admission_policy_refuses_a_url_outside_the_allow_list_at_app
                 body["spec"]["alerting"] = {"alertmanagerUrl": alertmanager}
             return str(yaml.safe_dump(body))
 
-        def refused() -> str | None:   # the policy takes effect a moment after it is created
-            result = dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", check=False,
+        def refused() -> str | None:
+            """The policy takes effect a moment after it is created: an SD created before is deleted (an update
+            that keeps its URL is not checked) and created again."""
+            result = dev_cluster.kubectl("create", "-n", namespace, "-f", "-", check=False,
                                          input=sd("outside", "http://10.0.0.7:8080"))
+            if result.returncode == 0:
+                dev_cluster.kubectl("delete", "sd", "outside", "-n", namespace, "--wait=false")
             return result.stderr if result.returncode != 0 and "allow-list" in result.stderr else None
 
         error = wait_for(refused, 30, "the policy refusing a URL outside the allow-list")

@@ -120,6 +120,8 @@ def test_own_pods_are_remembered_after_they_are_gone_for_the_window_and_then_for
     assert own.pods("prod", "llama") == {"llama-s2"}
     own.record("prod", "llama", [], now=5000.0 + 7000.0, window_seconds=4000.0)    # kept twice a long window
     assert own.pods("prod", "llama") == {"llama-s2"}
+    own.prune(5000.0 + 9000.0)                                                     # a deleted SD's pods go too
+    assert own.pods("prod", "llama") == set()
 
 
 # --- the analysis loop against a Prometheus that holds forged series ---------------------------------------------

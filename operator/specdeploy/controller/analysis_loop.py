@@ -242,6 +242,7 @@ async def _foreign_series(reconciler: Reconciler, guards: Guards, members: list[
                           reported: SeriesPods, now: float) -> dict[tuple[str, str], set[tuple[str, str, str]]]:
     """Per SD of `members`, the (variant, pod, job) of its series that no pod of its own wrote. The SD's pods are
     listed from the apiserver only when a series names a pod the operator has not seen as its own."""
+    guards.own_pods.prune(now)
 
     async def check(resource: SpeculativeDeployment) -> tuple[tuple[str, str], set[tuple[str, str, str]]]:
         key = (resource.metadata.namespace or "", resource.metadata.name)

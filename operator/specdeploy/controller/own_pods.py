@@ -29,26 +29,35 @@ Reported = Mapping[str, Iterable[tuple[str, str]]]
 
 @dataclass
 class OwnPods:
-    """Per (namespace, SD, variant): pod name → the Unix time it was last listed as that SD's."""
+    """Per (namespace, SD, variant): pod name → the Unix time it was last listed as that SD's; per SD, how long its
+    pods are kept."""
 
     _seen: dict[tuple[str, str, str], dict[str, float]] = field(default_factory=dict)
+    _keep: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def record(self, namespace: str, name: str, pods: Iterable[Mapping[str, Any]], now: float,
                window_seconds: float = 0.0) -> None:
-        """The SD's engine pods as the apiserver listed them (JSON), at `now`; forgets pods last listed longer ago
-        than KEEP_SECONDS (or twice `window_seconds`)."""
-        keep = max(KEEP_SECONDS, 2 * window_seconds)
+        """The SD's engine pods as the apiserver listed them (JSON), at `now`; each is kept KEEP_SECONDS after
+        (twice `window_seconds` when longer)."""
+        self._keep[(namespace, name)] = max(KEEP_SECONDS, 2 * window_seconds)
         for pod in pods:
             metadata = pod.get("metadata") or {}
             variant = (metadata.get("labels") or {}).get(LABEL_VARIANT)
             if variant and metadata.get("name"):
                 self._seen.setdefault((namespace, name, variant), {})[metadata["name"]] = now
-        for key in [k for k in self._seen if k[:2] == (namespace, name)]:
+        self.prune(now)
+
+    def prune(self, now: float) -> None:
+        """Forget the pods listed longer ago than their SD's keep (a deleted SD's pods go with them)."""
+        for key in list(self._seen):
+            keep = self._keep.get(key[:2], KEEP_SECONDS)
             kept = {pod: at for pod, at in self._seen[key].items() if now - at <= keep}
             if kept:
                 self._seen[key] = kept
             else:
                 del self._seen[key]
+        for sd in set(self._keep) - {key[:2] for key in self._seen}:
+            del self._keep[sd]
 
     def pods(self, namespace: str, name: str) -> set[str]:
         """Every pod of the SD, both variants."""
@@ -58,7 +67,3 @@ class OwnPods:
         """The (variant, pod, job) of the series labelled as this SD's whose pod is not one of that variant's."""
         return {(variant, pod, job) for variant, pairs in reported.items() for pod, job in pairs
                 if pod not in self._seen.get((namespace, name, variant), {})}
-
-    def forget(self, namespace: str, name: str) -> None:
-        for key in [k for k in self._seen if k[:2] == (namespace, name)]:
-            del self._seen[key]
