@@ -196,14 +196,13 @@ async def _analyse_source(reconciler: Reconciler, source: Source, members: list[
         samples, (reported, unchecked) = await asyncio.gather(
             query_all(prometheus, groups, at=now, share=SOURCE_SHARE_SECONDS),
             series_pods(prometheus, groups, at=now, share=SOURCE_SHARE_SECONDS))
-        foreign = await _foreign_series(reconciler, guards, members, reported, now)
-        selectors = {(r.metadata.namespace or "", r.metadata.name): pinned_selector(
-            r.metadata.namespace or "", r.metadata.name,
-            guards.own_pods.pods(r.metadata.namespace or "", r.metadata.name))
-            for r in members if (r.metadata.namespace or "", r.metadata.name) in foreign}
-        pinned = await query_all(prometheus, {QueryGroup(r.spec.engine.kind, r.spec.analysis.window, selectors[key])
-                                              for r in members if (key := (r.metadata.namespace or "", r.metadata.name))
-                                              in selectors}, at=now, share=SOURCE_SHARE_SECONDS) if selectors else Samples()
+        foreign = await _foreign_series(reconciler, guards, members, reported, now, limit)
+        pinned_groups = {_key(r): QueryGroup(r.spec.engine.kind, r.spec.analysis.window,
+                                             pinned_selector(*_key(r), guards.own_pods.pods(*_key(r))))
+                         for r in members if _key(r) in foreign}
+        selectors = {key: group.selector for key, group in pinned_groups.items()}
+        pinned = (await query_all(prometheus, set(pinned_groups.values()), at=now, share=SOURCE_SHARE_SECONDS)
+                  if pinned_groups else Samples())
     reconciler.metrics.queries(samples.query_seconds + pinned.query_seconds)
     reconciler.metrics.source(source.label, time.monotonic() - started, prometheus.answer_bytes,
                               [error.kind.value for taken in (samples, pinned) for group in taken.groups.values()
@@ -229,6 +228,10 @@ async def _analyse_source(reconciler: Reconciler, source: Source, members: list[
     await asyncio.gather(*(reconcile_with_sample(r) for r in members))
 
 
+def _key(resource: SpeculativeDeployment) -> tuple[str, str]:
+    return resource.metadata.namespace or "", resource.metadata.name
+
+
 def _unusable(sample: DeploymentSample, engine: EngineKind, error: PrometheusError) -> DeploymentSample:
     """`sample` without its values, every signal of `engine` failed (with its own error, else `error`): which pods
     wrote the series is not known, so none is used."""
@@ -239,18 +242,20 @@ def _unusable(sample: DeploymentSample, engine: EngineKind, error: PrometheusErr
 
 
 async def _foreign_series(reconciler: Reconciler, guards: Guards, members: list[SpeculativeDeployment],
-                          reported: SeriesPods, now: float) -> dict[tuple[str, str], set[tuple[str, str, str]]]:
+                          reported: SeriesPods, now: float, limit: asyncio.Semaphore,
+                          ) -> dict[tuple[str, str], set[tuple[str, str, str]]]:
     """Per SD of `members`, the (variant, pod, job) of its series that no pod of its own wrote. The SD's pods are
-    listed from the apiserver only when a series names a pod the operator has not seen as its own."""
+    listed from the apiserver (`limit` at once) only when a series names a pod not seen as its own."""
     guards.own_pods.prune(now)
 
     async def check(resource: SpeculativeDeployment) -> tuple[tuple[str, str], set[tuple[str, str, str]]]:
-        key = (resource.metadata.namespace or "", resource.metadata.name)
+        key = _key(resource)
         of_sd = reported.get(key, {})
         if not of_sd or not guards.own_pods.foreign(*key, of_sd):
             return key, set()
         try:
-            pods = await kube.engine_pods(reconciler.client, *key)
+            async with limit:
+                pods = await kube.engine_pods(reconciler.client, *key)
         except ApiError as error:   # not known as its own, so not used
             logger.warning("cannot list the pods of %s/%s to check its series: %s", *key, error.status.message)
         else:
