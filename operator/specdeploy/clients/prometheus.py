@@ -365,13 +365,15 @@ SeriesPods = dict[tuple[str, str], dict[str, set[tuple[str, str]]]]
 
 
 async def series_pods(client: PrometheusClient, groups: Iterable[QueryGroup], at: float | None = None,
-                      share: float | None = None) -> tuple[SeriesPods, PrometheusError | None]:
+                      share: float | None = None) -> tuple[SeriesPods, PrometheusError | None, tuple[float, ...]]:
     """The pods (and scrape jobs) whose series the analysis queries of `groups` read over each window
-    (queries.SERIES_PODS); with the first error when a query failed (its SDs are then not checked this cycle)."""
+    (queries.SERIES_PODS), the first error when a query failed (its SDs are then not checked this cycle), and each
+    query's seconds."""
     instant = time.time() if at is None else at
     until = None if share is None else asyncio.get_running_loop().time() + share
     found: SeriesPods = {}
     first_error = None
+    seconds = []
     for group in dict.fromkeys(QueryGroup(g.engine, g.window_seconds) for g in groups):
         started = time.perf_counter()
         try:
@@ -382,9 +384,11 @@ async def series_pods(client: PrometheusClient, groups: Iterable[QueryGroup], at
                 f"Prometheus at {client.base_url} did not answer which pods wrote the series within its share of "
                 f"the analysis cycle (gave up after {time.perf_counter() - started:.1f} s)"))
             continue
+        finally:
+            seconds.append(time.perf_counter() - started)
         for sample in answer:
             key = _key(sample.labels)
             if key is not None:
                 pods = found.setdefault((key.namespace, key.name), {}).setdefault(key.variant, set())
                 pods.add((sample.labels.get("pod", ""), sample.labels.get("job", "")))
-    return found, first_error
+    return found, first_error, tuple(seconds)

@@ -193,7 +193,7 @@ async def _analyse_source(reconciler: Reconciler, source: Source, members: list[
     groups = {query_group(r.spec) for r in members}
     async with PrometheusClient(source.url, headers=headers, headers_from=headers_from,
                                 unusable_headers=unusable, not_allowed=not_allowed) as prometheus:
-        samples, (reported, unchecked) = await asyncio.gather(
+        samples, (reported, unchecked, checking_seconds) = await asyncio.gather(
             query_all(prometheus, groups, at=now, share=SOURCE_SHARE_SECONDS),
             series_pods(prometheus, groups, at=now, share=SOURCE_SHARE_SECONDS))
         foreign = await _foreign_series(reconciler, guards, members, reported, now, limit)
@@ -203,7 +203,7 @@ async def _analyse_source(reconciler: Reconciler, source: Source, members: list[
         selectors = {key: group.selector for key, group in pinned_groups.items()}
         pinned = (await query_all(prometheus, set(pinned_groups.values()), at=now, share=SOURCE_SHARE_SECONDS)
                   if pinned_groups else Samples())
-    reconciler.metrics.queries(samples.query_seconds + pinned.query_seconds)
+    reconciler.metrics.queries(samples.query_seconds + checking_seconds + pinned.query_seconds)
     reconciler.metrics.source(source.label, time.monotonic() - started, prometheus.answer_bytes,
                               [error.kind.value for taken in (samples, pinned) for group in taken.groups.values()
                                for error in group.errors.values()])
