@@ -16,6 +16,7 @@ clients/headers.py) go with the POST and never into a message.
     AlertmanagerError
     ├── AlertmanagerUnavailable   connection refused, timeout, HTTP 5xx or 429: retry next cycle
     └── AlertmanagerRejected      another 4xx: the payload or the URL is wrong
+        └── AlertmanagerNotAllowed    not sent: the URL is outside the operator's allow-list (clients/endpoints.py)
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
+
+from specdeploy.clients.endpoints import AllowedEndpoints
 
 ALERTS_PATH = "/api/v2/alerts"
 
@@ -40,12 +43,21 @@ class AlertmanagerRejected(AlertmanagerError):
     pass
 
 
+class AlertmanagerNotAllowed(AlertmanagerRejected):
+    pass
+
+
 async def post_alerts(url: str, alerts: Sequence[dict[str, Any]], headers: Mapping[str, str] | None = None,
-                      timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+                      timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
+                      allowed: AllowedEndpoints | None = None) -> None:
     """POST `alerts` to the Alertmanager at base URL `url` with `headers` (e.g. Authorization); raises
-    AlertmanagerError unless it says 200."""
+    AlertmanagerError unless it says 200. `allowed`: the operator's allow-list; a URL outside it is sent nothing
+    (AlertmanagerNotAllowed, saying what to set)."""
     if not alerts:
         return
+    refusal = allowed.refusal(url, "spec.alerting.alertmanagerUrl") if allowed is not None else None
+    if refusal is not None:
+        raise AlertmanagerNotAllowed(f"the alert was not sent: {refusal}")
     target = url.rstrip("/") + ALERTS_PATH
     try:
         async with httpx.AsyncClient(headers=dict(headers or {}), timeout=httpx.Timeout(timeout),

@@ -10,6 +10,7 @@ can say why it is Inconclusive (the tree mirrors samples.QueryErrorKind):
     ├── PrometheusUnavailable   connection refused or reset, timeout, HTTP 5xx or 429: try next cycle
     ├── PrometheusRefused       HTTP 401, 403, 404 or another 4xx: the URL or the headers are wrong
     ├── PrometheusBadQuery      HTTP 400 or 422: Prometheus rejected the PromQL
+    ├── PrometheusNotAllowed    not sent: the URL is outside the operator's allow-list (clients/endpoints.py)
     └── PrometheusBadResponse   not the JSON envelope the API documents, or not an instant or range vector
 
 Status codes and the envelope `{status, data: {resultType, result}, errorType, error}` are those of the
@@ -37,7 +38,7 @@ from typing import Any
 import httpx
 
 from specdeploy.judgment.comparison import merge_counters
-from specdeploy.judgment.queries import Query, queries_for
+from specdeploy.judgment.queries import Query, queries_for, series_pods_query
 from specdeploy.judgment.samples import (
     GroupSamples,
     Points,
@@ -87,6 +88,10 @@ class PrometheusBadResponse(PrometheusError):
     kind = QueryErrorKind.BAD_RESPONSE
 
 
+class PrometheusNotAllowed(PrometheusError):
+    kind = QueryErrorKind.NOT_ALLOWED
+
+
 @dataclass(frozen=True)
 class Sample:
     """One series of an answer: its labels and its value at the query time (an instant vector), or its
@@ -111,6 +116,8 @@ class PrometheusClient:
     unusable_headers: why the headers meant for this Prometheus could not be had; every query then fails
         with PrometheusRefused saying so instead of going out without them (without a tenant header, a
         Mimir or Thanos could answer with another tenant's series).
+    not_allowed: why the URL is outside the operator's allow-list (AllowedEndpoints.refusal); every query then
+        fails with PrometheusNotAllowed saying so, and nothing is sent.
     timeout: seconds one query may take in all — connecting, sending, Prometheus' own evaluation (`timeout=`) and
         reading the whole answer — not httpx's per-read timeout, which a server that trickles bytes never trips.
     max_answer_bytes: the most of one answer read (MAX_ANSWER_BYTES).
@@ -121,8 +128,10 @@ class PrometheusClient:
 
     def __init__(self, base_url: str, headers: Mapping[str, str] | None = None, timeout: float = 10.0,
                  transport: httpx.AsyncBaseTransport | None = None, headers_from: str | None = None,
-                 unusable_headers: str | None = None, max_answer_bytes: int = MAX_ANSWER_BYTES) -> None:
+                 unusable_headers: str | None = None, max_answer_bytes: int = MAX_ANSWER_BYTES,
+                 not_allowed: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.not_allowed = not_allowed
         self.headers_from = headers_from
         self.unusable_headers = unusable_headers
         self.timeout = timeout
@@ -147,6 +156,8 @@ class PrometheusClient:
     async def query(self, promql: str, at: float | None = None) -> list[Sample]:
         """The vector `promql` evaluates to, now or at Unix time `at` (a range vector for a subquery: each Sample
         then has its points); raises PrometheusError."""
+        if self.not_allowed is not None:
+            raise PrometheusNotAllowed(self.not_allowed)
         if self.unusable_headers is not None:
             raise PrometheusRefused(f"no query sent to Prometheus at {self.base_url}: {self.unusable_headers}")
         form = {"query": promql, "timeout": _timeout_param(self.timeout)}
@@ -273,7 +284,8 @@ async def _ask(client: PrometheusClient, query: Query, at: float | None, until: 
         error = exc
     else:
         return _Answer(query, samples, None, time.perf_counter() - started)
-    log.warning("analysis query %s for %s failed: %s", query.signal.value, query.engine.value, error)
+    if not isinstance(error, PrometheusNotAllowed):   # nothing was sent; the analysis loop says it once
+        log.warning("analysis query %s for %s failed: %s", query.signal.value, query.engine.value, error)
     return _Answer(query, None, error, time.perf_counter() - started)
 
 
@@ -306,13 +318,14 @@ async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: 
     """
     instant = time.time() if at is None else at
     until = None if share is None else asyncio.get_running_loop().time() + share
-    queries = [q for group in dict.fromkeys(groups) for q in queries_for(group.engine, group.window_seconds)]
+    queries = [q for group in dict.fromkeys(groups)
+               for q in queries_for(group.engine, group.window_seconds, group.selector)]
     answers = await asyncio.gather(*(_ask(client, q, instant, until) for q in queries))
     values: dict[QueryGroup, dict[SeriesKey, SignalValues]] = {}
     errors: dict[QueryGroup, dict[Signal, QueryError]] = {}
     per_pod: dict[tuple[QueryGroup, str, str], dict[tuple[str, Signal], list[Points]]] = {}
     for answer in answers:
-        group = QueryGroup(answer.query.engine, answer.query.window_seconds)
+        group = QueryGroup(answer.query.engine, answer.query.window_seconds, answer.query.selector)
         series = values.setdefault(group, {})
         errors.setdefault(group, {})
         if answer.error is not None:
@@ -345,3 +358,37 @@ async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: 
         groups={g: GroupSamples(values[g], errors[g], dropped.get(g, {})) for g in values},
         query_seconds=tuple(a.seconds for a in answers),
     )
+
+
+SeriesPods = dict[tuple[str, str], dict[str, set[tuple[str, str]]]]
+"""Per (namespace, SD): per variant, the (pod, job) label pairs of the series labelled as that SD's."""
+
+
+async def series_pods(client: PrometheusClient, groups: Iterable[QueryGroup], at: float | None = None,
+                      share: float | None = None) -> tuple[SeriesPods, PrometheusError | None, tuple[float, ...]]:
+    """The pods (and scrape jobs) whose series the analysis queries of `groups` read over each window
+    (queries.SERIES_PODS), the first error when a query failed (its SDs are then not checked this cycle), and each
+    query's seconds."""
+    instant = time.time() if at is None else at
+    until = None if share is None else asyncio.get_running_loop().time() + share
+    found: SeriesPods = {}
+    first_error = None
+    seconds = []
+    for group in dict.fromkeys(QueryGroup(g.engine, g.window_seconds) for g in groups):
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout_at(until):
+                answer = await client.query(series_pods_query(group.engine, group.window_seconds), instant)
+        except (TimeoutError, PrometheusError) as error:
+            first_error = first_error or (error if isinstance(error, PrometheusError) else PrometheusUnavailable(
+                f"Prometheus at {client.base_url} did not answer which pods wrote the series within its share of "
+                f"the analysis cycle (gave up after {time.perf_counter() - started:.1f} s)"))
+            continue
+        finally:
+            seconds.append(time.perf_counter() - started)
+        for sample in answer:
+            key = _key(sample.labels)
+            if key is not None:
+                pods = found.setdefault((key.namespace, key.name), {}).setdefault(key.variant, set())
+                pods.add((sample.labels.get("pod", ""), sample.labels.get("job", "")))
+    return found, first_error, tuple(seconds)

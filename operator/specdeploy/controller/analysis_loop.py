@@ -6,6 +6,11 @@ them (`Reconciler.watched`), not from a list each tick.
 Each Prometheus (URL and credentials: a `Source`) is its own task: one that answers slowly, never, or without
 end makes its own SDs Inconclusive (PrometheusUnavailable, with the time it took) and delays no one else's
 sample or rollback (docs/reliability.md "One Prometheus per tenant").
+
+Two guards (`Guards`) keep one tenant from using the operator against another (docs/security.md): a Prometheus URL
+outside the operator's allow-list is never asked (its SDs are Inconclusive, PrometheusUrlNotAllowed, with the fix),
+and a sample uses only series from the SD's own pods — series labelled as an SD's from any other pod are ignored,
+counted, and told on that SD once (an Event, ForeignSeriesIgnored), and the SD is sampled again from its own pods.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -24,20 +30,54 @@ from urllib.parse import urlsplit
 from lightkube.core.exceptions import ApiError
 
 from specdeploy.api.resource import SpeculativeDeployment
+from specdeploy.api.spec import EngineKind
 from specdeploy.api.units import parse_duration
 from specdeploy.clients import kube
+from specdeploy.clients.endpoints import AllowedEndpoints
 from specdeploy.clients.headers import InvalidHeaders, directory_headers
-from specdeploy.clients.prometheus import PrometheusClient, query_all
+from specdeploy.clients.prometheus import (
+    PrometheusClient,
+    PrometheusError,
+    SeriesPods,
+    query_all,
+    series_pods,
+)
+from specdeploy.controller.own_pods import OwnPods
 from specdeploy.controller.reconciler import Reconciler
+from specdeploy.controller.settings import OperatorSettings
 from specdeploy.controller.watched import SD, Watched
 from specdeploy.judgment import evidence
-from specdeploy.judgment.queries import query_group
-from specdeploy.judgment.samples import Samples
+from specdeploy.judgment.queries import pinned_selector, queries_for, query_group
+from specdeploy.judgment.samples import DeploymentSample, QueryError, QueryGroup, Samples
+from specdeploy.reconcile.conditions import Event
 
 logger = logging.getLogger(__name__)
 
 CONCURRENT_RECONCILES = 16
 """SDs reconciled with their samples at once: the API calls overlap; each SD still has its own lock."""
+
+
+FOREIGN_SERIES_EVENT = "ForeignSeriesIgnored"
+SHOWN_FOREIGN = 5
+"""The foreign pods an Event names at most (their count is always given)."""
+
+
+@dataclass
+class Guards:
+    """What keeps one tenant's SD from reaching another's judgment through the analysis, kept across cycles: the
+    URLs the operator may ask, the pods it observed as each SD's, and what it already told (once, not each cycle)."""
+
+    allowed: AllowedEndpoints = field(default_factory=AllowedEndpoints)
+    own_pods: OwnPods = field(default_factory=OwnPods)
+    told_refused: set[str] = field(default_factory=set)
+    told_foreign: dict[tuple[str, str], frozenset[tuple[str, str, str]]] = field(default_factory=dict)
+
+    @classmethod
+    def from_environment(cls, default_url: str | None) -> Guards:
+        """The allow-list of SPECDEPLOY_ALLOWED_ENDPOINTS (the chart's `allowedEndpoints`), with the operator's own
+        Prometheus URL."""
+        patterns = OperatorSettings.from_environment(os.environ).allowed_endpoints
+        return cls(AllowedEndpoints.of(patterns, default_url))
 
 
 @dataclass(frozen=True)
@@ -125,12 +165,17 @@ def _due_by_source(reconciler: Reconciler, namespaces: Iterable[str], now: float
 
 
 async def _analyse_source(reconciler: Reconciler, source: Source, members: list[SpeculativeDeployment], now: float,
-                          limit: asyncio.Semaphore) -> None:
+                          limit: asyncio.Semaphore, guards: Guards) -> None:
     """Sample the SDs of one Prometheus and reconcile each with its sample, as soon as this source has answered:
     no other source's answers are waited for."""
     started = time.monotonic()
     headers, headers_from, unusable = None, None, None
-    if source.headers_secret:
+    not_allowed = guards.allowed.refusal(source.url, "spec.analysis.prometheus.url")
+    if not_allowed is not None:
+        if source.url not in guards.told_refused:
+            guards.told_refused.add(source.url)
+            logger.warning("%s", not_allowed)
+    elif source.headers_secret:
         headers_from = f"Secret {source.namespace}/{source.headers_secret} (`spec.analysis.prometheus.headersSecretRef`)"
         try:
             headers = await kube.secret_headers(reconciler.client, source.namespace, source.headers_secret)
@@ -145,24 +190,102 @@ async def _analyse_source(reconciler: Reconciler, source: Source, members: list[
         except InvalidHeaders as error:   # its message holds no value
             unusable = str(error)
             logger.warning("%s", unusable)
+    groups = {query_group(r.spec) for r in members}
     async with PrometheusClient(source.url, headers=headers, headers_from=headers_from,
-                                unusable_headers=unusable) as prometheus:
-        samples = await query_all(prometheus, {query_group(r.spec) for r in members}, at=now,
-                                  share=SOURCE_SHARE_SECONDS)
-    reconciler.metrics.queries(samples.query_seconds)
+                                unusable_headers=unusable, not_allowed=not_allowed) as prometheus:
+        samples, (reported, unchecked, checking_seconds) = await asyncio.gather(
+            query_all(prometheus, groups, at=now, share=SOURCE_SHARE_SECONDS),
+            series_pods(prometheus, groups, at=now, share=SOURCE_SHARE_SECONDS))
+        foreign = await _foreign_series(reconciler, guards, members, reported, now, limit)
+        pinned_groups = {_key(r): QueryGroup(r.spec.engine.kind, r.spec.analysis.window,
+                                             pinned_selector(*_key(r), guards.own_pods.pods(*_key(r))))
+                         for r in members if _key(r) in foreign}
+        selectors = {key: group.selector for key, group in pinned_groups.items()}
+        pinned = (await query_all(prometheus, set(pinned_groups.values()), at=now, share=SOURCE_SHARE_SECONDS)
+                  if pinned_groups else Samples())
+    reconciler.metrics.queries(samples.query_seconds + checking_seconds + pinned.query_seconds)
     reconciler.metrics.source(source.label, time.monotonic() - started, prometheus.answer_bytes,
-                              [error.kind.value for group in samples.groups.values() for error in group.errors.values()])
+                              [error.kind.value for taken in (samples, pinned) for group in taken.groups.values()
+                               for error in group.errors.values()])
 
-    async def reconcile_with_sample(resource: SpeculativeDeployment, samples: Samples) -> None:
+    async def reconcile_with_sample(resource: SpeculativeDeployment) -> None:
         namespace, name = resource.metadata.namespace or "", resource.metadata.name
-        sample = samples.for_deployment(namespace, name, resource.spec.engine.kind, resource.spec.analysis.window)
+        engine, window = resource.spec.engine.kind, resource.spec.analysis.window
+        if unchecked is not None and not_allowed is None:
+            sample = _unusable(samples.for_deployment(namespace, name, engine, window), engine, unchecked)
+        elif (namespace, name) in selectors:
+            sample = pinned.for_deployment(namespace, name, engine, window, selectors[(namespace, name)])
+            await _tell_foreign(reconciler, guards, resource, foreign[(namespace, name)])
+        else:
+            sample = samples.for_deployment(namespace, name, engine, window)
+            guards.told_foreign.pop((namespace, name), None)
         async with limit:
             try:
                 await reconciler.reconcile(namespace, name, None, sample)
             except Exception:  # one SD's failure must not stop the others' analysis
                 logger.exception("reconciling %s/%s with its sample failed", namespace, name)
 
-    await asyncio.gather(*(reconcile_with_sample(r, samples) for r in members))
+    await asyncio.gather(*(reconcile_with_sample(r) for r in members))
+
+
+def _key(resource: SpeculativeDeployment) -> tuple[str, str]:
+    return resource.metadata.namespace or "", resource.metadata.name
+
+
+def _unusable(sample: DeploymentSample, engine: EngineKind, error: PrometheusError) -> DeploymentSample:
+    """`sample` without its values, every signal of `engine` failed (with its own error, else `error`): which pods
+    wrote the series is not known, so none is used."""
+    message = f"which pods wrote the series is not known, so none was used: {error}"
+    return DeploymentSample(sample.window_seconds, errors={
+        query.signal: sample.errors.get(query.signal) or QueryError(query.signal, error.kind, message)
+        for query in queries_for(engine, sample.window_seconds)})
+
+
+async def _foreign_series(reconciler: Reconciler, guards: Guards, members: list[SpeculativeDeployment],
+                          reported: SeriesPods, now: float, limit: asyncio.Semaphore,
+                          ) -> dict[tuple[str, str], set[tuple[str, str, str]]]:
+    """Per SD of `members`, the (variant, pod, job) of its series that no pod of its own wrote. The SD's pods are
+    listed from the apiserver (`limit` at once) only when a series names a pod not seen as its own."""
+    guards.own_pods.prune(now)
+
+    async def check(resource: SpeculativeDeployment) -> tuple[tuple[str, str], set[tuple[str, str, str]]]:
+        key = _key(resource)
+        of_sd = reported.get(key, {})
+        if not of_sd or not guards.own_pods.foreign(*key, of_sd):
+            return key, set()
+        try:
+            async with limit:
+                pods = await kube.engine_pods(reconciler.client, *key)
+        except ApiError as error:   # not known as its own, so not used
+            logger.warning("cannot list the pods of %s/%s to check its series: %s", *key, error.status.message)
+        else:
+            guards.own_pods.record(*key, pods, now, resource.spec.analysis.window)
+        return key, guards.own_pods.foreign(*key, of_sd)
+
+    checked = await asyncio.gather(*(check(r) for r in members))
+    return {key: found for key, found in checked if found}
+
+
+async def _tell_foreign(reconciler: Reconciler, guards: Guards, resource: SpeculativeDeployment,
+                        foreign: set[tuple[str, str, str]]) -> None:
+    """Count the series ignored this cycle; an Event on the SD when the set of foreign pods changed (labels only:
+    no value of any series)."""
+    namespace, name = resource.metadata.namespace or "", resource.metadata.name
+    reconciler.metrics.foreign(namespace, name, len(foreign))
+    seen = frozenset(foreign)
+    if guards.told_foreign.get((namespace, name)) == seen:
+        return
+    shown = ", ".join(f"namespace={namespace} pod={pod or '(none)'} job={job or '(none)'} ({variant})"
+                      for variant, pod, job in sorted(foreign, key=lambda f: (f[1], f[2], f[0]))[:SHOWN_FOREIGN])
+    more = f" and {len(foreign) - SHOWN_FOREIGN} more" if len(foreign) > SHOWN_FOREIGN else ""
+    event = Event.warning(FOREIGN_SERIES_EVENT, (
+        f"series from pods that are not this SD's were ignored: {len(foreign)} pod(s) wrote series labelled as its "
+        f"own — {shown}{more}; the sample uses only the pods the operator observed as this SD's. A scrape that "
+        "keeps a target's own labels (honorLabels) or relabels into namespace/specdeploy_io_* can write them "
+        "(docs/security.md \"Series from other pods\")"))
+    body = {"metadata": {"namespace": namespace, "name": name, "uid": resource.metadata.uid}}
+    if await kube.post_event(reconciler.client, body, event):
+        guards.told_foreign[(namespace, name)] = seen
 
 
 @dataclass
@@ -179,10 +302,13 @@ class InFlight:
 
 
 def start_cycle(reconciler: Reconciler, namespaces: Iterable[str], default_url: str | None,
-                default_headers_dir: Path | None = None, in_flight: InFlight | None = None) -> asyncio.Task[int]:
+                default_headers_dir: Path | None = None, in_flight: InFlight | None = None,
+                guards: Guards | None = None) -> asyncio.Task[int]:
     """Start one cycle: every due SD of every source not still busy is sampled, each source on its own; the task
-    returned ends when they are all reconciled (observing the cycle's time) and returns how many were sampled."""
+    returned ends when they are all reconciled (observing the cycle's time) and returns how many were sampled.
+    `guards`: kept across cycles (Guards.from_environment); None: the default allow-list and no pod seen yet."""
     started = time.monotonic()
+    guards = guards if guards is not None else Guards(AllowedEndpoints.of(None, default_url))
     now = time.time()
     busy = in_flight if in_flight is not None else InFlight()
     limit = asyncio.Semaphore(CONCURRENT_RECONCILES)
@@ -191,7 +317,7 @@ def start_cycle(reconciler: Reconciler, namespaces: Iterable[str], default_url: 
                  if source not in busy.sources}
     tasks = []
     for source, members in by_source.items():
-        task = asyncio.create_task(_analyse_source(reconciler, source, members, now, limit))
+        task = asyncio.create_task(_analyse_source(reconciler, source, members, now, limit, guards))
         busy.sources[source] = task
         task.add_done_callback(functools.partial(_finished, busy, source))
         tasks.append(task)
@@ -219,9 +345,9 @@ def _finished(in_flight: InFlight, source: Source, task: asyncio.Task[None]) -> 
 
 
 async def analyse_once(reconciler: Reconciler, namespaces: Iterable[str], default_url: str | None,
-                       default_headers_dir: Path | None = None) -> int:
+                       default_headers_dir: Path | None = None, guards: Guards | None = None) -> int:
     """One cycle, awaited: sample every due SD and reconcile it with its sample; returns how many were sampled."""
-    return await start_cycle(reconciler, namespaces, default_url, default_headers_dir)
+    return await start_cycle(reconciler, namespaces, default_url, default_headers_dir, guards=guards)
 
 
 async def analyse_forever(reconciler: Reconciler, namespaces: list[str], default_url: str | None,
@@ -229,10 +355,11 @@ async def analyse_forever(reconciler: Reconciler, namespaces: list[str], default
     """Start a cycle every `tick` seconds until cancelled; a source still busy with an earlier cycle sits the new
     one out, the others go on."""
     in_flight = InFlight()
+    guards = Guards.from_environment(default_url)
     try:
         while True:
             try:
-                start_cycle(reconciler, namespaces, default_url, default_headers_dir, in_flight)
+                start_cycle(reconciler, namespaces, default_url, default_headers_dir, in_flight, guards)
             except Exception:
                 logger.exception("analysis cycle failed")
             await asyncio.sleep(tick)

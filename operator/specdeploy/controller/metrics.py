@@ -100,6 +100,11 @@ class OperatorMetrics:
             "specdeploy_resync_failures",
             "SpeculativeDeployments whose reconcile failed during a periodic resync (the others went on).",
             registry=self.registry)
+        self.foreign_series = Counter(
+            "specdeploy_foreign_series_ignored",
+            "Analysis cycles' series labelled as this SpeculativeDeployment's from pods the operator did not observe "
+            "as its own (a pod, job and variant counted once a cycle): ignored, the SD sampled from its own pods.",
+            ("namespace", "name"), registry=self.registry)
 
     def rollback(self, namespace: str, name: str, reason: str) -> None:
         self.rollbacks.labels(namespace=namespace, name=name, reason=reason).inc()
@@ -153,6 +158,9 @@ class OperatorMetrics:
         self.source_bytes.labels(source=source).inc(answer_bytes)
         for kind in failures:
             self.source_failures.labels(source=source, kind=kind).inc()
+
+    def foreign(self, namespace: str, name: str, series: int) -> None:
+        self.foreign_series.labels(namespace=namespace, name=name).inc(series)
 
     def cycle(self, seconds: float) -> None:
         self.cycle_seconds.observe(seconds)

@@ -45,6 +45,11 @@ class OperatorSettings(BaseModel):
     pod_monitor_labels: dict[str, str] = Field(
         default_factory=dict, description="Labels for each SD's PodMonitor besides the operator's own, e.g. "
         "release=kube-prometheus-stack (SPECDEPLOY_POD_MONITOR_LABELS: comma-separated key=value pairs)")
+    # --- endpoints the operator may send requests to (issue 30: no arbitrary fetching) ---
+    allowed_endpoints: tuple[str, ...] | None = Field(
+        None, description="Host globs (optionally host:port) of the Prometheus and Alertmanager URLs SDs may name, "
+        "besides the operator's own; None: clients/endpoints.py DEFAULT_ALLOWED (SPECDEPLOY_ALLOWED_ENDPOINTS: "
+        "comma-separated)")
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], **given: Any) -> OperatorSettings:
@@ -68,6 +73,8 @@ def _parsed(name: str, raw: str) -> Any:
         return is_true(raw)
     if name == "pod_monitor_labels":
         return label_pairs(raw.split(","))
+    if name == "allowed_endpoints":
+        return tuple(pattern.strip() for pattern in raw.split(",") if pattern.strip())
     return raw
 
 

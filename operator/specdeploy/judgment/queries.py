@@ -16,6 +16,7 @@ durations, so nothing else can be spliced into a query.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from string import Template
 
@@ -137,6 +138,7 @@ class Query:
     window_seconds: float
     promql: str
     position_label: str | None = None
+    selector: str = ""
 
 
 def _acceptance_rate(names: MetricNames, window: str) -> str | None:
@@ -179,8 +181,14 @@ def _part(signal: Signal) -> str:
     return "sum" if signal.value.endswith("_sum") else "count"
 
 
-def promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | None:
-    """The query for `signal` on `engine`'s metric names; None when the engine exports nothing for it."""
+def promql(signal: Signal, engine: EngineKind, window_seconds: float, selector: str = "") -> str | None:
+    """The query for `signal` on `engine`'s metric names; None when the engine exports nothing for it.
+    `selector`: "" for every SD's series (SELECTOR), or one SD's own pods (`pinned_selector`)."""
+    text = _promql(signal, engine, window_seconds)
+    return text.replace(SELECTOR, selector) if text is not None and selector else text
+
+
+def _promql(signal: Signal, engine: EngineKind, window_seconds: float) -> str | None:
     names = metric_names(engine)
     window, latest = promql_duration(window_seconds), promql_duration(latest_seconds(window_seconds))
     match signal:
@@ -271,16 +279,46 @@ def _per_position(counter: str | None, position_label: str | None, window: str) 
     return render(PER_POSITION_FROM_COUNTER, counter=counter, position=position_label, window=window)
 
 
-def queries_for(engine: EngineKind, window_seconds: float) -> list[Query]:
-    """Every query of one engine and window, one per signal the engine can answer."""
+def queries_for(engine: EngineKind, window_seconds: float, selector: str = "") -> list[Query]:
+    """Every query of one engine and window, one per signal the engine can answer; `selector` as in `promql`."""
     result = []
     position_label = metric_names(engine).position_label
     for signal in Signal:
-        text = promql(signal, engine, window_seconds)
+        text = promql(signal, engine, window_seconds, selector)
         if text is not None:
             result.append(Query(signal, engine, window_seconds, text,
-                                position_label if signal.is_per_position else None))
+                                position_label if signal.is_per_position else None, selector))
     return result
+
+
+# The pods whose series an analysis query reads, per SD and variant, at each slice's instant over the window: the
+# series of every metric the queries read, grouped with the pod and the scrape job that wrote them. Checked
+# against the pods the operator observed as each SD's (controller/own_pods.py): a series labelled as one SD's from
+# a pod that is not its own is ignored. One query per engine and window, as the others; its answer has a series
+# per pod, not per bucket.
+SERIES_PODS = 'group by ($by, pod, job) ({__name__=~"$names",$matcher})[$range:$step]'
+_SELECTED_METRIC = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)" + re.escape(SELECTOR))
+_DNS_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+def series_pods_query(engine: EngineKind, window_seconds: float) -> str:
+    """The query of SERIES_PODS for `engine` over `window_seconds`: the metric names are those its queries select."""
+    names = sorted({name for query in queries_for(engine, window_seconds)
+                    for name in _SELECTED_METRIC.findall(query.promql)})
+    step = slice_seconds(window_seconds)
+    return Template(SERIES_PODS).substitute(
+        by=GROUP_LABELS, names="|".join(names), matcher=SELECTOR.strip("{}"),
+        range=promql_duration(window_seconds + step), step=promql_duration(step))
+
+
+def pinned_selector(namespace: str, name: str, pods: Iterable[str]) -> str:
+    """The selector of SD `namespace/name`'s series from `pods` only (names the apiserver gave: DNS names, checked,
+    so that nothing else reaches the query). No pods: a regex that matches none."""
+    for value in (namespace, name, *pods):
+        if not _DNS_NAME.fullmatch(value):
+            raise TemplateError(f"{value!r} is not a Kubernetes object name")
+    alternatives = "|".join(sorted(pod.replace(".", "\\\\.") for pod in pods)) or "$^"
+    return f'{{namespace="{namespace}",specdeploy_io_name="{name}",pod=~"{alternatives}"}}'
 
 
 def query_group(spec: SpeculativeDeploymentSpec) -> QueryGroup:

@@ -41,6 +41,7 @@ class InconclusiveReason(StrEnum):
     PROMETHEUS_REFUSED = "PrometheusRefused"
     PROMETHEUS_BAD_QUERY = "PrometheusBadQuery"
     PROMETHEUS_BAD_RESPONSE = "PrometheusBadResponse"
+    PROMETHEUS_URL_NOT_ALLOWED = "PrometheusUrlNotAllowed"   # outside the operator's allow-list: never asked
 
 
 class RollbackReason(StrEnum):

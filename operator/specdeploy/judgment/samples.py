@@ -131,10 +131,12 @@ class SeriesKey(NamedTuple):
 
 
 class QueryGroup(NamedTuple):
-    """SDs that share one set of queries: the same engine (metric names) and the same window."""
+    """SDs that share one set of queries: the same engine (metric names) and the same window; `selector`: the
+    series they read ("": every SD's, judgment/queries.py SELECTOR; else one SD's own pods, `pinned_selector`)."""
 
     engine: EngineKind
     window_seconds: float
+    selector: str = ""
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,7 @@ class QueryErrorKind(StrEnum):
     REFUSED = "Refused"              # HTTP 401/403/404 and other 4xx: wrong URL or credentials
     BAD_QUERY = "BadQuery"           # HTTP 400/422: Prometheus rejected the PromQL
     BAD_RESPONSE = "BadResponse"     # an answer that is not the JSON the API documents
+    NOT_ALLOWED = "NotAllowed"       # not sent: the URL is outside the operator's allow-list (clients/endpoints.py)
 
 
 @dataclass(frozen=True)
@@ -309,9 +312,10 @@ class Samples:
     def query_count(self) -> int:
         return len(self.query_seconds)
 
-    def for_deployment(self, namespace: str, name: str, engine: EngineKind, window_seconds: float) -> DeploymentSample:
+    def for_deployment(self, namespace: str, name: str, engine: EngineKind, window_seconds: float,
+                       selector: str = "") -> DeploymentSample:
         """The sample of SD `namespace/name`; empty values (and no errors) when its group was not queried."""
-        group = self.groups.get(QueryGroup(engine, window_seconds), GroupSamples())
+        group = self.groups.get(QueryGroup(engine, window_seconds, selector), GroupSamples())
         speculative = group.values.get(SeriesKey(namespace, name, Variant.SPECULATIVE.value), SignalValues())
         control = group.values.get(SeriesKey(namespace, name, Variant.CONTROL.value), SignalValues())
         return DeploymentSample(window_seconds, speculative, control, group.errors,

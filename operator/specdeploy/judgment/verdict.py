@@ -194,6 +194,7 @@ _ERROR_REASONS = {
     QueryErrorKind.REFUSED: InconclusiveReason.PROMETHEUS_REFUSED,
     QueryErrorKind.BAD_QUERY: InconclusiveReason.PROMETHEUS_BAD_QUERY,
     QueryErrorKind.BAD_RESPONSE: InconclusiveReason.PROMETHEUS_BAD_RESPONSE,
+    QueryErrorKind.NOT_ALLOWED: InconclusiveReason.PROMETHEUS_URL_NOT_ALLOWED,
 }
 
 _WHAT = {
