@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.waiters import wait_established
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,7 @@ def watching_operator(cluster: DevCluster, state_dir: Path, namespace: str, *arg
     """Yields the operator process (its Lease acquired) and its log file; stops it on the way out. `before`
     runs once the namespace exists and before the operator starts (what its first listing should find)."""
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for", "condition=established", "crd/speculativedeployments.specdeploy.io")
+    wait_established(cluster, "speculativedeployments.specdeploy.io")
     cluster.kubectl("create", "namespace", namespace)
     if before is not None:
         before()

@@ -36,6 +36,7 @@ from process_usage import Mark, apiserver_requests, load_average, machine, perce
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.nodes import GpuNodeShape, node_manifest
+from specdeploy.devcluster.waiters import wait_established
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "bench"
@@ -201,7 +202,7 @@ def create_only(count: int, nodes: int) -> None:
         cluster.up(timeout=600)
         try:
             cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-            cluster.kubectl("wait", "--for", "condition=established", "crd/speculativedeployments.specdeploy.io")
+            wait_established(cluster, "speculativedeployments.specdeploy.io")
             cluster.kubectl("create", "namespace", NAMESPACE)
             documents = yaml.safe_dump_all([_resource(i) for i in range(count)])
             components = {c.name: c.pid for c in cluster.status().components if c.pid}
