@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "specdeploy"
 CRD = "speculativedeployments.specdeploy.io"
 EARLIER = "87a745c"
-"""The last commit before the CRD gained the scale subresource, tokenSecretRef and controlReplicas' meaning."""
+"""The last commit before the CRD gained tokenSecretRef and the scale subresource (2026-12-05)."""
 SDS = {"llama-8b-ngram": "llama-8b-ngram.yaml", "qwen3-4b": "qwen3-4b-draft.yaml"}
 
 
@@ -43,10 +43,11 @@ def _earlier_tree(destination: Path) -> Path:
     """The chart, CRD and operator code of `EARLIER`, extracted under `destination`."""
     git = shutil.which("git")
     assert git, "this test needs git on PATH: it takes the earlier chart from the repository's history"
-    found = subprocess.run([git, "-C", str(REPO), "cat-file", "-e", f"{EARLIER}^{{commit}}"], capture_output=True)
+    found = subprocess.run([git, "-C", str(REPO), "cat-file", "-e", f"{EARLIER}^{{commit}}"], capture_output=True,
+                           text=True)
     assert found.returncode == 0, (
         f"commit {EARLIER} is not in this clone's history ({REPO}): the upgrade test installs the chart as it was "
-        "there. Clone with full history (or `git fetch --unshallow`).")
+        f"there. Clone with full history (or `git fetch --unshallow`). git said: {found.stderr.strip()}")
     archive = subprocess.run([git, "-C", str(REPO), "archive", "--format=tar", EARLIER, "charts/specdeploy",
                               "operator", "engine-image"], capture_output=True, check=True)
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
