@@ -141,7 +141,7 @@ def test_upgrade_from_the_earlier_chart_leaves_sds_running_and_serves_the_new_cr
         tmp_path: Path) -> None:
     earlier = earlier_crd
     versions = get_json(dev_cluster, "crd", CRD)["spec"]["versions"]
-    assert "scale" not in versions[0].get("subresources", {}), "the earlier CRD has no scale subresource"
+    assert "scale" not in versions[0].get("subresources", {}), "the earlier CRD (no scale subresource) is not in place"
     values = ["--set", f"watchNamespaces={{{watched}}}", "--set", "resyncSeconds=3", "--set", "logFormat=plain"]
     _helm(dev_cluster, "install", release, str(earlier / "charts/specdeploy"), "-n", namespace, *values)
     operator = _chart_operator(dev_cluster, release, namespace, tmp_path / "operator-earlier.log",
