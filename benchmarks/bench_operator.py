@@ -9,22 +9,26 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.waiters import wait_established
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def watching_operator(cluster: DevCluster, state_dir: Path, namespace: str,
-                      *args: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """Yields the operator process (its Lease acquired) and its log file; stops it on the way out."""
+def watching_operator(cluster: DevCluster, state_dir: Path, namespace: str, *args: str,
+                      before: Callable[[], None] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """Yields the operator process (its Lease acquired) and its log file; stops it on the way out. `before`
+    runs once the namespace exists and before the operator starts (what its first listing should find)."""
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for", "condition=established", "crd/speculativedeployments.specdeploy.io")
+    wait_established(cluster, "speculativedeployments.specdeploy.io")
     cluster.kubectl("create", "namespace", namespace)
+    if before is not None:
+        before()
     log_path = state_dir / "operator.log"
     with log_path.open("wb") as log:
         operator = subprocess.Popen(

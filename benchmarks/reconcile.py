@@ -1,6 +1,7 @@
 """Reconcile throughput: create N SpeculativeDeployments at once and time the operator.
 
-    python benchmarks/reconcile.py [--count 200] [--nodes N] [--steady-seconds 30] [--without-operator]
+    python benchmarks/reconcile.py [--count 200] [--nodes N] [--steady-seconds 30] [--unrelated-pods N]
+                                   [--without-operator]
 
 Starts its own dev cluster (enough kwok GPU nodes for one pod per SD unless `--nodes` says otherwise),
 the operator as a process, creates `--count` SDs in one `kubectl create`, and prints: the time until
@@ -10,6 +11,10 @@ memory (idle, peak) and its CPU (cores kept busy) over the reconcile phase and o
 afterwards, when nothing changes (no Prometheus: the analysis loop only lists the SDs), and how many
 reconciles failed in the operator's log (kopf retries them after 60 s; those after a child changed wait
 for the resync). Targets (issue 4): 200 SDs in under 60 s, RSS under 200 MiB.
+
+`--unrelated-pods N`: before the operator starts, N pods of other workloads run in its namespace (on one
+extra kwok node with room for them and no GPUs, Running with kwok's status): what the operator's memory owes
+to the cluster rather than to its SDs (issue 30). The RSS once its first listing settled is printed too.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import re
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,11 +34,15 @@ from bench_operator import watching_operator
 from process_usage import Mark, apiserver_requests, load_average, machine, percentile, request_deltas, rss_kib
 
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
-from specdeploy.devcluster import DevCluster
+from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.nodes import GpuNodeShape, node_manifest
+from specdeploy.devcluster.waiters import wait_established
 
 REPO = Path(__file__).resolve().parents[1]
 NAMESPACE = "bench"
 GPUS_PER_NODE = 8
+UNRELATED = "bench.specdeploy.io/unrelated"
+WORKLOAD_NODE = "workload-node-0"
 
 
 def _resource(index: int) -> dict[str, object]:
@@ -43,19 +53,65 @@ def _resource(index: int) -> dict[str, object]:
     return dict(document)
 
 
+def _unrelated_pod(index: int) -> dict[str, object]:
+    """A pod of another team's web service: labels, a container with env, ports, requests and a probe, as
+    many a cluster runs (~3 KiB as listed, with kwok's status), and nothing of specdeploy's."""
+    app = f"web-{index % 100:02d}"
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{app}-{index:05d}", "namespace": NAMESPACE,
+                     "labels": {"app": app, "team": f"team-{index % 7}", UNRELATED: "true"}},
+        "spec": {"nodeName": WORKLOAD_NODE, "containers": [{
+            "name": "web", "image": "registry.example/web:1.0", "ports": [{"containerPort": 8080}],
+            "env": [{"name": f"SETTING_{i}", "value": f"value-{i}-{index}"} for i in range(4)],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}},
+        }]},
+    }
+
+
+def _run_unrelated_pods(cluster: DevCluster, count: int, timeout: float) -> None:
+    """`count` unrelated pods, created in four kubectl processes, on a kwok node of their own (no GPUs, so
+    no engine pod is scheduled there; room for all of them), and wait until kwok has them all Running."""
+    node = node_manifest(WORKLOAD_NODE, GpuNodeShape(gpus=0, pods=str(count + 10)))
+    cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(node))
+    shares = [yaml.safe_dump_all([_unrelated_pod(i) for i in range(start, count, 4)]) for start in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda documents: cluster.kubectl("create", "-f", "-", input=documents, timeout=1800), shares))
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    params = {"labelSelector": UNRELATED, "fieldSelector": "status.phase!=Running", "limit": "1"}
+    with cluster.api_client() as api:
+        wait_for(lambda: not api.get(path, params=params, timeout=60).raise_for_status().json()["items"],
+                 timeout, f"{count} unrelated pods Running")
+
+
+def _settled_rss(pid: int, quiet_seconds: float = 10, timeout: float = 300) -> int:
+    """The operator's RSS (KiB) once it has not grown for `quiet_seconds`: its first listings done."""
+    last, since = rss_kib(pid)[0], time.monotonic()
+    deadline = since + timeout
+    while time.monotonic() - since < quiet_seconds and time.monotonic() < deadline:
+        time.sleep(1)
+        now = rss_kib(pid)[0]
+        if now > last:
+            last, since = now, time.monotonic()
+    return last
+
+
 def _created_at(item: dict[str, Any]) -> float:
     return datetime.fromisoformat(item["metadata"]["creationTimestamp"].replace("Z", "+00:00")).timestamp()
 
 
-def run(count: int, nodes: int, timeout: float, steady_seconds: float, poll_seconds: float) -> None:
+def run(count: int, nodes: int, timeout: float, steady_seconds: float, poll_seconds: float,
+        unrelated_pods: int) -> None:
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="specdeploy-bench-") as state:
         cluster = DevCluster(Path(state) / "cluster", nodes=nodes, progress=lambda m: print(m, file=sys.stderr))
         cluster.up(timeout=600)
         try:
+            before = (lambda: _run_unrelated_pods(cluster, unrelated_pods, timeout)) if unrelated_pods else None
             with watching_operator(cluster, Path(state), NAMESPACE, "--resync-seconds", "300",
-                                   "--metrics-port", "0") as (operator, log_path):
-                idle_rss, _ = rss_kib(operator.pid)
+                                   "--metrics-port", "0", before=before) as (operator, log_path):
+                idle_rss = _settled_rss(operator.pid)
                 documents = yaml.safe_dump_all([_resource(i) for i in range(count)])
                 with cluster.api_client() as api:
                     requests_before = apiserver_requests(api)
@@ -103,7 +159,8 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float, poll_seco
         finally:
             cluster.down()
     print(f"machine: {machine()}; load average before {load_before}, after {load_average()}")
-    print(f"cluster: {nodes} kwok nodes of {GPUS_PER_NODE} GPUs; SDs created: {count} in one kubectl create "
+    unrelated = f", and {unrelated_pods} unrelated pods Running in the SDs' namespace" if unrelated_pods else ""
+    print(f"cluster: {nodes} kwok nodes of {GPUS_PER_NODE} GPUs{unrelated}; SDs created: {count} in one kubectl create "
           f"({created:.1f} s, {count / created:.1f} SDs/s); Deployments: {deployments}")
     if reconciled:
         done = max(reconciled.values())
@@ -129,7 +186,7 @@ def run(count: int, nodes: int, timeout: float, steady_seconds: float, poll_seco
     busy = ", ".join(f"{name} {components_began[name].cpu_per_wall(components_ready[name]):.2f}"
                      for name in sorted(components, key=lambda n: -components_began[n].cpu_per_wall(components_ready[n])))
     print(f"control plane CPU (cores busy) from the create until all Ready: {busy}")
-    print(f"operator RSS: idle {idle_rss / 1024:.0f} MiB, at the end {rss / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB")
+    print(f"operator RSS: idle (first listings settled) {idle_rss / 1024:.0f} MiB, at the end {rss / 1024:.0f} MiB, peak {peak / 1024:.0f} MiB")
     reconcile_cpu = began.cpu_per_wall(all_reconciled) if all_reconciled else float("nan")
     print(f"operator CPU (cores busy): {reconcile_cpu:.2f} until all reconciled, "
           f"{began.cpu_per_wall(all_ready):.2f} until all Ready ({all_ready.cpu - began.cpu:.0f} CPU-s in all), "
@@ -145,7 +202,7 @@ def create_only(count: int, nodes: int) -> None:
         cluster.up(timeout=600)
         try:
             cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-            cluster.kubectl("wait", "--for", "condition=established", "crd/speculativedeployments.specdeploy.io")
+            wait_established(cluster, "speculativedeployments.specdeploy.io")
             cluster.kubectl("create", "namespace", NAMESPACE)
             documents = yaml.safe_dump_all([_resource(i) for i in range(count)])
             components = {c.name: c.pid for c in cluster.status().components if c.pid}
@@ -176,6 +233,8 @@ if __name__ == "__main__":
     parser.add_argument("--steady-seconds", type=float, default=30)
     parser.add_argument("--poll-seconds", type=float, default=1.0,
                         help="how often the SDs are listed to see which are reconciled and Ready (a list of every SD)")
+    parser.add_argument("--unrelated-pods", type=int, default=0,
+                        help="pods of other workloads in the SDs' namespace, Running before the operator starts")
     parser.add_argument("--without-operator", action="store_true",
                         help="time only the create, with no operator running (the apiserver's own cost)")
     arguments = parser.parse_args()
@@ -183,4 +242,5 @@ if __name__ == "__main__":
     if arguments.without_operator:
         create_only(arguments.count, nodes)
     else:
-        run(arguments.count, nodes, arguments.timeout, arguments.steady_seconds, arguments.poll_seconds)
+        run(arguments.count, nodes, arguments.timeout, arguments.steady_seconds, arguments.poll_seconds,
+            arguments.unrelated_pods)

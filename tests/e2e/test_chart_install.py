@@ -88,10 +88,14 @@ def _can(cluster: DevCluster, account: str, verb: str, resource: str, namespace:
 class ChartOperator:
     """`specdeploy <the chart's args>` with the ServiceAccount's kubeconfig, in its own process group."""
 
-    def __init__(self, args: list[str], kubeconfig: Path, pod_namespace: str, log: Path) -> None:
+    def __init__(self, args: list[str], kubeconfig: Path, pod_namespace: str, log: Path,
+                 python_path: str | None = None) -> None:
+        """`python_path`: where the operator's code is imported from (an earlier commit's); default this one's."""
         self.health_port, self.metrics_port = free_port(), free_port()
         args = [self._port(arg) for arg in args]
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAMESPACE": pod_namespace}
+        if python_path is not None:
+            env["PYTHONPATH"] = python_path
         for key in [k for k in env if k.startswith("SPECDEPLOY_")]:
             del env[key]  # only the chart's arguments configure it
         self.log = log

@@ -58,7 +58,8 @@ def _operator_writes(cluster: DevCluster, namespace: str, since: float) -> list[
     """The operator's writes in `namespace` after `since` (epoch s), from the apiserver's audit log: status
     patches and Events with their bodies, writes of Deployments, ConfigMaps and Services (devcluster/audit.py)."""
     return [entry for entry in audit_entries(cluster.audit_log, since)
-            if (entry.get("objectRef") or {}).get("namespace") == namespace
+            if entry["verb"] in ("create", "update", "patch", "delete")   # not the watches the log also keeps
+            and (entry.get("objectRef") or {}).get("namespace") == namespace
             and not entry.get("userAgent", "").startswith("kubectl")
             and entry.get("user", {}).get("username") == "kubernetes-admin"]
 

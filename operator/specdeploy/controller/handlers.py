@@ -39,6 +39,11 @@ from specdeploy.modelsource.resolve import HubConfigs
 from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT
 
 ANNOTATION_PREFIX = "specdeploy.io"
+DEPLOYMENTS = ("apps", "v1", "deployments")
+PODS = ("", "v1", "pods")
+CHILDREN_SELECTOR = "app.kubernetes.io/managed-by=specdeploy"
+"""The label selector of kopf's Deployment and pod watches, applied by the apiserver: every Deployment and
+pod the operator renders carries the label (reconcile/children.py `common_labels`), and no other is sent."""
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +91,8 @@ class RetriesOnly(kopf.AnnotationsProgressStorage):
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Production settings: own annotation prefix, no kopf peering CRDs, bounded API calls."""
+    """Production settings: own annotation prefix, no kopf peering CRDs, bounded API calls, children's
+    watches selected by label."""
     settings.persistence.progress_storage = RetriesOnly(prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = HandledSpecs()
     settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
@@ -95,6 +101,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
+    # kopf's `labels=` on a handler filters in the operator, after every pod and Deployment of the watched
+    # namespaces was listed, sent and parsed; a label selector of the watch is applied by the apiserver.
+    settings.watching.label_selectors[DEPLOYMENTS] = CHILDREN_SELECTOR
+    settings.watching.label_selectors[PODS] = CHILDREN_SELECTOR
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10
     settings.queueing.error_delays = [1, 2, 5, 10, 30, 60]
@@ -204,7 +214,7 @@ async def retry_speculation_asked(namespace: str | None, name: str, memo: Any, t
         memo.reconciler.request(namespace or "", name, Trigger.SPEC)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "specdeploy"})
+@kopf.on.event(*DEPLOYMENTS)
 async def child_deployment_changed(
     event: Mapping[str, Any], namespace: str | None, name: str, labels: Mapping[str, str], memo: Any, type: str,
     **_: Any,
@@ -218,8 +228,7 @@ async def child_deployment_changed(
         memo.reconciler.request(namespace, owner)
 
 
-@kopf.on.event("", "v1", "pods", labels={"app.kubernetes.io/managed-by": "specdeploy",
-                                         LABEL_VARIANT: "speculative"})
+@kopf.on.event(*PODS, labels={LABEL_VARIANT: "speculative"})
 async def speculative_pod_changed(
     namespace: str | None, labels: Mapping[str, str], status: Mapping[str, Any], memo: Any, type: str, **_: Any
 ) -> None:

@@ -3,7 +3,8 @@ writes (status patches, Events, children) from the apiserver's own record rather
 
 The policy records only writes, and only of what the operator writes: SpeculativeDeployment status and
 Events with their request bodies, Deployments, ConfigMaps and Services without. Reads are not recorded,
-so the log stays small and cheap on a two-core machine.
+so the log stays small and cheap on a two-core machine — except the start of each watch of pods and
+Deployments (its URL: which label selector the watcher asked the apiserver to apply).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 POLICY = """\
 apiVersion: audit.k8s.io/v1
 kind: Policy
-omitStages: [RequestReceived, ResponseStarted]
+omitStages: [RequestReceived]
 rules:
 - level: Request
   verbs: [create, update, patch, delete]
@@ -29,6 +30,12 @@ rules:
   resources:
   - {group: apps, resources: [deployments]}
   - {group: "", resources: [configmaps, services]}
+- level: Metadata
+  verbs: [watch]
+  omitStages: [ResponseComplete]
+  resources:
+  - {group: "", resources: [pods]}
+  - {group: apps, resources: [deployments]}
 - level: None
 """
 
