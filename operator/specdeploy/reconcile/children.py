@@ -17,7 +17,7 @@ from specdeploy.api import names
 from specdeploy.api.resource import API_VERSION, KIND, SpeculativeDeployment
 from specdeploy.api.spec import BaselineMode, SpeculativeDeploymentSpec
 from specdeploy.engines import CONFIG_MOUNT_PATH, EngineCommand, EngineInputs, image_for, render_engine
-from specdeploy.engines.base import uses_launcher
+from specdeploy.engines.base import default_host_requests, uses_launcher
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import Plan
 from specdeploy.reconcile import podsecurity
@@ -168,6 +168,44 @@ def pod_selector(name: str, variant: Variant) -> dict[str, str]:
     return {LABEL_NAME: name, LABEL_VARIANT: variant.value}
 
 
+def _set(fields: dict[str, Any]) -> dict[str, Any]:
+    """The pod fields of `spec.podTemplate.spec` the user set (an unset one is left to Kubernetes' default)."""
+    return {key: value for key, value in fields.items() if value not in (None, [])}
+
+
+def _env(command: EngineCommand, template_env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The engine container's env: the operator's writable directories and the engine's with spec.engine.env, the
+    Hub token from its Secret, then `spec.podTemplate.engineContainer.env`, whose entries may refer to those
+    before with $(NAME). One entry per name: the template's replaces a writable directory's default, and the CRD
+    refuses it the names spec.engine.env and the token set."""
+    template_names = {variable["name"] for variable in template_env}
+    return [
+        *(v for v in podsecurity.writable_env(command.env) if v["name"] not in template_names),
+        *(variable.manifest() for variable in command.secret_env),
+        *template_env,
+    ]
+
+
+def _weights_per_pod(plan: Plan, speculating: bool) -> float:
+    """GiB of weights one pod loads: the plan's per-GPU weights over the tensor-parallel GPUs."""
+    per_gpu = (plan.memory if speculating else plan.memory_without_speculation).per_gpu
+    return (per_gpu.target_weights_gib + per_gpu.draft_weights_gib) * plan.spec.resources.tensor_parallel_size
+
+
+def _resources(template: dict[str, Any], gpus: str, defaults: dict[str, str]) -> dict[str, Any]:
+    """The engine container's resources: the user's requests and limits; the default request of each host
+    resource the user sets neither a request nor a limit for (a limit alone makes Kubernetes request as much);
+    the GPUs, always the operator's."""
+    limits, requests = dict(template.get("limits") or {}), dict(template.get("requests") or {})
+    for resource, amount in defaults.items():
+        if resource not in limits and resource not in requests:
+            requests[resource] = amount
+    resources: dict[str, Any] = {"limits": {**limits, GPU_RESOURCE: gpus}, "requests": {**requests, GPU_RESOURCE: gpus}}
+    if template.get("claims"):
+        resources["claims"] = template["claims"]
+    return resources
+
+
 def _deployment(
     resource: SpeculativeDeployment, plan: Plan, variant: Variant, command: EngineCommand, files: dict[str, str],
     speculating: bool, replicas_held: bool,
@@ -180,6 +218,7 @@ def _deployment(
     gpu = find_gpu(spec.resources.gpu.product)
     gpus = str(spec.resources.gpu_count)
     image = image_for(spec)
+    template = spec.pod_template
     argv = (
         {"args": command.argv()} if uses_launcher(image)  # the image's launcher runs the preflight first
         else {"command": list(command.command), "args": list(command.args)}
@@ -188,23 +227,26 @@ def _deployment(
         "name": "engine",
         "image": image,
         **argv,
-        # the engine's own, then spec.engine.env, then the Hub token from its Secret
-        "env": podsecurity.writable_env(command.env) + [variable.manifest() for variable in command.secret_env],
+        "env": _env(command, template.engine_container.env),
         "ports": [{"name": "http", "containerPort": command.port, "protocol": "TCP"}],
-        "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
+        "resources": _resources(template.engine_container.resources or {}, gpus,
+                                default_host_requests(spec.resources.gpu_count, _weights_per_pod(plan, speculating))),
         **command.probes(),
         "volumeMounts": [
             {"name": "engine-config", "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
             *podsecurity.writable_mounts(),
+            *template.engine_container.volume_mounts,
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": podsecurity.container_security_context(),
     }
+    settings = template.spec
     pod_spec: dict[str, Any] = {
         "containers": [container],
-        "nodeSelector": {GPU_PRODUCT_LABEL: gpu.node_label if gpu else spec.resources.gpu.product},
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "nodeSelector": {**settings.node_selector,
+                         GPU_PRODUCT_LABEL: gpu.node_label if gpu else spec.resources.gpu.product},
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}, *settings.tolerations],
         "volumes": [
             {"name": "engine-config", "configMap": {
                 "name": names.config_map_name(resource.metadata.name),
@@ -212,7 +254,11 @@ def _deployment(
             }},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             *podsecurity.writable_volumes(),
+            *settings.volumes,
         ],
+        **_set({"affinity": settings.affinity, "priorityClassName": settings.priority_class_name,
+                "imagePullSecrets": settings.image_pull_secrets, "serviceAccountName": settings.service_account_name,
+                "runtimeClassName": settings.runtime_class_name}),
         "securityContext": podsecurity.pod_security_context(),
         # Engines call no Kubernetes API; and Service links would put e.g. VLLM_PORT=tcp://… (from a
         # Service named vllm) into the environment, which vLLM reads as its own setting.
@@ -234,7 +280,8 @@ def _deployment(
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {
                 "maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}},
             "template": {
-                "metadata": {"labels": labels, "annotations": {ANNOTATION_CONFIG_HASH: _config_hash(files)}},
+                "metadata": {"labels": {**template.metadata.labels, **labels}, "annotations": {
+                    **template.metadata.annotations, ANNOTATION_CONFIG_HASH: _config_hash(files)}},
                 "spec": pod_spec,
             },
         },
