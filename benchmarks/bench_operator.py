@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.waiters import wait_established
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,7 +24,7 @@ def watching_operator(cluster: DevCluster, state_dir: Path, namespace: str,
                       *args: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     """Yields the operator process (its Lease acquired) and its log file; stops it on the way out."""
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for", "condition=established", "crd/speculativedeployments.specdeploy.io")
+    wait_established(cluster, "speculativedeployments.specdeploy.io")   # `kubectl wait` fails before a status
     cluster.kubectl("create", "namespace", namespace)
     log_path = state_dir / "operator.log"
     with log_path.open("wb") as log:

@@ -709,6 +709,67 @@ class Rollout(WireModel):
     )
 
 
+MODEL_CACHE_PATH = "/model-cache"
+"""Where the engine container mounts `spec.storage.modelCache`; the engines download under it (HF_HOME)."""
+
+
+class ClaimCache(WireModel):
+    """A PersistentVolumeClaim every pod of the SD mounts: ReadWriteMany (the first pod downloads, the others
+    read) or ReadOnlyMany filled beforehand."""
+
+    claim_name: str = Field(min_length=1, max_length=253, description="The claim, in the SD's namespace")
+    read_only: bool = Field(
+        False, description="Mount it read-only and keep the engines offline (HF_HUB_OFFLINE=1): the claim holds "
+        "every model at its revision already (ReadOnlyMany)",
+    )
+
+
+class HostPathCache(WireModel):
+    """A directory on each node: the pods of a node share it, and a pod on another node downloads again."""
+
+    path: str = Field(
+        min_length=2, max_length=4096, pattern="^/",
+        description="Absolute directory on the node, created when missing; it must be writable by uid 65532",
+    )
+
+
+class EmptyDirCache(WireModel):
+    """Per pod, gone with it: every new pod downloads again."""
+
+    size_limit: MemoryGiB | None = Field(
+        None, description="The kubelet evicts a pod whose cache grows past it; unset: twice the plan's weights "
+        "+ 5Gi (docs/operator.md \"Weight cache\")",
+    )
+
+
+class ModelCache(WireModel):
+    """Where the engines keep the weights they download: one of persistentVolumeClaim, hostPath, emptyDir."""
+
+    persistent_volume_claim: ClaimCache | None = Field(None, description="Shared by every pod of the SD")
+    host_path: HostPathCache | None = Field(None, description="Shared by the pods of each node")
+    empty_dir: EmptyDirCache | None = Field(None, description="Per pod, bounded (the default)")
+
+    cel_rules = (
+        CelRule(
+            "(has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) + (has(self.emptyDir) ? 1 : 0)"
+            " <= 1",
+            "`spec.storage.modelCache` must set at most one of persistentVolumeClaim, hostPath and emptyDir: the "
+            "engines download into one place",
+            lambda c: sum(x is not None for x in (c.persistent_volume_claim, c.host_path, c.empty_dir)) <= 1,
+        ),
+    )
+
+
+class Storage(WireModel):
+    """Storage of the engine pods."""
+
+    model_cache: ModelCache = Field(
+        default_factory=ModelCache,
+        description="Where the weights are downloaded to and found again by the next pod: a rollback's, a "
+        "re-enable's, a rescheduled one's",
+    )
+
+
 OPERATOR_POD_LABELS = (
     "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
     "app.kubernetes.io/component", "specdeploy.io/name", "specdeploy.io/variant",
@@ -717,7 +778,7 @@ OPERATOR_POD_LABELS = (
 OPERATOR_POD_ANNOTATIONS = ("specdeploy.io/config-hash",)
 OPERATOR_NODE_SELECTOR = "nvidia.com/gpu.product"
 OPERATOR_VOLUMES = ("engine-config", "dshm", "home", "tmp", "model-cache")
-OPERATOR_MOUNT_PATHS = ("/etc/specdeploy", "/dev/shm", "/home/engine", "/tmp")
+OPERATOR_MOUNT_PATHS = ("/etc/specdeploy", "/dev/shm", "/home/engine", "/tmp", MODEL_CACHE_PATH)
 OPERATOR_RESOURCE = "nvidia.com/gpu"
 MAX_POD_ITEMS = 64
 """Entries of each list and map of `spec.podTemplate`: bounds the CEL rules' cost; a pod needs a handful."""
@@ -891,6 +952,7 @@ class SpeculativeDeploymentSpec(WireModel):
     rollout: Rollout = Field(
         default_factory=Rollout, description="How the engine pods are replaced: maxSurge 0, maxUnavailable 1 by default"
     )
+    storage: Storage = Field(default_factory=Storage, description="The weight cache")
     pod_template: PodTemplate = Field(
         default_factory=PodTemplate,
         description="Labels, scheduling, volumes, requests and env the engine pods get beside the operator's",

@@ -31,6 +31,9 @@ FALLBACK_TO_LOGS = "FallbackToLogsOnError"
 #: Extra simulator options from the engine container's environment, shell-quoted ("--time-scale 8"): the
 #: engine image's launcher (specdeploy_engine.launch) reads the same variable.
 SIM_OPTIONS_ENV = "SPECDEPLOY_SIM_OPTIONS"
+#: The Hub bandwidth the runner models for this pod's downloads, MiB/s; unset: weights take no time to arrive.
+HUB_BANDWIDTH_ENV = "SPECDEPLOY_DEV_HUB_MIBPS"
+MODEL_CACHE_VOLUME = "model-cache"
 
 #: Environment variables of the pod that would break the local Python running the simulator.
 _HOST_ENV = frozenset({"PATH", "HOME", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD"})
@@ -52,6 +55,14 @@ class ConfigVolume:
 
 
 @dataclass(frozen=True)
+class CacheVolume:
+    """The pod's weight cache (the operator's `model-cache` volume): which pods share it is told by its source."""
+
+    source: str       # persistentVolumeClaim, hostPath or emptyDir
+    name: str = ""    # the claim's name or the node's path; empty for an emptyDir
+
+
+@dataclass(frozen=True)
 class EnginePod:
     """Everything the runner needs from one engine pod."""
 
@@ -70,6 +81,19 @@ class EnginePod:
     port: int | None = None       # the containerPort named `port_name`; None when the container declares none
     pod_ip: str = ""              # status.podIP: kwok sets it with phase Running (its pod-ready stage)
     termination_message_policy: str = "File"
+    node: str = ""                # spec.nodeName
+    cache: CacheVolume | None = None
+
+    @property
+    def hub_bandwidth_mibps(self) -> float | None:
+        """The container's SPECDEPLOY_DEV_HUB_MIBPS (ValueError when not a positive number)."""
+        value = self.env.get(HUB_BANDWIDTH_ENV)
+        if value is None:
+            return None
+        mibps = float(value)
+        if mibps <= 0:
+            raise ValueError(f"{HUB_BANDWIDTH_ENV} must be positive, got {value!r}")
+        return mibps
 
     @property
     def engine(self) -> str:
@@ -178,7 +202,22 @@ def engine_pod(pod: dict[str, Any]) -> EnginePod | None:
         port=int(container_port) if container_port else None,
         pod_ip=str((pod.get("status") or {}).get("podIP") or ""),
         termination_message_policy=str(container.get("terminationMessagePolicy") or "File"),
+        node=str(spec.get("nodeName") or ""),
+        cache=cache_volume(spec),
     )
+
+
+def cache_volume(spec: dict[str, Any]) -> CacheVolume | None:
+    """The pod's `model-cache` volume, or None (a pod the operator did not render)."""
+    for volume in spec.get("volumes") or []:
+        if volume.get("name") != MODEL_CACHE_VOLUME:
+            continue
+        if "persistentVolumeClaim" in volume:
+            return CacheVolume("persistentVolumeClaim", str(volume["persistentVolumeClaim"].get("claimName", "")))
+        if "hostPath" in volume:
+            return CacheVolume("hostPath", str(volume["hostPath"].get("path", "")))
+        return CacheVolume("emptyDir")
+    return None
 
 
 def config_volume(spec: dict[str, Any], container: dict[str, Any]) -> ConfigVolume | None:

@@ -31,6 +31,8 @@ import asyncio
 import contextlib
 import fcntl
 import functools
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -54,6 +56,7 @@ from lightkube.types import PatchType
 from specdeploy.devcluster import kubeletstatus, monitoring, processes, simregistry, vllm_env
 from specdeploy.devcluster.enginepod import (
     LABEL_NAME,
+    CacheVolume,
     EnginePod,
     config_files,
     engine_pod,
@@ -71,6 +74,7 @@ from specdeploy.devcluster.simregistry import (
 )
 from specdeploy.devcluster.state import ENGINES
 from specdeploy.devcluster.vllm_pods import RealVllm, cpu_serve, is_vllm_serve
+from specdeploy.reconcile.children import PLAN_FILE
 
 log = logging.getLogger("specdeploy.podrunner")
 
@@ -140,6 +144,15 @@ class RunnerPaths:
         """What the pod's container sees at /etc/specdeploy."""
         return self.directory / "pods" / uid / "etc-specdeploy"
 
+    def model_cache(self, engine: EnginePod, cache: CacheVolume) -> Path:
+        """Where the pod's weight cache lives on this machine: a claim's is one per namespace and claim, a host
+        path's one per node, an emptyDir's the pod's own (removed with it)."""
+        if cache.source == "persistentVolumeClaim":
+            return self.directory / "caches" / "claims" / engine.namespace / cache.name
+        if cache.source == "hostPath":
+            return self.directory / "caches" / "nodes" / engine.node / cache.name.lstrip("/")
+        return self.directory / "pods" / engine.uid / "model-cache"
+
     def log(self, engine: EnginePod) -> Path:
         """The container's log, kept across restarts like /var/log/pods/<ns>_<pod>_<uid>/<container>/."""
         return self.state_dir / "logs" / "pods" / f"{engine.namespace}_{engine.name}_{engine.uid}" / f"{engine.container}.log"
@@ -202,6 +215,7 @@ class PodRunner:
         #: Running pods seen without status.podIP, by uid: the timer that gives up waiting (None once it has).
         self._awaiting_ip: dict[str, asyncio.TimerHandle | None] = {}
         self._starting = asyncio.Semaphore(max_starting)  # a simulator's start costs about a CPU-second
+        self._download_locks: dict[str, asyncio.Lock] = {}   # by a model's marker file in a cache
         self._api: AsyncClient | None = None
 
     # -- the registry -------------------------------------------------------------------------
@@ -383,6 +397,7 @@ class PodRunner:
         proc: asyncio.subprocess.Process | None = None
         try:
             await self._write_config(engine, config_dir, wait=True)
+            await self._download(engine, config_dir, log_path)
             self._add_target(engine, sim.address)
             crashes = 0
             while True:
@@ -467,6 +482,29 @@ class PodRunner:
                 tmp.write_text(content)
                 tmp.replace(target)
             return
+
+    async def _download(self, engine: EnginePod, config_dir: Path, log_path: Path) -> None:
+        """What an engine does first in a real pod: fetch the weights its plan lists (`downloads` in plan.json)
+        into its cache, each taking its GiB at the pod's SPECDEPLOY_DEV_HUB_MIBPS — unless the cache holds it
+        already. One download of a model into one cache at a time: a second pod waits for it, as
+        huggingface_hub's file locks make it. Said in the pod's log."""
+        mibps = engine.hub_bandwidth_mibps
+        if engine.cache is None or mibps is None:
+            return
+        cache = self.paths.model_cache(engine, engine.cache)
+        cache.mkdir(parents=True, exist_ok=True)
+        plan = json.loads((config_dir / PLAN_FILE).read_text())
+        for model in plan.get("downloads", []):
+            key = f"{model['name']}@{model.get('revision') or 'main'}"
+            marker = cache / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".done")
+            async with self._download_locks.setdefault(str(marker), asyncio.Lock()):
+                if marker.exists():
+                    _log_line(log_path, f"{key} is in the model cache ({engine.cache.source})")
+                    continue
+                seconds = float(model["gib"]) * 1024 / mibps
+                _log_line(log_path, f"downloading {key}: {model['gib']} GiB at {mibps:g} MiB/s, {seconds:.1f}s")
+                await asyncio.sleep(seconds)
+                marker.write_text(json.dumps(model) + "\n")
 
     def _runs_real(self, engine: EnginePod) -> bool:
         """Whether this pod gets real vLLM: the runner was started with it and the pod runs `vllm serve`."""
@@ -595,6 +633,13 @@ def _running_if_needed(pod: dict[str, Any], engine: EnginePod, started_at: datet
             return None
     return kubeletstatus.running_status(pod, engine.container, started_at, ready=True,
                                         container_id=_container_id(pid), now=_now())
+
+
+def _log_line(path: Path, text: str) -> None:
+    """A line in the container's log, as the engine's own output would be."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(f"specdeploy dev-cluster: {text}\n")
 
 
 def _container_id(pid: int) -> str:

@@ -25,6 +25,10 @@ from specdeploy.api.spec import (
 CONFIG_MOUNT_PATH = "/etc/specdeploy"
 """Where the operator mounts the ConfigMap holding `EngineCommand.config_files`."""
 
+MODEL_CACHE_ENV = "HF_HOME"
+"""Where every engine keeps what it downloads: vLLM, SGLang and TensorRT-LLM fetch models with huggingface_hub,
+whose hub cache is $HF_HOME/hub (huggingface_hub/constants.py)."""
+
 LISTEN_HOST = "0.0.0.0"
 """Engines listen on every pod address: kubelet probes and Prometheus come from outside the container."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -15,9 +16,9 @@ from typing import Any
 
 from specdeploy.api import names
 from specdeploy.api.resource import API_VERSION, KIND, SpeculativeDeployment
-from specdeploy.api.spec import BaselineMode, SpeculativeDeploymentSpec
+from specdeploy.api.spec import MODEL_CACHE_PATH, BaselineMode, SpeculativeDeploymentSpec
 from specdeploy.engines import CONFIG_MOUNT_PATH, EngineCommand, EngineInputs, image_for, render_engine
-from specdeploy.engines.base import default_host_requests, uses_launcher
+from specdeploy.engines.base import MODEL_CACHE_ENV, default_host_requests, uses_launcher
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import Plan
 from specdeploy.reconcile import podsecurity
@@ -37,6 +38,7 @@ While the SD still asks for that many, a count someone else set on the Deploymen
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PLAN_FILE = "plan.json"
+MODEL_CACHE_VOLUME = "model-cache"
 
 
 class Variant(StrEnum):
@@ -138,12 +140,65 @@ def _config_key(variant: Variant, file_name: str) -> str:
     return f"{variant.value}.{file_name}"
 
 
+def downloads(plan: Plan, speculating: bool) -> list[dict[str, Any]]:
+    """The models a variant's pods download, at their pinned revisions, with the GiB of each checkpoint: the
+    plan's per-GPU weights times the GPUs they are split over. A control pod downloads no draft; MTP layers
+    are in the target's checkpoint."""
+    spec = plan.spec
+    per_gpu = plan.memory.per_gpu
+    tp = spec.resources.tensor_parallel_size
+    models = [{"name": spec.model.name, "revision": spec.model.revision,
+               "gib": round(per_gpu.target_weights_gib * tp, 3)}]
+    draft = spec.speculation.draft
+    if speculating and draft is not None:
+        models.append({"name": draft.name, "revision": draft.revision,
+                       "gib": round(per_gpu.draft_weights_gib * (draft.tensor_parallel_size or tp), 3)})
+    return models
+
+
 def _variant_files(plan: Plan, command: EngineCommand, speculating: bool) -> dict[str, str]:
-    """The files a variant's pods mount: the engine's config files and the plan its preflight checks."""
+    """The files a variant's pods mount: the engine's config files, and the plan its preflight checks with the
+    models it downloads."""
     memory = plan.memory if speculating else plan.memory_without_speculation
     files = dict(command.config_files)
-    files[PLAN_FILE] = json.dumps({"memoryPlan": memory.to_wire(), "argv": command.argv()}, indent=1) + "\n"
+    files[PLAN_FILE] = json.dumps({"memoryPlan": memory.to_wire(), "argv": command.argv(),
+                                   "downloads": downloads(plan, speculating)}, indent=1) + "\n"
     return files
+
+
+def model_cache_size_limit(plan: Plan) -> str:
+    """The default emptyDir bound: twice the checkpoints' GiB (a checkpoint quantised online, BF16 to FP8, is
+    twice what the plan loads) and 5 GiB for tokenizers, configs and a download's partial file."""
+    gib = sum(model["gib"] for model in downloads(plan, speculating=True))
+    return f"{math.ceil(2 * gib) + 5}Gi"
+
+
+def _read_only(spec: SpeculativeDeploymentSpec) -> dict[str, bool]:
+    """`readOnly: true` for a read-only claim (its mount and its volume), else nothing."""
+    claim = spec.storage.model_cache.persistent_volume_claim
+    return {"readOnly": True} if claim is not None and claim.read_only else {}
+
+
+def _model_cache_volume(plan: Plan) -> dict[str, Any]:
+    """The `model-cache` volume from spec.storage.modelCache (an emptyDir of the default size when unset)."""
+    cache = plan.spec.storage.model_cache
+    if cache.persistent_volume_claim is not None:
+        claim = cache.persistent_volume_claim
+        return {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": claim.claim_name,
+                                                                      **_read_only(plan.spec)}}
+    if cache.host_path is not None:
+        return {"name": MODEL_CACHE_VOLUME, "hostPath": {"path": cache.host_path.path, "type": "DirectoryOrCreate"}}
+    size = cache.empty_dir.size_limit if cache.empty_dir is not None else None
+    return {"name": MODEL_CACHE_VOLUME, "emptyDir": {
+        "sizeLimit": f"{size:g}Gi" if size is not None else model_cache_size_limit(plan)}}
+
+
+def _model_cache_env(spec: SpeculativeDeploymentSpec) -> tuple[tuple[str, str], ...]:
+    """Where the engines download: HF_HOME in the cache (vLLM, SGLang and TensorRT-LLM all download with
+    huggingface_hub, which keeps its hub cache under HF_HOME: huggingface_hub/constants.py); offline when the
+    claim is read-only, so an engine fails at once on a model the claim lacks instead of trying to write."""
+    offline = (("HF_HUB_OFFLINE", "1"),) if _read_only(spec) else ()
+    return ((MODEL_CACHE_ENV, f"{MODEL_CACHE_PATH}/huggingface"), *offline)
 
 
 def _config_hash(files: dict[str, str]) -> str:
@@ -168,19 +223,30 @@ def pod_selector(name: str, variant: Variant) -> dict[str, str]:
     return {LABEL_NAME: name, LABEL_VARIANT: variant.value}
 
 
+def _claim_ownership(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
+    """fsGroup for a claim: the kubelet makes the volume's files the engine user's group (most drivers), so the
+    non-root engine can write downloads; OnRootMismatch walks a large cache only when its top is not so already."""
+    if spec.storage.model_cache.persistent_volume_claim is None:
+        return {}
+    return {"fsGroup": podsecurity.ENGINE_USER_ID, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
 def _set(fields: dict[str, Any]) -> dict[str, Any]:
     """The pod fields of `spec.podTemplate.spec` the user set (an unset one is left to Kubernetes' default)."""
     return {key: value for key, value in fields.items() if value not in (None, [])}
 
 
-def _env(command: EngineCommand, template_env: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The engine container's env: the operator's writable directories and the engine's with spec.engine.env, the
-    Hub token from its Secret, then `spec.podTemplate.engineContainer.env`, whose entries may refer to those
+def _env(command: EngineCommand, cache_env: tuple[tuple[str, str], ...],
+         template_env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The engine container's env: the operator's writable directories, the model cache's, the engine's with
+    spec.engine.env (a user's HF_HOME wins over the cache's), the Hub token from its Secret, then `spec.podTemplate.engineContainer.env`, whose entries may refer to those
     before with $(NAME). One entry per name: the template's replaces a writable directory's default, and the CRD
     refuses it the names spec.engine.env and the token set."""
     template_names = {variable["name"] for variable in template_env}
+    engine_names = {name for name, _ in command.env}
+    engine_env = (*(pair for pair in cache_env if pair[0] not in engine_names), *command.env)
     return [
-        *(v for v in podsecurity.writable_env(command.env) if v["name"] not in template_names),
+        *(v for v in podsecurity.writable_env(engine_env) if v["name"] not in template_names),
         *(variable.manifest() for variable in command.secret_env),
         *template_env,
     ]
@@ -227,7 +293,7 @@ def _deployment(
         "name": "engine",
         "image": image,
         **argv,
-        "env": _env(command, template.engine_container.env),
+        "env": _env(command, _model_cache_env(spec), template.engine_container.env),
         "ports": [{"name": "http", "containerPort": command.port, "protocol": "TCP"}],
         "resources": _resources(template.engine_container.resources or {}, gpus,
                                 default_host_requests(spec.resources.gpu_count, _weights_per_pod(plan, speculating))),
@@ -236,6 +302,7 @@ def _deployment(
             {"name": "engine-config", "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
             *podsecurity.writable_mounts(),
+            {"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_PATH, **_read_only(spec)},
             *template.engine_container.volume_mounts,
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -254,12 +321,13 @@ def _deployment(
             }},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             *podsecurity.writable_volumes(),
+            _model_cache_volume(plan),
             *settings.volumes,
         ],
         **_set({"affinity": settings.affinity, "priorityClassName": settings.priority_class_name,
                 "imagePullSecrets": settings.image_pull_secrets, "serviceAccountName": settings.service_account_name,
                 "runtimeClassName": settings.runtime_class_name}),
-        "securityContext": podsecurity.pod_security_context(),
+        "securityContext": {**podsecurity.pod_security_context(), **_claim_ownership(spec)},
         # Engines call no Kubernetes API; and Service links would put e.g. VLLM_PORT=tcp://… (from a
         # Service named vllm) into the environment, which vLLM reads as its own setting.
         "automountServiceAccountToken": False,
