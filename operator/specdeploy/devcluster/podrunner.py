@@ -35,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import shutil
 import signal
 import socket
@@ -55,6 +56,7 @@ from lightkube.types import PatchType
 
 from specdeploy.devcluster import kubeletstatus, monitoring, processes, simregistry, vllm_env
 from specdeploy.devcluster.enginepod import (
+    GPU_HELD_ENV,
     LABEL_NAME,
     CacheVolume,
     EnginePod,
@@ -64,6 +66,7 @@ from specdeploy.devcluster.enginepod import (
     wants_simulator,
 )
 from specdeploy.devcluster.errors import DevClusterError
+from specdeploy.devcluster.nodes import GpuNodeShape
 from specdeploy.devcluster.simregistry import (
     BACK_OFF,
     PENDING,
@@ -74,9 +77,12 @@ from specdeploy.devcluster.simregistry import (
 )
 from specdeploy.devcluster.state import ENGINES
 from specdeploy.devcluster.vllm_pods import RealVllm, cpu_serve, is_vllm_serve
+from specdeploy.engines import CONFIG_MOUNT_PATH
 from specdeploy.reconcile.children import PLAN_FILE
 
 log = logging.getLogger("specdeploy.podrunner")
+GPU_STANDIN = Path(__file__).resolve().parent / "gpu_standin"
+"""Holds `torch` for a pod's GPU preflight run here: the node's GPUs as the pod's knobs make them."""
 
 SIMULATOR_MODULE = "specdeploy_engine.sim"
 WATCH_SECONDS = 300          # the apiserver ends a watch after this; lightkube resumes it from the last version
@@ -397,6 +403,7 @@ class PodRunner:
         proc: asyncio.subprocess.Process | None = None
         try:
             await self._write_config(engine, config_dir, wait=True)
+            await self._run_init_containers(engine, config_dir)
             await self._download(engine, config_dir, log_path)
             self._add_target(engine, sim.address)
             crashes = 0
@@ -482,6 +489,48 @@ class PodRunner:
                 tmp.write_text(content)
                 tmp.replace(target)
             return
+
+    async def _run_init_containers(self, engine: EnginePod, config_dir: Path) -> None:
+        """Run the pod's init containers in order before the engine, as a kubelet does: one that fails is
+        restarted after the back-off, its end written into the pod's initContainerStatuses (the termination
+        message from its log: FallbackToLogsOnError), until it exits 0. The runner runs the Python ones (the
+        operator's GPU preflight) with this machine's Python, the pod's paths under /etc/specdeploy mapped to its
+        files here, and `torch` the stand-in of gpu_standin/: the pod's GPUs, of the node's memory, less the pod's
+        SPECDEPLOY_DEV_GPU_HELD_MIB. Others are skipped (said in the runner's log)."""
+        for init in engine.init_containers:
+            if not init.argv or not posixpath.basename(init.argv[0]).startswith("python"):
+                log.info("%s/%s: init container %s is not Python; not run", engine.namespace, engine.name, init.name)
+                continue
+            argv = [self.python, *(str(config_dir) + a[len(CONFIG_MOUNT_PATH):] if a.startswith(CONFIG_MOUNT_PATH)
+                                   else a for a in init.argv[1:])]
+            env = {**os.environ, **init.env, "PYTHONPATH": str(GPU_STANDIN), "SPECDEPLOY_DEV_GPUS": str(init.gpus),
+                   "SPECDEPLOY_DEV_GPU_TOTAL_MIB": str(GpuNodeShape().gpu_memory_mib),
+                   "SPECDEPLOY_DEV_GPU_HELD_MIB": engine.env.get(GPU_HELD_ENV, "0")}
+            log_path = self.paths.log(engine).with_name(f"{init.name}.log")
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            crashes = 0
+            while True:
+                with log_path.open("ab") as handle:
+                    offset = handle.seek(0, os.SEEK_END)
+                    started = _now()
+                    proc = await asyncio.create_subprocess_exec(
+                        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=handle, stderr=asyncio.subprocess.STDOUT,
+                        env=env, cwd=str(config_dir))
+                    returncode = await proc.wait()
+                ended = kubeletstatus.termination(returncode, _read_from(log_path, offset), started, _now())
+                if returncode == 0:
+                    if crashes:
+                        await self._report(engine, functools.partial(
+                            kubeletstatus.init_completed_status, container=init.name, ended=ended))
+                    break
+                crashes += 1
+                delay = self.back_off.delay(crashes)
+                log.info("%s/%s: init container %s exited %d; restarting in %gs", engine.namespace, engine.name,
+                         init.name, ended.exit_code, delay)
+                await self._report(engine, functools.partial(
+                    kubeletstatus.init_crashed_status, container=init.name, app_container=engine.container,
+                    ended=ended, back_off=delay))
+                await asyncio.sleep(delay)
 
     async def _download(self, engine: EnginePod, config_dir: Path, log_path: Path) -> None:
         """What an engine does first in a real pod: fetch the weights its plan lists (`downloads` in plan.json)

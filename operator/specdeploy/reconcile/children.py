@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from specdeploy.api import names
@@ -38,6 +40,9 @@ While the SD still asks for that many, a count someone else set on the Deploymen
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PLAN_FILE = "plan.json"
+PREFLIGHT_FILE = "preflight.py"
+PREFLIGHT_ENV = "SPECDEPLOY_PREFLIGHT"
+"""on (default), warn or off in spec.engine.env: the launcher's variable, read by the init container too."""
 MODEL_CACHE_VOLUME = "model-cache"
 
 
@@ -223,6 +228,43 @@ def pod_selector(name: str, variant: Variant) -> dict[str, str]:
     return {LABEL_NAME: name, LABEL_VARIANT: variant.value}
 
 
+@cache
+def preflight_script() -> str:
+    """The GPU preflight, one standard-library file (specdeploy_engine/preflight.py, installed with the operator)."""
+    return resources.files("specdeploy_engine").joinpath(PREFLIGHT_FILE).read_text(encoding="utf-8")
+
+
+def preflight_mode(spec: SpeculativeDeploymentSpec) -> str | None:
+    """How an init container checks GPU memory before the engine: "on" (refuse), "warn" (report and start), or
+    None — no init container, for SPECDEPLOY_PREFLIGHT=off in spec.engine.env and for specdeploy's engine
+    images, whose launcher runs the same check itself."""
+    if uses_launcher(image_for(spec)):
+        return None
+    mode = next((e.value.lower() for e in spec.engine.env if e.name == PREFLIGHT_ENV), "on")
+    return None if mode == "off" else ("warn" if mode == "warn" else "on")
+
+
+def _preflight_container(spec: SpeculativeDeploymentSpec, image: str, gpus: str) -> dict[str, Any] | None:
+    """The init container that runs the preflight from the ConfigMap with the engine's own image (Python and
+    torch): on the same GPUs (the kubelet hands an init container's devices on to the engine), exit 3 with its
+    report as the termination message when they cannot hold the plan, so the engine never starts to fail
+    minutes later."""
+    mode = preflight_mode(spec)
+    if mode is None:
+        return None
+    return {
+        "name": "preflight",
+        "image": image,
+        "command": ["python3", f"{CONFIG_MOUNT_PATH}/{PREFLIGHT_FILE}", "--check", f"{CONFIG_MOUNT_PATH}/{PLAN_FILE}"],
+        "env": [*podsecurity.writable_env(()), *([{"name": PREFLIGHT_ENV, "value": mode}] if mode == "warn" else [])],
+        "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
+        "volumeMounts": [{"name": "engine-config", "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
+                         *podsecurity.writable_mounts()],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": podsecurity.container_security_context(),
+    }
+
+
 def _claim_ownership(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
     """fsGroup for a claim: the kubelet makes the volume's files the engine user's group (most drivers), so the
     non-root engine can write downloads; OnRootMismatch walks a large cache only when its top is not so already."""
@@ -309,7 +351,9 @@ def _deployment(
         "securityContext": podsecurity.container_security_context(),
     }
     settings = template.spec
+    preflight = _preflight_container(spec, image, gpus)
     pod_spec: dict[str, Any] = {
+        **({"initContainers": [preflight]} if preflight is not None else {}),
         "containers": [container],
         "nodeSelector": {**settings.node_selector,
                          GPU_PRODUCT_LABEL: gpu.node_label if gpu else spec.resources.gpu.product},
@@ -317,7 +361,8 @@ def _deployment(
         "volumes": [
             {"name": "engine-config", "configMap": {
                 "name": names.config_map_name(resource.metadata.name),
-                "items": [{"key": _config_key(variant, f), "path": f} for f in sorted(files)],
+                "items": [{"key": _config_key(variant, f), "path": f} for f in sorted(files)]
+                + ([{"key": PREFLIGHT_FILE, "path": PREFLIGHT_FILE}] if preflight is not None else []),
             }},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             *podsecurity.writable_volumes(),
@@ -383,6 +428,8 @@ def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor
         deployments[variant] = _deployment(resource, plan, variant, command, files, speculating,
                                            variant in replicas_held)
     assert first_command is not None
+    if preflight_mode(spec) is not None:
+        config_data[PREFLIGHT_FILE] = preflight_script()   # not in the config hash: it restarts no engine
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
