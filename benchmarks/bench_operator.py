@@ -25,7 +25,7 @@ def watching_operator(cluster: DevCluster, state_dir: Path, namespace: str, *arg
     """Yields the operator process (its Lease acquired) and its log file; stops it on the way out. `before`
     runs once the namespace exists and before the operator starts (what its first listing should find)."""
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    wait_established(cluster, "speculativedeployments.specdeploy.io")
+    wait_established(cluster, "speculativedeployments.specdeploy.io")   # `kubectl wait` fails before a status
     cluster.kubectl("create", "namespace", namespace)
     if before is not None:
         before()

@@ -20,16 +20,24 @@ KV cache instead (SGLang: rest = free after weights − total × (1 − mem_frac
 `free_gpu_memory_fraction` of what is free after weights). Lowering `gpuMemoryUtilization` is therefore
 offered as a fix for vLLM only.
 
-Standard library only: the launcher runs before anything else in the pod and must not fail on an import.
+Standard library only, one file: the launcher runs before anything else in the pod and must not fail on an
+import, and with an upstream engine image (which has Python and torch, not this package) the operator mounts
+this file from the SD's ConfigMap and an init container runs it on its own:
+
+    python3 /etc/specdeploy/preflight.py --check /etc/specdeploy/plan.json
+
+Exit status 0 (the plan fits, or SPECDEPLOY_PREFLIGHT=warn), 2 (plan.json missing or invalid), 3 (refused: the
+report on stderr and in /dev/termination-log, which the kubelet puts in the pod's status).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -415,7 +423,8 @@ def read_gpus(python: str | None = None, timeout_s: float = READ_TIMEOUT_S) -> l
     lives; the launcher then execs the engine and must hold none. The engine creates its own context before
     its check, so what the child sees free is what the engine will see.
     """
-    command = [python or sys.executable, "-m", "specdeploy_engine.preflight", "--read-gpus"]
+    # This file by its path: it runs the same as a module of the package or on its own from the ConfigMap.
+    command = [python or sys.executable, os.path.abspath(__file__), "--read-gpus"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired as error:
@@ -441,11 +450,52 @@ def gpus_from_json(stdout: str, stderr: str = "", returncode: int = 0) -> list[G
             for g in answer.get("gpus", [])]
 
 
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_MESSAGE_BYTES = 4096   # what Kubernetes keeps of a termination message
+EXIT_PLAN = 2
+EXIT_REFUSED = 3
+
+
+def check_plan_file(path: str, warn: bool, read: Callable[[], list[GpuMemory]] = read_gpus) -> tuple[int, str]:
+    """The init container's check of plan.json at `path`: its exit status and its report. A refusal (also a GPU
+    that cannot be read) is exit 3 unless `warn`, which reports and lets the engine start."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            plan = launch_plan(json.load(handle))
+    except (OSError, ValueError) as error:
+        return EXIT_PLAN, f"specdeploy preflight cannot read the plan {path}: {error}"
+    try:
+        result = check(plan, read())
+    except GpuUnavailable as error:
+        engine = plan.engine_args
+        report = (f"specdeploy preflight refused to start {engine.engine}: it cannot read GPU memory: {error}. "
+                  f"{engine.engine} needs {engine.gpus} GPU(s).\nSPECDEPLOY_PREFLIGHT=warn in "
+                  "`spec.engine.env` starts the engine anyway; =off skips this check.")
+        return (0 if warn else EXIT_REFUSED), report
+    if result.ok or warn:
+        return 0, result.report()
+    return EXIT_REFUSED, result.report()
+
+
+def _write_termination_log(message: str) -> None:
+    """The refusal where the kubelet reads a container's termination message (only inside a container)."""
+    if os.path.exists(TERMINATION_LOG):
+        with open(TERMINATION_LOG, "wb") as handle:
+            handle.write(message.encode("utf-8")[:TERMINATION_MESSAGE_BYTES])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m specdeploy_engine.preflight --read-gpus`: print the visible GPUs' memory as one JSON line."""
+    """`--read-gpus`: print the visible GPUs' memory as one JSON line. `--check PLAN`: the init container's
+    preflight (SPECDEPLOY_PREFLIGHT=warn reports without refusing)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 2 and args[0] == "--check":
+        status, report = check_plan_file(args[1], warn=os.environ.get("SPECDEPLOY_PREFLIGHT", "").lower() == "warn")
+        print(report, file=sys.stderr)
+        if status:
+            _write_termination_log(report)
+        return status
     if args != ["--read-gpus"]:
-        print("usage: python -m specdeploy_engine.preflight --read-gpus", file=sys.stderr)
+        print("usage: preflight.py --read-gpus | --check PLAN_JSON", file=sys.stderr)
         return 2
     try:
         gpus = read_gpus_with_torch()

@@ -24,6 +24,8 @@ def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
             found += _walk(value, f"{path}.{key}")
         if "items" in node:
             found += _walk(node["items"], f"{path}[]")
+        if "additionalProperties" in node:
+            found += _walk(node["additionalProperties"], f"{path}{{}}")
     return found
 
 
@@ -34,7 +36,9 @@ def _root() -> dict[str, Any]:
 def test_schema_is_structural() -> None:
     for path, node in _walk(_root()):
         assert "$ref" not in node, path
-        assert "additionalProperties" not in node, path
+        # a typed map (its values' schema), never beside properties and never a bare true/false
+        assert isinstance(node.get("additionalProperties", {}), dict), path
+        assert not ("additionalProperties" in node and "properties" in node), path
         assert "title" not in node, path
         if node.get("x-kubernetes-int-or-string"):
             continue

@@ -64,8 +64,10 @@ def test_a_rendered_vllm_pod_runs_its_own_command_line_with_the_podmonitor_label
     assert engine.target_labels()["specdeploy_io_name"] == "llama-8b-ngram"
     assert engine.target_labels()["specdeploy_io_variant"] == "speculative"
     assert {"namespace": "demo", "pod": "llama-abc-x1"}.items() <= engine.target_labels().items()
-    assert engine.config == ConfigVolume("llama-8b-ngram-engine", (("speculative.plan.json", "plan.json"),))
-    assert engine.gpu_product == "NVIDIA-H100-80GB-HBM3"
+    assert engine.config == ConfigVolume("llama-8b-ngram-engine", (("speculative.plan.json", "plan.json"),
+                                                                   ("preflight.py", "preflight.py")))
+    [preflight] = engine.init_containers
+    assert (preflight.name, preflight.gpus, preflight.argv[1]) == ("preflight", 1, "/etc/specdeploy/preflight.py")
     assert engine.termination_message_policy == "FallbackToLogsOnError"
 
 

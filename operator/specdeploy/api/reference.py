@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from specdeploy.api.crd import crd
+from specdeploy.api.kube import UPSTREAM_DESCRIPTION
 
 
 def _type(node: dict[str, Any]) -> str:
@@ -28,13 +29,21 @@ def _default(node: dict[str, Any]) -> str:
     return f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
 
+def _upstream(node: dict[str, Any]) -> bool:
+    """A Kubernetes type (api/kube.py): `kubectl explain pod.spec` documents its fields, not this page."""
+    return str(node.get("description", "")).startswith(UPSTREAM_DESCRIPTION)
+
+
 def _rows(node: dict[str, Any], path: str, required: bool) -> list[str]:
-    description = " ".join(str(node.get("description", "")).split()).replace("|", "\\|")
+    items = node.get("items", {})
+    text = str(node.get("description", "")) + (f" (each a {items['description']})" if _upstream(items) else "")
+    description = " ".join(text.split()).replace("|", "\\|")
     rows = [f"| `{path}` | {_type(node)} | {_default(node)} | {'yes' if required else ''} | {description} |"]
+    if _upstream(node) or _upstream(items):
+        return rows
     needed = set(node.get("required", []))
     for name, child in node.get("properties", {}).items():
         rows += _rows(child, f"{path}.{name}", name in needed)
-    items = node.get("items", {})
     for name, child in items.get("properties", {}).items():
         rows += _rows(child, f"{path}[].{name}", name in set(items.get("required", [])))
     return rows

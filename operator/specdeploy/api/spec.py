@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, JsonValue, field_validator
 
+from specdeploy.api import kube
 from specdeploy.api.base import CelRule, WireModel
 from specdeploy.api.speculative_keys import (
     MANAGED_KEYS,
@@ -714,6 +715,221 @@ class Rollout(WireModel):
     )
 
 
+MODEL_CACHE_PATH = "/model-cache"
+"""Where the engine container mounts `spec.storage.modelCache`; the engines download under it (HF_HOME)."""
+
+
+class ClaimCache(WireModel):
+    """A PersistentVolumeClaim every pod of the SD mounts: ReadWriteMany (the first pod downloads, the others
+    read) or ReadOnlyMany filled beforehand."""
+
+    claim_name: str = Field(min_length=1, max_length=253, description="The claim, in the SD's namespace")
+    read_only: bool = Field(
+        False, description="Mount it read-only and keep the engines offline (HF_HUB_OFFLINE=1): the claim holds "
+        "every model at its revision already (ReadOnlyMany)",
+    )
+
+
+class HostPathCache(WireModel):
+    """A directory on each node: the pods of a node share it, and a pod on another node downloads again."""
+
+    path: str = Field(
+        min_length=2, max_length=4096, pattern="^/",
+        description="Absolute directory on the node, created when missing; it must be writable by uid 65532",
+    )
+
+
+class EmptyDirCache(WireModel):
+    """Per pod, gone with it: every new pod downloads again."""
+
+    size_limit: MemoryGiB | None = Field(
+        None, description="The kubelet evicts a pod whose cache grows past it; unset: twice the plan's weights "
+        "+ 5Gi (docs/operator.md \"Weight cache\")",
+    )
+
+
+class ModelCache(WireModel):
+    """Where the engines keep the weights they download: one of persistentVolumeClaim, hostPath, emptyDir."""
+
+    persistent_volume_claim: ClaimCache | None = Field(None, description="Shared by every pod of the SD")
+    host_path: HostPathCache | None = Field(None, description="Shared by the pods of each node")
+    empty_dir: EmptyDirCache | None = Field(None, description="Per pod, bounded (the default)")
+
+    cel_rules = (
+        CelRule(
+            "(has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) + (has(self.emptyDir) ? 1 : 0)"
+            " <= 1",
+            "`spec.storage.modelCache` must set at most one of persistentVolumeClaim, hostPath and emptyDir: the "
+            "engines download into one place",
+            lambda c: sum(x is not None for x in (c.persistent_volume_claim, c.host_path, c.empty_dir)) <= 1,
+        ),
+    )
+
+
+class Storage(WireModel):
+    """Storage of the engine pods."""
+
+    model_cache: ModelCache = Field(
+        default_factory=ModelCache,
+        description="Where the weights are downloaded to and found again by the next pod: a rollback's, a "
+        "re-enable's, a rescheduled one's",
+    )
+
+
+OPERATOR_POD_LABELS = (
+    "app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/component", "specdeploy.io/name", "specdeploy.io/variant",
+)
+"""Labels the operator puts on every engine pod: its Deployments' selectors and the Service's are made of them."""
+OPERATOR_POD_ANNOTATIONS = ("specdeploy.io/config-hash",)
+OPERATOR_NODE_SELECTOR = "nvidia.com/gpu.product"
+OPERATOR_VOLUMES = ("engine-config", "dshm", "home", "tmp", "model-cache")
+OPERATOR_MOUNT_PATHS = ("/etc/specdeploy", "/dev/shm", "/home/engine", "/tmp", MODEL_CACHE_PATH)
+OPERATOR_RESOURCE = "nvidia.com/gpu"
+MAX_POD_ITEMS = 64
+"""Entries of each list and map of `spec.podTemplate`: bounds the CEL rules' cost; a pod needs a handful."""
+
+
+def _none_of(expression: str, values: tuple[str, ...]) -> str:
+    return f"!({expression} in [{', '.join(repr(v) for v in values)}])"
+
+
+def _quoted(values: tuple[str, ...]) -> str:
+    return ", ".join(values)
+
+
+class PodMetadata(WireModel):
+    """Labels and annotations added to the engine pods (a service mesh's, a cost tool's)."""
+
+    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=MAX_POD_ITEMS, description="Added to the operator's own pod labels"
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, max_length=MAX_POD_ITEMS, description="Added to the operator's own pod annotations"
+    )
+
+    cel_rules = (
+        CelRule(
+            " && ".join(f"!('{key}' in self.labels)" for key in OPERATOR_POD_LABELS),
+            f"`spec.podTemplate.metadata.labels` must not set {_quoted(OPERATOR_POD_LABELS)}: the operator sets them "
+            "and selects its pods by them",
+            lambda m: not set(m.labels) & set(OPERATOR_POD_LABELS),
+        ),
+        CelRule(
+            " && ".join(f"!('{key}' in self.annotations)" for key in OPERATOR_POD_ANNOTATIONS),
+            f"`spec.podTemplate.metadata.annotations` must not set {_quoted(OPERATOR_POD_ANNOTATIONS)}: the operator "
+            "sets it to restart the pods when their configuration changes",
+            lambda m: not set(m.annotations) & set(OPERATOR_POD_ANNOTATIONS),
+        ),
+    )
+
+
+class PodSettings(WireModel):
+    """Pod fields platform teams set, as in a Pod's spec, merged with what the operator renders."""
+
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=MAX_POD_ITEMS,
+        description=f"Added to the operator's {OPERATOR_NODE_SELECTOR} (from `spec.resources.gpu.product`)",
+    )
+    tolerations: list[kube.Toleration] = Field(
+        default_factory=list, max_length=MAX_POD_ITEMS,
+        description=f"Added to the operator's toleration of {OPERATOR_RESOURCE} taints",
+    )
+    affinity: kube.Affinity | None = Field(
+        None, description=f"{kube.UPSTREAM_DESCRIPTION} Affinity: node and pod affinity, as in a Pod"
+    )
+    priority_class_name: str | None = Field(None, max_length=253, description="The pods' PriorityClass")
+    image_pull_secrets: list[kube.LocalObjectReference] = Field(
+        default_factory=list, max_length=MAX_POD_ITEMS, description="Secrets for pulling the engine image"
+    )
+    service_account_name: str | None = Field(
+        None, max_length=253,
+        description="The pods' ServiceAccount (e.g. for workload identity); its API token is still not mounted",
+    )
+    runtime_class_name: str | None = Field(None, max_length=253, description="The pods' RuntimeClass")
+    volumes: list[kube.Volume] = Field(
+        default_factory=list, max_length=MAX_POD_ITEMS,
+        description=f"Added to the operator's volumes ({_quoted(OPERATOR_VOLUMES)}); mount them with "
+        "`spec.podTemplate.engineContainer.volumeMounts`",
+    )
+
+    cel_rules = (
+        CelRule(
+            f"!('{OPERATOR_NODE_SELECTOR}' in self.nodeSelector)",
+            f"`spec.podTemplate.spec.nodeSelector` must not set {OPERATOR_NODE_SELECTOR}: the operator sets it from "
+            "`spec.resources.gpu.product`; set that instead",
+            lambda p: OPERATOR_NODE_SELECTOR not in p.node_selector,
+        ),
+        CelRule(
+            f"self.volumes.all(v, {_none_of('v.name', OPERATOR_VOLUMES)})",
+            f"`spec.podTemplate.spec.volumes` must not name a volume {_quoted(OPERATOR_VOLUMES)}: the operator's "
+            "volumes have those names; choose another name",
+            lambda p: all(v.get("name") not in OPERATOR_VOLUMES for v in p.volumes),
+        ),
+        CelRule(
+            "self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+            "`spec.podTemplate.spec.volumes` must not name two volumes alike: a Pod's volumes are keyed by name",
+            lambda p: len({v.get("name") for v in p.volumes}) == len(p.volumes),
+        ),
+    )
+
+
+class EngineContainer(WireModel):
+    """Settings of the engine container, merged with what the operator renders; its GPU request, probes,
+    security context, command and arguments stay the operator's."""
+
+    resources: kube.ResourceRequirements | None = Field(
+        None,
+        description=f"{kube.UPSTREAM_DESCRIPTION} ResourceRequirements: CPU, memory and ephemeral-storage requests "
+        "and limits. A resource set here replaces the "
+        "operator's default request for it (docs/operator.md \"Pod settings\"); the GPUs are "
+        "`spec.resources.gpu`",
+    )
+    env: list[kube.EnvVar] = Field(
+        default_factory=list, max_length=MAX_POD_ITEMS,
+        description="Environment from Secrets, ConfigMaps or the downward API (valueFrom), after the operator's "
+        "and `spec.engine.env`",
+    )
+    volume_mounts: list[kube.VolumeMount] = Field(
+        default_factory=list, max_length=MAX_POD_ITEMS,
+        description="Mounts of `spec.podTemplate.spec.volumes` (or the operator's) into the engine container",
+    )
+
+    cel_rules = (
+        CelRule(
+            f"!has(self.resources) || ((!has(self.resources.limits) || !('{OPERATOR_RESOURCE}' in "
+            f"self.resources.limits)) && (!has(self.resources.requests) || !('{OPERATOR_RESOURCE}' in "
+            "self.resources.requests)))",
+            f"`spec.podTemplate.engineContainer.resources` must not set {OPERATOR_RESOURCE}: the operator requests "
+            "`spec.resources.gpu.count` GPUs (tensorParallelSize when unset); set that instead",
+            lambda c: not any(OPERATOR_RESOURCE in ((c.resources or {}).get(k) or {}) for k in ("limits", "requests")),
+        ),
+        CelRule(
+            f"self.volumeMounts.all(m, {_none_of('m.mountPath', OPERATOR_MOUNT_PATHS)})",
+            f"`spec.podTemplate.engineContainer.volumeMounts` must not mount at {_quoted(OPERATOR_MOUNT_PATHS)}: "
+            "the operator mounts its own volumes there; choose another path",
+            lambda c: all(m.get("mountPath") not in OPERATOR_MOUNT_PATHS for m in c.volume_mounts),
+        ),
+        CelRule(
+            "self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+            "`spec.podTemplate.engineContainer.env` must not set a variable twice: a container's env is keyed by "
+            "name",
+            lambda c: len({v.get("name") for v in c.env}) == len(c.env),
+        ),
+    )
+
+
+class PodTemplate(WireModel):
+    """What platform teams set on the engine pods: labels, scheduling, pull secrets, volumes, the engine
+    container's requests, env and mounts (docs/operator.md "Pod settings")."""
+
+    metadata: PodMetadata = Field(default_factory=PodMetadata, description="Pod labels and annotations")
+    spec: PodSettings = Field(default_factory=PodSettings, description="Pod scheduling, identity and volumes")
+    engine_container: EngineContainer = Field(
+        default_factory=EngineContainer, description="The engine container's resources, env and mounts"
+    )
+
+
 def _managed_keys_rule(engine: EngineKind) -> CelRule:
     """Refuses, for `engine`, the extraConfig keys the operator renders from typed fields."""
     keys: dict[str, ManagedKey] = MANAGED_KEYS[engine.value]
@@ -741,6 +957,11 @@ class SpeculativeDeploymentSpec(WireModel):
     alerting: Alerting = Field(default_factory=Alerting, description="Where rollback alerts go")
     rollout: Rollout = Field(
         default_factory=Rollout, description="How the engine pods are replaced: maxSurge 0, maxUnavailable 1 by default"
+    )
+    storage: Storage = Field(default_factory=Storage, description="The weight cache")
+    pod_template: PodTemplate = Field(
+        default_factory=PodTemplate,
+        description="Labels, scheduling, volumes, requests and env the engine pods get beside the operator's",
     )
 
     cel_rules = (
@@ -785,6 +1006,21 @@ class SpeculativeDeploymentSpec(WireModel):
             f"`spec.engine.env` must not set {HUB_TOKEN_ENV} when a `tokenSecretRef` is set: the operator sets it from "
             "that Secret; remove the variable (a token written in the spec is readable by anyone who can read the SD)",
             lambda s: s.hub_token_secret is None or all(e.name != HUB_TOKEN_ENV for e in s.engine.env),
+        ),
+        CelRule(
+            "self.podTemplate.engineContainer.env.all(e, !self.engine.env.exists(f, f.name == e.name))",
+            "`spec.podTemplate.engineContainer.env` must not set a variable that `spec.engine.env` sets: one "
+            "variable, one writer; keep it in one of them",
+            lambda s: not {v.get("name") for v in s.pod_template.engine_container.env} & {e.name for e in s.engine.env},
+        ),
+        CelRule(
+            f"!(has(self.model.tokenSecretRef) || (has(self.speculation.draft) "
+            f"&& has(self.speculation.draft.tokenSecretRef))) "
+            f"|| !self.podTemplate.engineContainer.env.exists(e, e.name == '{HUB_TOKEN_ENV}')",
+            f"`spec.podTemplate.engineContainer.env` must not set {HUB_TOKEN_ENV} when a `tokenSecretRef` is set: the "
+            "operator sets it from that Secret; remove the variable",
+            lambda s: s.hub_token_secret is None
+            or all(v.get("name") != HUB_TOKEN_ENV for v in s.pod_template.engine_container.env),
         ),
         _managed_keys_rule(EngineKind.VLLM),
         _managed_keys_rule(EngineKind.TRTLLM),

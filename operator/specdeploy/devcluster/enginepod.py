@@ -27,10 +27,16 @@ LABEL_NAME = "specdeploy.io/name"
 LABEL_VARIANT = "specdeploy.io/variant"
 ENGINE_CONTAINER = "engine"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_RESOURCE = "nvidia.com/gpu"
 FALLBACK_TO_LOGS = "FallbackToLogsOnError"
 #: Extra simulator options from the engine container's environment, shell-quoted ("--time-scale 8"): the
 #: engine image's launcher (specdeploy_engine.launch) reads the same variable.
 SIM_OPTIONS_ENV = "SPECDEPLOY_SIM_OPTIONS"
+#: The Hub bandwidth the runner models for this pod's downloads, MiB/s; unset: weights take no time to arrive.
+HUB_BANDWIDTH_ENV = "SPECDEPLOY_DEV_HUB_MIBPS"
+MODEL_CACHE_VOLUME = "model-cache"
+#: MiB of each of the pod's GPUs another process holds, as its GPU preflight sees them; unset: none.
+GPU_HELD_ENV = "SPECDEPLOY_DEV_GPU_HELD_MIB"
 
 #: Environment variables of the pod that would break the local Python running the simulator.
 _HOST_ENV = frozenset({"PATH", "HOME", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD"})
@@ -52,6 +58,24 @@ class ConfigVolume:
 
 
 @dataclass(frozen=True)
+class CacheVolume:
+    """The pod's weight cache (the operator's `model-cache` volume): which pods share it is told by its source."""
+
+    source: str       # persistentVolumeClaim, hostPath or emptyDir
+    name: str = ""    # the claim's name or the node's path; empty for an emptyDir
+
+
+@dataclass(frozen=True)
+class InitContainer:
+    """An init container the runner runs before the engine (the operator's GPU preflight)."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    gpus: int
+
+
+@dataclass(frozen=True)
 class EnginePod:
     """Everything the runner needs from one engine pod."""
 
@@ -70,6 +94,20 @@ class EnginePod:
     port: int | None = None       # the containerPort named `port_name`; None when the container declares none
     pod_ip: str = ""              # status.podIP: kwok sets it with phase Running (its pod-ready stage)
     termination_message_policy: str = "File"
+    node: str = ""                # spec.nodeName
+    cache: CacheVolume | None = None
+    init_containers: tuple[InitContainer, ...] = ()
+
+    @property
+    def hub_bandwidth_mibps(self) -> float | None:
+        """The container's SPECDEPLOY_DEV_HUB_MIBPS (ValueError when not a positive number)."""
+        value = self.env.get(HUB_BANDWIDTH_ENV)
+        if value is None:
+            return None
+        mibps = float(value)
+        if mibps <= 0:
+            raise ValueError(f"{HUB_BANDWIDTH_ENV} must be positive, got {value!r}")
+        return mibps
 
     @property
     def engine(self) -> str:
@@ -157,8 +195,7 @@ def engine_pod(pod: dict[str, Any]) -> EnginePod | None:
     argv = tuple(str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])])
     if not argv:
         return None
-    env = {e["name"]: str(e.get("value", "")) for e in container.get("env") or []
-           if "name" in e and "valueFrom" not in e and e["name"] not in _HOST_ENV}
+    env = _literal_env(container)
     probe = (container.get("readinessProbe") or container.get("startupProbe") or {}).get("httpGet") or {}
     ports = container.get("ports") or []
     container_port = ports[0].get("containerPort") if ports else None
@@ -178,7 +215,35 @@ def engine_pod(pod: dict[str, Any]) -> EnginePod | None:
         port=int(container_port) if container_port else None,
         pod_ip=str((pod.get("status") or {}).get("podIP") or ""),
         termination_message_policy=str(container.get("terminationMessagePolicy") or "File"),
+        node=str(spec.get("nodeName") or ""),
+        cache=cache_volume(spec),
+        init_containers=tuple(_init_container(c) for c in spec.get("initContainers") or []),
     )
+
+
+def _literal_env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: str(e.get("value", "")) for e in container.get("env") or []
+            if "name" in e and "valueFrom" not in e and e["name"] not in _HOST_ENV}
+
+
+def _init_container(container: dict[str, Any]) -> InitContainer:
+    gpus = ((container.get("resources") or {}).get("limits") or {}).get(GPU_RESOURCE, 0)
+    return InitContainer(str(container.get("name", "")),
+                         tuple(str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]),
+                         _literal_env(container), int(gpus))
+
+
+def cache_volume(spec: dict[str, Any]) -> CacheVolume | None:
+    """The pod's `model-cache` volume, or None (a pod the operator did not render)."""
+    for volume in spec.get("volumes") or []:
+        if volume.get("name") != MODEL_CACHE_VOLUME:
+            continue
+        if "persistentVolumeClaim" in volume:
+            return CacheVolume("persistentVolumeClaim", str(volume["persistentVolumeClaim"].get("claimName", "")))
+        if "hostPath" in volume:
+            return CacheVolume("hostPath", str(volume["hostPath"].get("path", "")))
+        return CacheVolume("emptyDir")
+    return None
 
 
 def config_volume(spec: dict[str, Any], container: dict[str, Any]) -> ConfigVolume | None:

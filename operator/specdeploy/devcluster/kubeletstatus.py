@@ -94,17 +94,20 @@ def termination(returncode: int, log: bytes, started_at: datetime, finished_at: 
     return Termination(code, termination_reason(code), message, started_at, finished_at)
 
 
-def _container_status(pod: dict[str, Any], container: str) -> dict[str, Any]:
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+_SPEC_LISTS = {"containerStatuses": "containers", "initContainerStatuses": "initContainers"}
+
+
+def _container_status(pod: dict[str, Any], container: str, key: str = "containerStatuses") -> dict[str, Any]:
+    for status in (pod.get("status") or {}).get(key) or []:
         if status.get("name") == container:
             return copy.deepcopy(status)
-    image = next((c.get("image", "") for c in (pod.get("spec") or {}).get("containers") or []
+    image = next((c.get("image", "") for c in (pod.get("spec") or {}).get(_SPEC_LISTS[key]) or []
                   if c.get("name") == container), "")
     return {"name": container, "image": image, "imageID": "", "ready": False, "restartCount": 0, "state": {}}
 
 
-def _with_container(pod: dict[str, Any], status: dict[str, Any]) -> list[dict[str, Any]]:
-    statuses = [copy.deepcopy(s) for s in (pod.get("status") or {}).get("containerStatuses") or []]
+def _with_container(pod: dict[str, Any], status: dict[str, Any], key: str = "containerStatuses") -> list[dict[str, Any]]:
+    statuses = [copy.deepcopy(s) for s in (pod.get("status") or {}).get(key) or []]
     for index, existing in enumerate(statuses):
         if existing.get("name") == status["name"]:
             statuses[index] = status
@@ -160,3 +163,47 @@ def running_status(pod: dict[str, Any], container: str, started_at: datetime, re
         status["containerID"] = container_id
     statuses = _with_container(pod, status)
     return {"containerStatuses": statuses, "conditions": _conditions(pod, statuses, now or started_at)}
+
+
+def init_crashed_status(pod: dict[str, Any], container: str, app_container: str, ended: Termination,
+                        back_off: float, now: datetime | None = None) -> dict[str, Any]:
+    """An init container died: its restart and end as `crashed_status` writes an app container's, the pod not
+    Initialized, and the app container waiting (PodInitializing), not ready (pkg/kubelet/status/generate.go)."""
+    meta = pod.get("metadata") or {}
+    status = _container_status(pod, container, "initContainerStatuses")
+    status["restartCount"] = int(status.get("restartCount") or 0) + 1
+    status["lastState"] = {"terminated": ended.as_state()}
+    pod_name = f"{meta.get('name')}_{meta.get('namespace')}({meta.get('uid')})"
+    status["state"] = {"waiting": {
+        "reason": CRASH_LOOP_BACK_OFF,
+        "message": f"back-off {go_duration(back_off)} restarting failed container={container} pod={pod_name}"}}
+    status["ready"] = False
+    app = _container_status(pod, app_container)
+    app.update(ready=False, started=False, state={"waiting": {"reason": "PodInitializing"}})
+    statuses = _with_container(pod, app)
+    conditions = _conditions(pod, statuses, now or ended.finished_at)
+    initialized = next((c for c in conditions if c.get("type") == "Initialized"), None)
+    if initialized is None:
+        initialized = {"type": "Initialized"}
+        conditions.append(initialized)
+    if initialized.get("status") != "False":
+        initialized["lastTransitionTime"] = rfc3339(now or ended.finished_at)
+    initialized.update(status="False", reason="ContainersNotInitialized",
+                       message=f"containers with incomplete status: [{container}]")
+    return {"initContainerStatuses": _with_container(pod, status, "initContainerStatuses"),
+            "containerStatuses": statuses, "conditions": conditions}
+
+
+def init_completed_status(pod: dict[str, Any], container: str, ended: Termination) -> dict[str, Any]:
+    """An init container that failed before has now exited 0: terminated Completed, the pod Initialized."""
+    status = _container_status(pod, container, "initContainerStatuses")
+    status["state"] = {"terminated": ended.as_state()}
+    status["ready"] = True
+    conditions = [copy.deepcopy(c) for c in (pod.get("status") or {}).get("conditions") or []]
+    for condition in conditions:
+        if condition.get("type") == "Initialized" and condition.get("status") != "True":
+            condition.update(status="True", lastTransitionTime=rfc3339(ended.finished_at))
+            condition.pop("reason", None)
+            condition.pop("message", None)
+    return {"initContainerStatuses": _with_container(pod, status, "initContainerStatuses"), "conditions": conditions}
+

@@ -31,8 +31,11 @@ import asyncio
 import contextlib
 import fcntl
 import functools
+import hashlib
+import json
 import logging
 import os
+import posixpath
 import shutil
 import signal
 import socket
@@ -53,7 +56,9 @@ from lightkube.types import PatchType
 
 from specdeploy.devcluster import kubeletstatus, monitoring, processes, simregistry, vllm_env
 from specdeploy.devcluster.enginepod import (
+    GPU_HELD_ENV,
     LABEL_NAME,
+    CacheVolume,
     EnginePod,
     config_files,
     engine_pod,
@@ -61,6 +66,7 @@ from specdeploy.devcluster.enginepod import (
     wants_simulator,
 )
 from specdeploy.devcluster.errors import DevClusterError
+from specdeploy.devcluster.nodes import GpuNodeShape
 from specdeploy.devcluster.simregistry import (
     BACK_OFF,
     PENDING,
@@ -71,8 +77,12 @@ from specdeploy.devcluster.simregistry import (
 )
 from specdeploy.devcluster.state import ENGINES
 from specdeploy.devcluster.vllm_pods import RealVllm, cpu_serve, is_vllm_serve
+from specdeploy.engines import CONFIG_MOUNT_PATH
+from specdeploy.reconcile.children import PLAN_FILE
 
 log = logging.getLogger("specdeploy.podrunner")
+GPU_STANDIN = Path(__file__).resolve().parent / "gpu_standin"
+"""Holds `torch` for a pod's GPU preflight run here: the node's GPUs as the pod's knobs make them."""
 
 SIMULATOR_MODULE = "specdeploy_engine.sim"
 WATCH_SECONDS = 300          # the apiserver ends a watch after this; lightkube resumes it from the last version
@@ -140,6 +150,15 @@ class RunnerPaths:
         """What the pod's container sees at /etc/specdeploy."""
         return self.directory / "pods" / uid / "etc-specdeploy"
 
+    def model_cache(self, engine: EnginePod, cache: CacheVolume) -> Path:
+        """Where the pod's weight cache lives on this machine: a claim's is one per namespace and claim, a host
+        path's one per node, an emptyDir's the pod's own (removed with it)."""
+        if cache.source == "persistentVolumeClaim":
+            return self.directory / "caches" / "claims" / engine.namespace / cache.name
+        if cache.source == "hostPath":
+            return self.directory / "caches" / "nodes" / engine.node / cache.name.lstrip("/")
+        return self.directory / "pods" / engine.uid / "model-cache"
+
     def log(self, engine: EnginePod) -> Path:
         """The container's log, kept across restarts like /var/log/pods/<ns>_<pod>_<uid>/<container>/."""
         return self.state_dir / "logs" / "pods" / f"{engine.namespace}_{engine.name}_{engine.uid}" / f"{engine.container}.log"
@@ -202,6 +221,7 @@ class PodRunner:
         #: Running pods seen without status.podIP, by uid: the timer that gives up waiting (None once it has).
         self._awaiting_ip: dict[str, asyncio.TimerHandle | None] = {}
         self._starting = asyncio.Semaphore(max_starting)  # a simulator's start costs about a CPU-second
+        self._download_locks: dict[str, asyncio.Lock] = {}   # by a model's marker file in a cache
         self._api: AsyncClient | None = None
 
     # -- the registry -------------------------------------------------------------------------
@@ -383,6 +403,8 @@ class PodRunner:
         proc: asyncio.subprocess.Process | None = None
         try:
             await self._write_config(engine, config_dir, wait=True)
+            await self._run_init_containers(engine, config_dir)
+            await self._download(engine, config_dir, log_path)
             self._add_target(engine, sim.address)
             crashes = 0
             while True:
@@ -467,6 +489,71 @@ class PodRunner:
                 tmp.write_text(content)
                 tmp.replace(target)
             return
+
+    async def _run_init_containers(self, engine: EnginePod, config_dir: Path) -> None:
+        """Run the pod's init containers in order before the engine, as a kubelet does: one that fails is
+        restarted after the back-off, its end written into the pod's initContainerStatuses (the termination
+        message from its log: FallbackToLogsOnError), until it exits 0. The runner runs the Python ones (the
+        operator's GPU preflight) with this machine's Python, the pod's paths under /etc/specdeploy mapped to its
+        files here, and `torch` the stand-in of gpu_standin/: the pod's GPUs, of the node's memory, less the pod's
+        SPECDEPLOY_DEV_GPU_HELD_MIB. Others are skipped (said in the runner's log)."""
+        for init in engine.init_containers:
+            if not init.argv or not posixpath.basename(init.argv[0]).startswith("python"):
+                log.info("%s/%s: init container %s is not Python; not run", engine.namespace, engine.name, init.name)
+                continue
+            argv = [self.python, *(str(config_dir) + a[len(CONFIG_MOUNT_PATH):] if a.startswith(CONFIG_MOUNT_PATH)
+                                   else a for a in init.argv[1:])]
+            env = {**os.environ, **init.env, "PYTHONPATH": str(GPU_STANDIN), "SPECDEPLOY_DEV_GPUS": str(init.gpus),
+                   "SPECDEPLOY_DEV_GPU_TOTAL_MIB": str(GpuNodeShape().gpu_memory_mib),
+                   "SPECDEPLOY_DEV_GPU_HELD_MIB": engine.env.get(GPU_HELD_ENV, "0")}
+            log_path = self.paths.log(engine).with_name(f"{init.name}.log")
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            crashes = 0
+            while True:
+                with log_path.open("ab") as handle:
+                    offset = handle.seek(0, os.SEEK_END)
+                    started = _now()
+                    proc = await asyncio.create_subprocess_exec(
+                        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=handle, stderr=asyncio.subprocess.STDOUT,
+                        env=env, cwd=str(config_dir))
+                    returncode = await proc.wait()
+                ended = kubeletstatus.termination(returncode, _read_from(log_path, offset), started, _now())
+                if returncode == 0:
+                    if crashes:
+                        await self._report(engine, functools.partial(
+                            kubeletstatus.init_completed_status, container=init.name, ended=ended))
+                    break
+                crashes += 1
+                delay = self.back_off.delay(crashes)
+                log.info("%s/%s: init container %s exited %d; restarting in %gs", engine.namespace, engine.name,
+                         init.name, ended.exit_code, delay)
+                await self._report(engine, functools.partial(
+                    kubeletstatus.init_crashed_status, container=init.name, app_container=engine.container,
+                    ended=ended, back_off=delay))
+                await asyncio.sleep(delay)
+
+    async def _download(self, engine: EnginePod, config_dir: Path, log_path: Path) -> None:
+        """What an engine does first in a real pod: fetch the weights its plan lists (`downloads` in plan.json)
+        into its cache, each taking its GiB at the pod's SPECDEPLOY_DEV_HUB_MIBPS — unless the cache holds it
+        already. One download of a model into one cache at a time: a second pod waits for it, as
+        huggingface_hub's file locks make it. Said in the pod's log."""
+        mibps = engine.hub_bandwidth_mibps
+        if engine.cache is None or mibps is None:
+            return
+        cache = self.paths.model_cache(engine, engine.cache)
+        cache.mkdir(parents=True, exist_ok=True)
+        plan = json.loads((config_dir / PLAN_FILE).read_text())
+        for model in plan.get("downloads", []):
+            key = f"{model['name']}@{model.get('revision') or 'main'}"
+            marker = cache / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".done")
+            async with self._download_locks.setdefault(str(marker), asyncio.Lock()):
+                if marker.exists():
+                    _log_line(log_path, f"{key} is in the model cache ({engine.cache.source})")
+                    continue
+                seconds = float(model["gib"]) * 1024 / mibps
+                _log_line(log_path, f"downloading {key}: {model['gib']} GiB at {mibps:g} MiB/s, {seconds:.1f}s")
+                await asyncio.sleep(seconds)
+                marker.write_text(json.dumps(model) + "\n")
 
     def _runs_real(self, engine: EnginePod) -> bool:
         """Whether this pod gets real vLLM: the runner was started with it and the pod runs `vllm serve`."""
@@ -595,6 +682,13 @@ def _running_if_needed(pod: dict[str, Any], engine: EnginePod, started_at: datet
             return None
     return kubeletstatus.running_status(pod, engine.container, started_at, ready=True,
                                         container_id=_container_id(pid), now=_now())
+
+
+def _log_line(path: Path, text: str) -> None:
+    """A line in the container's log, as the engine's own output would be."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        handle.write(f"specdeploy dev-cluster: {text}\n")
 
 
 def _container_id(pid: int) -> str:

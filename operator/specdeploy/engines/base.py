@@ -8,6 +8,7 @@ into the engine container, `config_files` into the SpeculativeDeployment's Confi
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -23,6 +24,10 @@ from specdeploy.api.spec import (
 
 CONFIG_MOUNT_PATH = "/etc/specdeploy"
 """Where the operator mounts the ConfigMap holding `EngineCommand.config_files`."""
+
+MODEL_CACHE_ENV = "HF_HOME"
+"""Where every engine keeps what it downloads: vLLM, SGLang and TensorRT-LLM fetch models with huggingface_hub,
+whose hub cache is $HF_HOME/hub (huggingface_hub/constants.py)."""
 
 LISTEN_HOST = "0.0.0.0"
 """Engines listen on every pod address: kubelet probes and Prometheus come from outside the container."""
@@ -198,6 +203,24 @@ def probes(port: int, health_path: str, startup_timeout_s: int = STARTUP_TIMEOUT
             "httpGet": dict(get), "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4,
         },
     }
+
+
+HOST_MEMORY_OVERHEAD_GIB = 8
+"""Host memory of an engine besides the weights: the Python processes, CUDA's host side, tokenizers, the
+HTTP server (a round figure, not measured per engine)."""
+
+
+def default_host_requests(gpus: int, weights_gib: float) -> dict[str, str]:
+    """The engine container's CPU and memory requests when `spec.podTemplate` sets none (docs/operator.md
+    "Pod settings").
+
+    CPU: one core per GPU and two more. Each engine runs one busy process per GPU (vLLM's multiproc workers,
+    SGLang's schedulers, TensorRT-LLM's MPI ranks) and, beside them, the HTTP server with the tokenizer and
+    the scheduling loop (vLLM's API server and EngineCore, SGLang's tokenizer manager and detokenizer,
+    TensorRT-LLM's executor). Memory: the weights one pod loads, which pass through host memory (safetensors
+    are read through the page cache), plus HOST_MEMORY_OVERHEAD_GIB. Requests only: a memory limit would
+    kill a pod at a loading peak, so limits are the user's to set. The three engines share the rule."""
+    return {"cpu": str(gpus + 2), "memory": f"{math.ceil(weights_gib) + HOST_MEMORY_OVERHEAD_GIB}Gi"}
 
 
 def uses_launcher(image: str) -> bool:

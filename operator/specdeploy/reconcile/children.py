@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from specdeploy.api import names
 from specdeploy.api.resource import API_VERSION, KIND, SpeculativeDeployment
-from specdeploy.api.spec import BaselineMode, SpeculativeDeploymentSpec
+from specdeploy.api.spec import MODEL_CACHE_PATH, BaselineMode, SpeculativeDeploymentSpec
 from specdeploy.engines import CONFIG_MOUNT_PATH, EngineCommand, EngineInputs, image_for, render_engine
-from specdeploy.engines.base import uses_launcher
+from specdeploy.engines.base import MODEL_CACHE_ENV, default_host_requests, uses_launcher
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import Plan
 from specdeploy.reconcile import podsecurity
@@ -37,6 +40,10 @@ While the SD still asks for that many, a count someone else set on the Deploymen
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PLAN_FILE = "plan.json"
+PREFLIGHT_FILE = "preflight.py"
+PREFLIGHT_ENV = "SPECDEPLOY_PREFLIGHT"
+"""on (default), warn or off in spec.engine.env: the launcher's variable, read by the init container too."""
+MODEL_CACHE_VOLUME = "model-cache"
 
 
 class Variant(StrEnum):
@@ -138,12 +145,65 @@ def _config_key(variant: Variant, file_name: str) -> str:
     return f"{variant.value}.{file_name}"
 
 
+def downloads(plan: Plan, speculating: bool) -> list[dict[str, Any]]:
+    """The models a variant's pods download, at their pinned revisions, with the GiB of each checkpoint: the
+    plan's per-GPU weights times the GPUs they are split over. A control pod downloads no draft; MTP layers
+    are in the target's checkpoint."""
+    spec = plan.spec
+    per_gpu = plan.memory.per_gpu
+    tp = spec.resources.tensor_parallel_size
+    models = [{"name": spec.model.name, "revision": spec.model.revision,
+               "gib": round(per_gpu.target_weights_gib * tp, 3)}]
+    draft = spec.speculation.draft
+    if speculating and draft is not None:
+        models.append({"name": draft.name, "revision": draft.revision,
+                       "gib": round(per_gpu.draft_weights_gib * (draft.tensor_parallel_size or tp), 3)})
+    return models
+
+
 def _variant_files(plan: Plan, command: EngineCommand, speculating: bool) -> dict[str, str]:
-    """The files a variant's pods mount: the engine's config files and the plan its preflight checks."""
+    """The files a variant's pods mount: the engine's config files, and the plan its preflight checks with the
+    models it downloads."""
     memory = plan.memory if speculating else plan.memory_without_speculation
     files = dict(command.config_files)
-    files[PLAN_FILE] = json.dumps({"memoryPlan": memory.to_wire(), "argv": command.argv()}, indent=1) + "\n"
+    files[PLAN_FILE] = json.dumps({"memoryPlan": memory.to_wire(), "argv": command.argv(),
+                                   "downloads": downloads(plan, speculating)}, indent=1) + "\n"
     return files
+
+
+def model_cache_size_limit(plan: Plan) -> str:
+    """The default emptyDir bound: twice the checkpoints' GiB (a checkpoint quantised online, BF16 to FP8, is
+    twice what the plan loads) and 5 GiB for tokenizers, configs and a download's partial file."""
+    gib = sum(model["gib"] for model in downloads(plan, speculating=True))
+    return f"{math.ceil(2 * gib) + 5}Gi"
+
+
+def _read_only(spec: SpeculativeDeploymentSpec) -> dict[str, bool]:
+    """`readOnly: true` for a read-only claim (its mount and its volume), else nothing."""
+    claim = spec.storage.model_cache.persistent_volume_claim
+    return {"readOnly": True} if claim is not None and claim.read_only else {}
+
+
+def _model_cache_volume(plan: Plan) -> dict[str, Any]:
+    """The `model-cache` volume from spec.storage.modelCache (an emptyDir of the default size when unset)."""
+    cache = plan.spec.storage.model_cache
+    if cache.persistent_volume_claim is not None:
+        claim = cache.persistent_volume_claim
+        return {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": claim.claim_name,
+                                                                      **_read_only(plan.spec)}}
+    if cache.host_path is not None:
+        return {"name": MODEL_CACHE_VOLUME, "hostPath": {"path": cache.host_path.path, "type": "DirectoryOrCreate"}}
+    size = cache.empty_dir.size_limit if cache.empty_dir is not None else None
+    return {"name": MODEL_CACHE_VOLUME, "emptyDir": {
+        "sizeLimit": f"{size:g}Gi" if size is not None else model_cache_size_limit(plan)}}
+
+
+def _model_cache_env(spec: SpeculativeDeploymentSpec) -> tuple[tuple[str, str], ...]:
+    """Where the engines download: HF_HOME in the cache (vLLM, SGLang and TensorRT-LLM all download with
+    huggingface_hub, which keeps its hub cache under HF_HOME: huggingface_hub/constants.py); offline when the
+    claim is read-only, so an engine fails at once on a model the claim lacks instead of trying to write."""
+    offline = (("HF_HUB_OFFLINE", "1"),) if _read_only(spec) else ()
+    return ((MODEL_CACHE_ENV, f"{MODEL_CACHE_PATH}/huggingface"), *offline)
 
 
 def _config_hash(files: dict[str, str]) -> str:
@@ -168,6 +228,92 @@ def pod_selector(name: str, variant: Variant) -> dict[str, str]:
     return {LABEL_NAME: name, LABEL_VARIANT: variant.value}
 
 
+@cache
+def preflight_script() -> str:
+    """The GPU preflight, one standard-library file (specdeploy_engine/preflight.py, installed with the operator)."""
+    return resources.files("specdeploy_engine").joinpath(PREFLIGHT_FILE).read_text(encoding="utf-8")
+
+
+def preflight_mode(spec: SpeculativeDeploymentSpec) -> str | None:
+    """How an init container checks GPU memory before the engine: "on" (refuse), "warn" (report and start), or
+    None — no init container, for SPECDEPLOY_PREFLIGHT=off in spec.engine.env and for specdeploy's engine
+    images, whose launcher runs the same check itself."""
+    if uses_launcher(image_for(spec)):
+        return None
+    mode = next((e.value.lower() for e in spec.engine.env if e.name == PREFLIGHT_ENV), "on")
+    return None if mode == "off" else ("warn" if mode == "warn" else "on")
+
+
+def _preflight_container(spec: SpeculativeDeploymentSpec, image: str, gpus: str) -> dict[str, Any] | None:
+    """The init container that runs the preflight from the ConfigMap with the engine's own image (Python and
+    torch): on the same GPUs (the kubelet hands an init container's devices on to the engine), exit 3 with its
+    report as the termination message when they cannot hold the plan, so the engine never starts to fail
+    minutes later."""
+    mode = preflight_mode(spec)
+    if mode is None:
+        return None
+    return {
+        "name": "preflight",
+        "image": image,
+        "command": ["python3", f"{CONFIG_MOUNT_PATH}/{PREFLIGHT_FILE}", "--check", f"{CONFIG_MOUNT_PATH}/{PLAN_FILE}"],
+        "env": [*podsecurity.writable_env(()), *([{"name": PREFLIGHT_ENV, "value": mode}] if mode == "warn" else [])],
+        "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
+        "volumeMounts": [{"name": "engine-config", "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
+                         *podsecurity.writable_mounts()],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": podsecurity.container_security_context(),
+    }
+
+
+def _claim_ownership(spec: SpeculativeDeploymentSpec) -> dict[str, Any]:
+    """fsGroup for a claim: the kubelet makes the volume's files the engine user's group (most drivers), so the
+    non-root engine can write downloads; OnRootMismatch walks a large cache only when its top is not so already."""
+    if spec.storage.model_cache.persistent_volume_claim is None:
+        return {}
+    return {"fsGroup": podsecurity.ENGINE_USER_ID, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
+def _set(fields: dict[str, Any]) -> dict[str, Any]:
+    """The pod fields of `spec.podTemplate.spec` the user set (an unset one is left to Kubernetes' default)."""
+    return {key: value for key, value in fields.items() if value not in (None, [])}
+
+
+def _env(command: EngineCommand, cache_env: tuple[tuple[str, str], ...],
+         template_env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The engine container's env: the operator's writable directories, the model cache's, the engine's with
+    spec.engine.env (a user's HF_HOME wins over the cache's), the Hub token from its Secret, then `spec.podTemplate.engineContainer.env`, whose entries may refer to those
+    before with $(NAME). One entry per name: the template's replaces a writable directory's default, and the CRD
+    refuses it the names spec.engine.env and the token set."""
+    template_names = {variable["name"] for variable in template_env}
+    engine_names = {name for name, _ in command.env}
+    engine_env = (*(pair for pair in cache_env if pair[0] not in engine_names), *command.env)
+    return [
+        *(v for v in podsecurity.writable_env(engine_env) if v["name"] not in template_names),
+        *(variable.manifest() for variable in command.secret_env),
+        *template_env,
+    ]
+
+
+def _weights_per_pod(plan: Plan, speculating: bool) -> float:
+    """GiB of weights one pod loads: the plan's per-GPU weights over the tensor-parallel GPUs."""
+    per_gpu = (plan.memory if speculating else plan.memory_without_speculation).per_gpu
+    return (per_gpu.target_weights_gib + per_gpu.draft_weights_gib) * plan.spec.resources.tensor_parallel_size
+
+
+def _resources(template: dict[str, Any], gpus: str, defaults: dict[str, str]) -> dict[str, Any]:
+    """The engine container's resources: the user's requests and limits; the default request of each host
+    resource the user sets neither a request nor a limit for (a limit alone makes Kubernetes request as much);
+    the GPUs, always the operator's."""
+    limits, requests = dict(template.get("limits") or {}), dict(template.get("requests") or {})
+    for resource, amount in defaults.items():
+        if resource not in limits and resource not in requests:
+            requests[resource] = amount
+    resources: dict[str, Any] = {"limits": {**limits, GPU_RESOURCE: gpus}, "requests": {**requests, GPU_RESOURCE: gpus}}
+    if template.get("claims"):
+        resources["claims"] = template["claims"]
+    return resources
+
+
 def _deployment(
     resource: SpeculativeDeployment, plan: Plan, variant: Variant, command: EngineCommand, files: dict[str, str],
     speculating: bool, replicas_held: bool,
@@ -180,6 +326,7 @@ def _deployment(
     gpu = find_gpu(spec.resources.gpu.product)
     gpus = str(spec.resources.gpu_count)
     image = image_for(spec)
+    template = spec.pod_template
     argv = (
         {"args": command.argv()} if uses_launcher(image)  # the image's launcher runs the preflight first
         else {"command": list(command.command), "args": list(command.args)}
@@ -188,32 +335,44 @@ def _deployment(
         "name": "engine",
         "image": image,
         **argv,
-        # the engine's own, then spec.engine.env, then the Hub token from its Secret
-        "env": podsecurity.writable_env(command.env) + [variable.manifest() for variable in command.secret_env],
+        "env": _env(command, _model_cache_env(spec), template.engine_container.env),
         "ports": [{"name": "http", "containerPort": command.port, "protocol": "TCP"}],
-        "resources": {"limits": {GPU_RESOURCE: gpus}, "requests": {GPU_RESOURCE: gpus}},
+        "resources": _resources(template.engine_container.resources or {}, gpus,
+                                default_host_requests(spec.resources.gpu_count, _weights_per_pod(plan, speculating))),
         **command.probes(),
         "volumeMounts": [
             {"name": "engine-config", "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
             *podsecurity.writable_mounts(),
+            {"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_PATH, **_read_only(spec)},
+            *template.engine_container.volume_mounts,
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": podsecurity.container_security_context(),
     }
+    settings = template.spec
+    preflight = _preflight_container(spec, image, gpus)
     pod_spec: dict[str, Any] = {
+        **({"initContainers": [preflight]} if preflight is not None else {}),
         "containers": [container],
-        "nodeSelector": {GPU_PRODUCT_LABEL: gpu.node_label if gpu else spec.resources.gpu.product},
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "nodeSelector": {**settings.node_selector,
+                         GPU_PRODUCT_LABEL: gpu.node_label if gpu else spec.resources.gpu.product},
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}, *settings.tolerations],
         "volumes": [
             {"name": "engine-config", "configMap": {
                 "name": names.config_map_name(resource.metadata.name),
-                "items": [{"key": _config_key(variant, f), "path": f} for f in sorted(files)],
+                "items": [{"key": _config_key(variant, f), "path": f} for f in sorted(files)]
+                + ([{"key": PREFLIGHT_FILE, "path": PREFLIGHT_FILE}] if preflight is not None else []),
             }},
             {"name": "dshm", "emptyDir": {"medium": "Memory"}},
             *podsecurity.writable_volumes(),
+            _model_cache_volume(plan),
+            *settings.volumes,
         ],
-        "securityContext": podsecurity.pod_security_context(),
+        **_set({"affinity": settings.affinity, "priorityClassName": settings.priority_class_name,
+                "imagePullSecrets": settings.image_pull_secrets, "serviceAccountName": settings.service_account_name,
+                "runtimeClassName": settings.runtime_class_name}),
+        "securityContext": {**podsecurity.pod_security_context(), **_claim_ownership(spec)},
         # Engines call no Kubernetes API; and Service links would put e.g. VLLM_PORT=tcp://… (from a
         # Service named vllm) into the environment, which vLLM reads as its own setting.
         "automountServiceAccountToken": False,
@@ -234,7 +393,8 @@ def _deployment(
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {
                 "maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable}},
             "template": {
-                "metadata": {"labels": labels, "annotations": {ANNOTATION_CONFIG_HASH: _config_hash(files)}},
+                "metadata": {"labels": {**template.metadata.labels, **labels}, "annotations": {
+                    **template.metadata.annotations, ANNOTATION_CONFIG_HASH: _config_hash(files)}},
                 "spec": pod_spec,
             },
         },
@@ -268,6 +428,8 @@ def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor
         deployments[variant] = _deployment(resource, plan, variant, command, files, speculating,
                                            variant in replicas_held)
     assert first_command is not None
+    if preflight_mode(spec) is not None:
+        config_data[PREFLIGHT_FILE] = preflight_script()   # not in the config hash: it restarts no engine
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",

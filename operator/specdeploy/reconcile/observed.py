@@ -83,9 +83,18 @@ def last_words(log: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def preflight_words(report: str) -> str:
+    """The GPU preflight's verdict and its fix from its report (specdeploy_engine/preflight.py `report`: the
+    verdict first, a "Fix:" line per failing GPU), at most 600 characters."""
+    lines = [line.strip() for line in report.splitlines() if line.strip()]
+    fix = next((line for line in lines if line.startswith("Fix:")), "")
+    return " ".join(lines[:1] + ([fix] if fix else []))[:600]
+
+
 def stuck_pods(pods: Iterable[Mapping[str, Any]]) -> tuple[StuckPod, ...]:
     """The pods of `pods` that cannot progress: PodScheduled False (the scheduler says why: no free GPU,
-    a node selector nothing matches), or an engine container waiting on an image pull or a crash loop."""
+    a node selector nothing matches), or an engine or preflight container waiting on an image pull or a crash
+    loop."""
     stuck = []
     for pod in pods:
         metadata, status = pod["metadata"], pod.get("status") or {}
@@ -96,13 +105,15 @@ def stuck_pods(pods: Iterable[Mapping[str, Any]]) -> tuple[StuckPod, ...]:
             stuck.append(StuckPod(metadata["name"], scheduled.get("reason") or "Unschedulable",
                                   (scheduled.get("message") or "").strip()))
             continue
-        for container in status.get("containerStatuses") or []:
+        # the init containers first (the GPU preflight): the engine waits on them
+        for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
             waiting = (container.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in STUCK_WAITING_REASONS:
                 message = (waiting.get("message") or "").strip().splitlines()
                 words = message[0][:300] if message else ""
                 ended = ((container.get("lastState") or {}).get("terminated") or {})
-                said = last_words(ended.get("message") or "")
+                said = (preflight_words if container.get("name") == "preflight" else last_words)(
+                    ended.get("message") or "")
                 if said:   # the engine's own last words: why it exits (a refused argument, an OOM)
                     words = f"{words}; it exited with code {ended.get('exitCode', '?')}: {said}"
                 stuck.append(StuckPod(metadata["name"], waiting["reason"], words))

@@ -70,5 +70,6 @@ def writable_mounts() -> list[dict[str, Any]]:
 
 
 def writable_volumes() -> list[dict[str, Any]]:
-    """emptyDirs on the node's disk: HOME holds downloaded weights, so it has no size limit."""
+    """emptyDirs on the node's disk: HOME holds compile and JIT caches (the weights go to the weight cache,
+    children.py), without a size limit."""
     return [{"name": _HOME_VOLUME, "emptyDir": {}}, {"name": _TMP_VOLUME, "emptyDir": {}}]
