@@ -26,6 +26,7 @@ from lightkube import ALL_NS, AsyncClient
 
 from specdeploy.api.resource import GROUP, PLURAL, VERSION
 from specdeploy.clients import kube
+from specdeploy.clients.endpoints import AllowedEndpoints
 from specdeploy.controller.analysis_loop import analyse_forever
 from specdeploy.controller.leader import LeaderElection
 from specdeploy.controller.metrics_server import serve_metrics
@@ -136,7 +137,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
                                            labels=options.pod_monitor_labels)
     reconciler = Reconciler(client, pod_monitoring=monitoring,
                             alertmanager_url=options.alertmanager_url,
-                            alertmanager_headers_dir=options.alertmanager_headers_dir, hub=_hub(options))
+                            alertmanager_headers_dir=options.alertmanager_headers_dir, hub=_hub(options),
+                            allowed_endpoints=AllowedEndpoints.of(options.allowed_endpoints, options.prometheus_url,
+                                                                  options.alertmanager_url))
     port = options.metrics_port
     try:
         memo.metrics_server = await serve_metrics(reconciler.metrics, port) if port else None

@@ -43,7 +43,8 @@ from specdeploy.api.resource import SpeculativeDeployment, describe_validation_e
 from specdeploy.api.spec import TOKEN_SECRET_KEY, SpeculativeDeploymentSpec
 from specdeploy.api.status import Finding, ProbeStatus, Severity, SpeculativeDeploymentStatus
 from specdeploy.clients import kube
-from specdeploy.clients.alertmanager import AlertmanagerError, post_alerts
+from specdeploy.clients.alertmanager import AlertmanagerError, AlertmanagerNotAllowed, post_alerts
+from specdeploy.clients.endpoints import AllowedEndpoints
 from specdeploy.clients.headers import InvalidHeaders, directory_headers
 from specdeploy.controller.metrics import OperatorMetrics
 from specdeploy.controller.watched import DEPLOYMENT, SD, Watched, resource_version
@@ -170,6 +171,7 @@ class Reconciler:
     pod_monitoring: PodMonitoring = field(default_factory=PodMonitoring)
     alertmanager_url: str | None = None     # used when an SD sets no spec.alerting.alertmanagerUrl
     alertmanager_headers_dir: Path | None = None   # headers for alertmanager_url when the SD names no Secret
+    allowed_endpoints: AllowedEndpoints = field(default_factory=AllowedEndpoints)  # URLs the operator may ask
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     hub: HubConfigs | None = None    # None: offline, the spec, ConfigMaps and the catalog only
     watched: Watched = field(default_factory=Watched)   # the SDs and Deployments kopf's watches delivered
@@ -508,7 +510,12 @@ class Reconciler:
                            "next cycle", namespace, name, where, reason)
             return False
         try:
-            await post_alerts(url, [alert], headers=headers)
+            await post_alerts(url, [alert], headers=headers, allowed=self.allowed_endpoints)
+        except AlertmanagerNotAllowed as error:   # never sendable: said once on the SD, not retried
+            logger.warning("%s/%s: %s", namespace, name, error)
+            await kube.post_event(self.client, observed.body, Event.warning("AlertmanagerNotAllowed", str(error)),
+                                  name=f"{name}.alertmanager-not-allowed")
+            return True
         except AlertmanagerError as error:
             logger.warning("%s/%s: could not send the rollback alert to %s: %s", namespace, name, url, error)
             return False
