@@ -45,6 +45,8 @@ def make_spec(method: str = "draft_model", draft: str | None = "meta-llama/Llama
         "model": {"name": model},
         "speculation": {"method": method, "numSpeculativeTokens": k, **speculation},
         "resources": {"gpu": {"product": gpu}, "tensorParallelSize": tp},
+        # maxModelLen 8192: the plan assumes 1,024 cached tokens per sequence (planning.speedup.context_tokens_for),
+        # the measured table's context, so the worked examples are the table's.
         "serving": {"maxModelLen": 8192, "maxNumSeqs": max_num_seqs, "maxNumBatchedTokens": max(8192, max_num_seqs)},
     }
     if draft is not None:

@@ -52,7 +52,8 @@ def make_spec(model: str, method: str, draft: str | None, k: int, *, tp: int = 1
         "model": {"name": model, "quantization": quantization},
         "speculation": {"method": method, "numSpeculativeTokens": k, **speculation},
         "resources": {"tensorParallelSize": tp, "gpu": {"product": gpu}},
-        "serving": {"maxNumSeqs": max_num_seqs},
+        # 1,024 cached tokens per sequence, the measured table's context (planning.speedup.context_tokens_for).
+        "serving": {"maxModelLen": 8192, "maxNumSeqs": max_num_seqs},
     }
     if draft is not None:
         document["speculation"]["draft"] = {"name": draft}

@@ -207,8 +207,8 @@ def schedule_cost(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mod
     """The roofline's costs of `spec`'s speculation on `gpu` (None: REFERENCE_GPU), with its engine's cost of a step
     that drafts nothing and whether its table drafts its largest k first: the cost model the plan builds once and
     derives its schedule, acceptance floor and the judgment's predictions from (planning/plan.py).
-    `context_tokens`: the pods' measured mean context per sequence (None: planning.roofline's
-    DEFAULT_CONTEXT_TOKENS, the measured table's)."""
+    `context_tokens`: the pods' measured mean context per sequence; None assumes one from maxModelLen
+    (planning.speedup.context_tokens_for)."""
     cost = speculation_cost(spec, target, draft, gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU],
                             context_tokens=context_tokens)
     return dataclasses.replace(cost, zero_k_speedup=ZERO_K_SPEEDUP_BY_ENGINE.get(spec.engine.kind, ZERO_K_SPEEDUP),

@@ -15,7 +15,7 @@ estimate times both kinds of step with planning.roofline at each batch size inst
 batch size above which the speedup falls below 1. See docs/speedup-model.md.
 
 What the roofline is asked is the SD's own: the verify pass covers the tokens the engine verifies (a draft tree's
-`verify_tokens`, not k + 1), every sequence holds `context_tokens` (the pods' measured mean once known), and the prior acceptance
+`verify_tokens`, not k + 1), every sequence holds the SD's context (`context_tokens_for`, or the pods' measured mean), and the prior acceptance
 is the draft's (its size against the target, a quantised target; planning.acceptance).
 """
 
@@ -57,6 +57,7 @@ __all__ = [
     "alpha_from_acceptance_rate",
     "batch_grid",
     "best_k",
+    "context_tokens_for",
     "decode_step_seconds",
     "estimate_speedup",
     "expected_tokens_per_step",
@@ -76,6 +77,14 @@ DRAFT_PASS_OVERHEAD_S = 0.25e-3
 # Where no GPU product is known the estimate is made for this one, and says so.
 REFERENCE_GPU = "H100-80GB"
 _KV_ELEMENT_BYTES = {KvCacheDtype.AUTO: 2.0}  # every fp8 variant stores one byte
+# The tokens a sequence holds in its KV cache while it decodes, until the pods' mean context is measured (then the
+# plan takes that: schedule_cost's `context_tokens`). A decoding sequence holds its prompt and the output so far; a
+# chat workload served with maxModelLen 8,192 averages well under 1,024 of them (ShareGPT-style turns are a few
+# hundred tokens each way), so an eighth of maxModelLen, an assumption. Capped at twice the 1,024 the step-cost model
+# was measured at: attention's growth beyond that is unmeasured here, and more context makes speculation look better
+# (the KV cache read is shared by the verified tokens), so the prior does not assume more until the pods show it.
+CONTEXT_SHARE_OF_MAX_MODEL_LEN = 1 / 8
+MAX_ASSUMED_CONTEXT_TOKENS = 2048
 
 
 def speedup(alpha: float, k: int, c: float) -> float:
@@ -256,7 +265,7 @@ def speculation_cost(
     context_tokens: int | None = None,
 ) -> SpeculationCost:
     """The target's and the drafter's pass costs for `spec` on `gpu`, every sequence holding `context_tokens` (the
-    pods' measured mean context; None: DEFAULT_CONTEXT_TOKENS, the measured table's, whatever maxModelLen says)."""
+    pods' measured mean context; None: the assumption from maxModelLen, `context_tokens_for`)."""
     tp = spec.resources.tensor_parallel_size
     kv_bytes = _KV_ELEMENT_BYTES.get(spec.serving.kv_cache_dtype, 1.0)
     target_cost = model_forward_cost(
@@ -281,11 +290,18 @@ def speculation_cost(
         )
     tree_width = spec.speculation.eagle_topk if spec.engine.kind == EngineKind.SGLANG else 1
     return SpeculationCost(
-        target_cost, drafter, gpu, context_tokens if context_tokens is not None else DEFAULT_CONTEXT_TOKENS,
+        target_cost, drafter, gpu, context_tokens if context_tokens is not None else context_tokens_for(spec, target),
         verify_tokens=verify_tokens_for(spec), draft_width=tree_width,
         draft_size_ratio=(target.architecture.num_parameters / draft.architecture.num_parameters
                           if method == Method.DRAFT_MODEL and draft is not None else None),
     )
+
+
+def context_tokens_for(spec: SpeculativeDeploymentSpec, target: ModelInfo) -> int:
+    """The cached tokens per sequence assumed before the pods' mean context is measured: an eighth of maxModelLen
+    (the model's longest context when unset, as the engines do), at most MAX_ASSUMED_CONTEXT_TOKENS."""
+    max_model_len = spec.serving.max_model_len or target.architecture.max_position_embeddings
+    return max(1, min(MAX_ASSUMED_CONTEXT_TOKENS, int(max_model_len * CONTEXT_SHARE_OF_MAX_MODEL_LEN)))
 
 
 def verify_tokens_for(spec: SpeculativeDeploymentSpec) -> int | None:
