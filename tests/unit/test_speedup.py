@@ -359,7 +359,7 @@ def test_to_wire_is_camel_case_json() -> None:
     assert set(wire) == {
         "method", "k", "assumedAcceptanceRate", "acceptanceRateSource", "alpha", "expectedTokensPerStep",
         "draftCostRatio", "speedupAtBatch1", "speedupAtMaxBatch", "maxBatchSize", "breakevenBatchSize",
-        "bestK", "gpu", "contextTokens",
+        "bestK", "gpu", "contextTokens", "verifiedTokensPerSequence",
     }
     assert wire["method"] == "eagle3" and wire["k"] == 3 and wire["acceptanceRateSource"] == "assumed"
     assert wire["alpha"] == 0.75 and isinstance(wire["speedupAtBatch1"], float)

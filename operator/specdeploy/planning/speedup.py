@@ -235,6 +235,7 @@ class SpeedupEstimate:
     best_k: int                             # the k with the highest speedup at batch 1 (see best_k)
     gpu: str
     context_tokens: int
+    verified_tokens: int                    # per sequence in the verify pass: k + 1, or a draft tree's tokens
 
     def to_wire(self) -> dict[str, Any]:
         """The `speedup` object of `specdeploy plan -o json` (camelCase, floats to 3 decimals)."""
@@ -253,6 +254,7 @@ class SpeedupEstimate:
             "bestK": self.best_k,
             "gpu": self.gpu,
             "contextTokens": self.context_tokens,
+            "verifiedTokensPerSequence": self.verified_tokens,
         }
 
 
@@ -368,6 +370,7 @@ def estimate_speedup(
         best_k=knee(lambda n: cost.speedup(1, alpha_at(n), n), K_MAX),
         gpu=product.name,
         context_tokens=cost.context_tokens,
+        verified_tokens=cost.verified_tokens(k),
     )
 
 
