@@ -1,15 +1,15 @@
 """spec.speculation.schedule on the dev cluster (issue 15): an `Auto` schedule at low load (vLLM), an `Auto`
 schedule from low load to maxNumSeqs (TensorRT-LLM), and a schedule that hurts at every load.
 
-Auto. Llama-3.3-70B (TP 4, H100) with Llama-3.1-8B drafting, maxNumSeqs 300, vLLM. The operator derives k 2 on
-1–48 and k 1 on 49–300 (`specdeploy plan`; k 1 is still predicted above vLLM's 0.80× k = 0 step at 300). At 1 request/s per pod the speculative pod runs a
+Auto. Llama-3.3-70B (TP 4, H100) with Llama-3.1-8B drafting, maxNumSeqs 300, maxModelLen 4096 (512 cached tokens
+per sequence assumed), vLLM. The operator derives k 2 on 1–49 and k 1 on 50–300 (`specdeploy plan`; k 1 is still predicted above vLLM's 0.80× k = 0 step at 300). At 1 request/s per pod the speculative pod runs a
 handful of sequences at k 2 and is ~1.5× faster per token than the control (simulator, acceptance 0.48 at k 2,
 i.e. the prior's α 0.6, so the measured acceptance agrees with the prior and calibration keeps the table). Every
 other simulator knob is its default: in the k 2 range zeroDraftOverhead (vLLM's k = 0 cost) plays no part.
 
 High load, on TensorRT-LLM. The same SD with `engine: {kind: trtllm}`: TensorRT-LLM's k = 0 drafts nothing at
-no cost, so Auto stops drafting where no k beats no speculation, k 0 from 205, rendered as
-`draft_len_schedule: {48: 2, 204: 1}` (past its largest key the engine drafts nothing). At low load it is ~1.5×
+no cost, so Auto stops drafting where no k beats no speculation, k 0 from 193, rendered as
+`draft_len_schedule: {49: 2, 192: 1}` (past its largest key the engine drafts nothing). At low load it is ~1.5×
 faster than the control; at 36 requests/s over both pods (more than the ~30 they answer at 300 sequences each)
 both pods run maxNumSeqs, the speculative one at k 0, and every sample whose window lies there is checked
 against each second's look at both pods: its per-token speedup is 1.00 ± 0.01 (asserted: at least 0.97),
@@ -231,7 +231,7 @@ def test_an_auto_schedule_renders_the_derived_table_and_speeds_up_low_load_witho
 
     # (a) The speculative pod runs the table the planner derives, in vLLM's --speculative-config.
     planned = _planned_table(AUTO_SD, tmp_path)
-    assert planned[0][:2] == [1, 48] and planned[0][2] == 2, planned
+    assert planned[0][:2] == [1, 49] and planned[0][2] == 2, planned
     config = _engine_table(dev_cluster, AUTO_NAME, namespace)
     assert config["num_speculative_tokens_per_batch_size"] == planned, config
     assert config["num_speculative_tokens"] == max(k for _, _, k in planned)

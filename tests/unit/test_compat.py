@@ -24,9 +24,11 @@ from model_fixtures import (
 from specdeploy.api.spec import EngineKind, Method, Quantization, SpeculativeDeploymentSpec
 from specdeploy.api.status import Finding, Severity
 from specdeploy.engines import EngineInputs, render_engine
+from specdeploy.planning.acceptance import DEFAULT_ALPHA
 from specdeploy.planning.compat import MANAGED_FLAGS, SUPPORTED_METHODS, check_compatibility, draft_size_ratio
 from specdeploy.planning.managed_flags import REMOVED_VLLM_FLAGS, find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.speedup import estimate_speedup
 
 
 def make_spec(method: str = "draft_model", draft: str | None = "meta-llama/Llama-3.2-1B-Instruct", *,
@@ -205,11 +207,13 @@ def test_draft_ratio_of_llama_70b_with_8b_is_inside_the_range() -> None:
     assert draft_size_ratio(LLAMA_70B, LLAMA_8B) == pytest.approx(8.79, abs=0.01)
 
 
-def test_far_smaller_draft_warns_that_drafts_are_rejected() -> None:
-    finding = only(make_spec("draft_model", LLAMA_1B.name, model=LLAMA_70B.name), LLAMA_70B, LLAMA_1B,
-                   "DraftTooSmall")
+def test_far_smaller_draft_warns_with_the_acceptance_the_estimate_assumes() -> None:
+    spec = make_spec("draft_model", LLAMA_1B.name, model=LLAMA_70B.name)
+    finding = only(spec, LLAMA_70B, LLAMA_1B, "DraftTooSmall")
     assert finding.severity == Severity.WARNING
-    assert "1:57" in finding.message and "most drafted tokens are rejected" in finding.message
+    alpha = estimate_speedup(spec, LLAMA_70B, LLAMA_1B, None).alpha
+    assert alpha < DEFAULT_ALPHA[Method.DRAFT_MODEL], "the estimate rates the small draft lower, as the warning says"
+    assert "1:57" in finding.message and f"α {alpha:.2f}" in finding.message
 
 
 def test_larger_draft_warns_about_memory_and_compute() -> None:

@@ -197,7 +197,13 @@ def test_sglang_eagle_chain_verifies_steps_plus_one_tokens() -> None:
 def test_sglang_tree_verifies_a_token_per_branch_and_step() -> None:
     argv = render(make_spec("eagle", engine="sglang", k=3, speculation={"eagleTopk": 4})).argv()
     assert flag_value(argv, "--speculative-eagle-topk") == "4"
-    assert flag_value(argv, "--speculative-num-draft-tokens") == str(num_draft_tokens(3, 4)) == "13"
+    assert flag_value(argv, "--speculative-num-draft-tokens") == "13"
+
+
+def test_sglang_tree_verifies_the_draft_tokens_the_spec_sets() -> None:
+    spec = make_spec("eagle3", engine="sglang", k=5, speculation={"eagleTopk": 8, "numDraftTokens": 32})
+    argv = render(spec).argv()
+    assert flag_value(argv, "--speculative-num-draft-tokens") == "32" == str(num_draft_tokens(spec.speculation, 5))
 
 
 def test_sglang_ngram_sets_only_the_verify_width() -> None:

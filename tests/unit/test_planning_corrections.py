@@ -32,7 +32,6 @@ from specdeploy.planning.roofline import (
     peak_flops,
 )
 from specdeploy.planning.speedup import (
-    SpeculationCost,
     estimate_speedup,
     speculation_breakeven_batch_size,
     speculation_cost,
@@ -149,9 +148,10 @@ def test_the_70b_fp8_example_pays_nearly_twice_as_far_with_the_fp8_ceiling() -> 
     spec = example_spec()
     target, draft = resolve_target(spec), resolve_draft(spec)
     estimate = estimate_speedup(spec, target, draft, GPU_PRODUCTS["H100-80GB"])
-    assert estimate.breakeven_batch_size == 54 and estimate.max_batch_size == 64
-    # With bf16's ceiling for the same passes speculation stops paying at 29 sequences.
+    # maxModelLen 32768: 2,048 cached tokens per sequence assumed (planning.speedup.context_tokens_for).
+    assert estimate.breakeven_batch_size == 49 and estimate.max_batch_size == 64 and estimate.context_tokens == 2048
+    # With bf16's ceiling for the same passes speculation stops paying at 28 sequences.
     cost = speculation_cost(spec, target, draft, GPU_PRODUCTS["H100-80GB"])
     assert cost.draft is not None
-    bf16 = SpeculationCost(replace(cost.target, fp8_weights=False), replace(cost.draft, fp8_weights=False), cost.gpu)
-    assert speculation_breakeven_batch_size(bf16, estimate.alpha, estimate.k, 64) == 29
+    bf16 = replace(cost, target=replace(cost.target, fp8_weights=False), draft=replace(cost.draft, fp8_weights=False))
+    assert speculation_breakeven_batch_size(bf16, estimate.alpha, estimate.k, 64) == 28

@@ -26,18 +26,23 @@ from specdeploy.planning.acceptance import (
     alpha_from_acceptance_length,
     alpha_from_acceptance_rate,
     default_alpha,
+    draft_size_alpha,
     expected_tokens_per_step,
 )
+from specdeploy.planning.catalog import lookup
 from specdeploy.planning.gpus import GPU_PRODUCTS, find_gpu
 from specdeploy.planning.roofline import ForwardCost, decode_step_seconds, forward_seconds, model_forward_cost
+from specdeploy.planning.schedule import schedule_cost, speculation_schedule
 from specdeploy.planning.speedup import (
     K_MAX,
     SpeculationCost,
     best_k,
+    context_tokens_for,
     estimate_speedup,
     speculation_breakeven_batch_size,
     speculation_cost,
     speedup,
+    verify_tokens_for,
 )
 
 H100 = GPU_PRODUCTS["H100-80GB"]
@@ -52,7 +57,8 @@ def make_spec(model: str, method: str, draft: str | None, k: int, *, tp: int = 1
         "model": {"name": model, "quantization": quantization},
         "speculation": {"method": method, "numSpeculativeTokens": k, **speculation},
         "resources": {"tensorParallelSize": tp, "gpu": {"product": gpu}},
-        "serving": {"maxNumSeqs": max_num_seqs},
+        # 1,024 cached tokens per sequence, the measured table's context (planning.speedup.context_tokens_for).
+        "serving": {"maxModelLen": 8192, "maxNumSeqs": max_num_seqs},
     }
     if draft is not None:
         document["speculation"]["draft"] = {"name": draft}
@@ -353,7 +359,68 @@ def test_to_wire_is_camel_case_json() -> None:
     assert set(wire) == {
         "method", "k", "assumedAcceptanceRate", "acceptanceRateSource", "alpha", "expectedTokensPerStep",
         "draftCostRatio", "speedupAtBatch1", "speedupAtMaxBatch", "maxBatchSize", "breakevenBatchSize",
-        "bestK", "gpu", "contextTokens",
+        "bestK", "gpu", "contextTokens", "verifiedTokensPerSequence",
     }
     assert wire["method"] == "eagle3" and wire["k"] == 3 and wire["acceptanceRateSource"] == "assumed"
     assert wire["alpha"] == 0.75 and isinstance(wire["speedupAtBatch1"], float)
+
+
+# --- what the model is asked (issue 28 point 5) -----------------------------------------------------------
+
+def test_a_smaller_draft_is_assumed_to_agree_less_often() -> None:
+    # Leviathan et al. 2023 Table 3's slope: α falls ~0.025 per doubling of target ÷ draft parameters.
+    target = lookup("meta-llama/Llama-3.1-70B-Instruct")
+    assert target is not None
+    alphas = []
+    for name in ("meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-3B-Instruct", LLAMA_8B.name):
+        draft = lookup(name)
+        assert draft is not None
+        alphas.append(estimate_speedup(make_spec(target.name, "draft_model", name, 3, tp=4), target, draft, H100).alpha)
+    assert alphas[0] < alphas[1] < alphas[2] == pytest.approx(DEFAULT_ALPHA[Method.DRAFT_MODEL], abs=0.002)
+    assert alphas[0] == pytest.approx(draft_size_alpha(70.6 / 1.24), abs=0.002) and alphas[0] < 0.55
+
+
+def test_the_schedule_assumes_the_same_prior_as_the_estimate() -> None:
+    target, draft = lookup("meta-llama/Llama-3.1-70B-Instruct"), lookup("meta-llama/Llama-3.2-1B-Instruct")
+    assert target is not None and draft is not None
+    spec = make_spec(target.name, "draft_model", draft.name, 3, tp=4)
+    estimate = estimate_speedup(spec, target, draft, H100)
+    schedule = speculation_schedule(spec, target, schedule_cost(spec, target, draft, H100))
+    assert schedule.ranges[0].speedup_at_min_batch == pytest.approx(estimate.speedup_at_batch_1, rel=1e-9)
+
+
+def test_a_checkpoint_quantised_from_another_model_lowers_the_prior_as_the_spec_quantisation_does() -> None:
+    awq = lookup("casperhansen/llama-3.3-70b-instruct-awq")
+    head = lookup("yuhuili/EAGLE3-LLaMA3.3-Instruct-70B")
+    assert awq is not None and head is not None and awq.stored_quantization is not None
+    stored = estimate_speedup(make_spec(awq.name, "eagle3", head.name, 3, tp=4), awq, head, H100)
+    base = lookup("meta-llama/Llama-3.3-70B-Instruct")
+    assert base is not None
+    written = estimate_speedup(make_spec(base.name, "eagle3", head.name, 3, tp=4, quantization="awq"), base, head, H100)
+    assert stored.alpha == pytest.approx(written.alpha) == pytest.approx(0.75 * 0.93)
+    assert stored.speedup_at_batch_1 == pytest.approx(written.speedup_at_batch_1, rel=1e-6), "priced at 4-bit weights too"
+
+
+@pytest.mark.parametrize(("max_model_len", "context"), [(4096, 512), (8192, 1024), (32768, 2048), (None, 2048)])
+def test_the_context_is_the_sds(max_model_len: int | None, context: int) -> None:
+    spec = make_spec(LLAMA_8B.name, "eagle3", EAGLE3_8B.name, 3)
+    spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"max_model_len": max_model_len})})
+    assert context_tokens_for(spec, LLAMA_8B) == context
+    assert estimate_speedup(spec, LLAMA_8B, EAGLE3_8B, H100).context_tokens == context
+    measured = schedule_cost(spec, LLAMA_8B, EAGLE3_8B, H100, context_tokens=6000)
+    assert measured.context_tokens == 6000, "the pods' measured mean context replaces the assumption"
+
+
+def test_a_tensorrt_llm_tree_verifies_its_total_draft_tokens() -> None:
+    chain = make_spec(LLAMA_8B.name, "eagle3", EAGLE3_8B.name, 3)
+    assert verify_tokens_for(chain) is None
+    for extra, tokens in (({"max_total_draft_tokens": 12}, 13), ({"eagle_choices": [[0], [1], [0, 0], [0, 1], [0, 0, 0]]}, 6)):
+        spec = SpeculativeDeploymentSpec.model_validate({
+            **chain.to_wire(), "engine": {"kind": "trtllm"},
+            "speculation": {**chain.speculation.to_wire(), "extraConfig": extra}})
+        assert verify_tokens_for(spec) == tokens
+
+
+def test_draft_tokens_are_refused_for_a_chain() -> None:
+    with pytest.raises(ValueError, match="numDraftTokens"):
+        make_spec(LLAMA_8B.name, "eagle3", EAGLE3_8B.name, 3, numDraftTokens=16)

@@ -64,7 +64,7 @@ def plan_cost(pair_spec: SpeculativeDeploymentSpec) -> SpeculationCost:
     assert draft is not None
     target, drafter = lookup(pair_spec.model.name), lookup(draft.name)
     assert target is not None and drafter is not None
-    return schedule_cost(pair_spec, target, drafter, H100)
+    return schedule_cost(pair_spec, target, drafter, H100, context_tokens=CONTEXT)
 
 
 def table_models() -> dict[str, ForwardCost]:

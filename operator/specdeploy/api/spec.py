@@ -368,6 +368,12 @@ class Speculation(WireModel):
     eagle_topk: int = Field(
         1, ge=1, le=64, description="SGLang: branching per draft step; >1 turns the overlap scheduler off"
     )
+    num_draft_tokens: int | None = Field(
+        None, ge=2, le=1024,
+        description="SGLang with eagleTopk > 1: tokens of the draft tree verified per sequence each step, root "
+        "included (--speculative-num-draft-tokens); 1 + numSpeculativeTokens × eagleTopk when empty. The plan "
+        "prices the verify pass at this many tokens",
+    )
     extra_config: dict[str, JsonValue] | None = Field(
         None, max_length=MAX_EXTRA_CONFIG_KEYS,
         description="Engine speculative-config keys the fields above do not cover (any JSON values), merged into "
@@ -389,6 +395,14 @@ class Speculation(WireModel):
     def schedule_mode(self) -> ScheduleMode:
         """The schedule's mode; Fixed when no schedule is written (so an older resource hashes as before)."""
         return self.schedule.mode if self.schedule is not None else ScheduleMode.FIXED
+
+    def tree_draft_tokens(self, steps: int) -> int | None:
+        """Tokens SGLang verifies per sequence each step for a draft tree (eagleTopk > 1) drafting `steps` deep, root
+        included: numDraftTokens, or 1 + steps × eagleTopk (every draft step can add eagleTopk candidates). None for a
+        chain (eagleTopk 1), where SGLang forces steps + 1 itself."""
+        if self.eagle_topk == 1:
+            return None
+        return self.num_draft_tokens if self.num_draft_tokens is not None else 1 + steps * self.eagle_topk
 
     @property
     def enabled_method(self) -> Method:
@@ -428,6 +442,12 @@ class Speculation(WireModel):
             "`spec.speculation.schedule.table[].k` must not be greater than `spec.speculation.numSpeculativeTokens`: "
             "the engine reserves memory for numSpeculativeTokens and drafts no more; raise it or lower the k",
             lambda s: s.schedule is None or all(r.k <= s.num_speculative_tokens for r in s.schedule.table or ()),
+        ),
+        CelRule(
+            "!has(self.numDraftTokens) || self.eagleTopk > 1",
+            "`spec.speculation.numDraftTokens` needs `spec.speculation.eagleTopk` above 1: a chain (eagleTopk 1) "
+            "verifies numSpeculativeTokens + 1 tokens, which SGLang sets itself; remove it or widen the tree",
+            lambda s: s.num_draft_tokens is None or s.eagle_topk > 1,
         ),
         CelRule(
             "self.promptLookupMin <= self.promptLookupMax",

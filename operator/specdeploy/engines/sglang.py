@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from specdeploy.api.spec import KvCacheDtype, Method
+from specdeploy.api.spec import KvCacheDtype, Method, Speculation
 from specdeploy.engines.base import (
     CONFIG_MOUNT_PATH,
     LISTEN_HOST,
@@ -73,13 +73,14 @@ KV_CACHE_DTYPES = {
 }
 
 
-def num_draft_tokens(steps: int, topk: int) -> int:
+def num_draft_tokens(speculation: Speculation, steps: int) -> int:
     """--speculative-num-draft-tokens: the tokens verified per step, root included.
 
-    With topk 1 the draft is a chain of `steps` tokens and SGLang forces steps + 1 itself. With a wider
-    tree (topk > 1) this takes 1 + steps × topk: every draft step can contribute topk candidates.
+    With topk 1 the draft is a chain of `steps` tokens and SGLang forces steps + 1 itself; a wider tree verifies
+    `spec.speculation.numDraftTokens`, by default 1 + steps × topk (`Speculation.tree_draft_tokens`).
     """
-    return steps + 1 if topk == 1 else 1 + steps * topk
+    tree = speculation.tree_draft_tokens(steps)
+    return tree if tree is not None else steps + 1
 
 
 def adaptive_steps(schedule: tuple[BatchK, ...]) -> list[int]:
@@ -132,11 +133,10 @@ def speculative_args(inputs: EngineInputs) -> list[str]:
         quantization = explicit_quantization(draft.quantization)
         if quantization:
             args += ["--speculative-draft-model-quantization", quantization]
-    topk = speculation.eagle_topk
     args += [
         "--speculative-num-steps", str(k),
-        "--speculative-eagle-topk", str(topk),
-        "--speculative-num-draft-tokens", str(num_draft_tokens(k, topk)),
+        "--speculative-eagle-topk", str(speculation.eagle_topk),
+        "--speculative-num-draft-tokens", str(num_draft_tokens(speculation, k)),
     ]
     if _adaptive(inputs) is not None:
         args += ["--speculative-adaptive", "--speculative-adaptive-config", f"{CONFIG_MOUNT_PATH}/{ADAPTIVE_CONFIG_FILE}"]

@@ -17,9 +17,11 @@ which is below α for every k > 1 (α = 0.8, k = 5: rate 0.54). Its mean accepta
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from specdeploy.api.spec import Method, Quantization
+from specdeploy.planning.modelinfo import ModelInfo
 
 # α assumed per method when nothing was measured (greedy or low-temperature chat; higher temperature
 # lowers every one of them). Each is solved from a published mean acceptance length with
@@ -64,6 +66,20 @@ QUANTIZATION_ALPHA_FACTOR: dict[Quantization, float] = {
     Quantization.GPTQ: 0.93,
     Quantization.INT4: 0.93,
 }
+
+# A separate draft's α against its size (draft_model only; an EAGLE head or MTP module is trained on the target's
+# own hidden states, so its size says nothing comparable). DEFAULT_ALPHA[DRAFT_MODEL] stands for a draft at
+# DRAFT_SIZE_REFERENCE_RATIO (Llama-3.1-8B for Llama-3.1-70B, the middle of compat's 1:8-1:12); each doubling of
+# target ÷ draft parameters beyond it lowers α by ALPHA_PER_SIZE_DOUBLING. The slope is Leviathan et al. 2023
+# (arXiv:2211.17192), Table 3, T5-XXL (11B) target at T=0: T5-small (77M), T5-base (250M), T5-large (800M) drafts
+# reached α 0.75 / 0.80 / 0.82 on EnDe and 0.62 / 0.68 / 0.71 on CNNDM, i.e. 0.021-0.027 per doubling of the
+# ratio. With it Qwama-0.5B for Llama3-70B (1:150) gets α 0.50, where vLLM's measured 1.5x for that pair needs
+# 0.56 in this model (blog 2024-10-17, test_speedup.py): cautious by 0.06 there. Assumption, stated: the slope
+# measured on T5 holds for Llama-family drafts (uncertainty about ±0.01 per doubling, from the two tasks' spread),
+# and it is log-linear outside the measured 1:14-1:143 (clamped to ALPHA_DRAFT_SIZE_BOUNDS).
+DRAFT_SIZE_REFERENCE_RATIO = 8.8
+ALPHA_PER_SIZE_DOUBLING = 0.025
+ALPHA_DRAFT_SIZE_BOUNDS = (0.2, 0.9)
 
 _BISECTION_STEPS = 60
 
@@ -112,14 +128,36 @@ def default_alpha(
     target_quantization: Quantization = Quantization.NONE,
     draft_quantization: Quantization = Quantization.NONE,
     mtp_layers: int = 1,
+    draft_size_ratio: float | None = None,
 ) -> float:
-    """The α assumed for `method` when no acceptance rate was measured (see DEFAULT_ALPHA)."""
+    """The α assumed for `method` when no acceptance rate was measured (see DEFAULT_ALPHA), for a separate draft
+    `draft_size_ratio` times smaller than its target (target ÷ draft parameters; None: the reference size)."""
     alpha = DEFAULT_ALPHA[method]
     if method == Method.MTP and k > max(mtp_layers, 1):
         alpha = MTP_REUSED_ALPHA
+    if method == Method.DRAFT_MODEL and draft_size_ratio is not None:
+        alpha = draft_size_alpha(draft_size_ratio)
     if method != Method.NGRAM and method != Method.SUFFIX:
         alpha *= QUANTIZATION_ALPHA_FACTOR[target_quantization] * QUANTIZATION_ALPHA_FACTOR[draft_quantization]
     return alpha
+
+
+def draft_size_alpha(draft_size_ratio: float) -> float:
+    """The α assumed for a separate draft `draft_size_ratio` times smaller than its target, before quantisation
+    (DRAFT_SIZE_REFERENCE_RATIO, ALPHA_PER_SIZE_DOUBLING)."""
+    shift = ALPHA_PER_SIZE_DOUBLING * math.log2(draft_size_ratio / DRAFT_SIZE_REFERENCE_RATIO)
+    low, high = ALPHA_DRAFT_SIZE_BOUNDS
+    return min(high, max(low, DEFAULT_ALPHA[Method.DRAFT_MODEL] - shift))
+
+
+def acceptance_quantization(written: Quantization, target: ModelInfo) -> Quantization:
+    """The target quantisation that lowers the prior: `spec.model.quantization`, or with none written the scheme a
+    quantised copy of another model stores (`stored_quantization` with a `base_model`; a checkpoint released
+    quantised by its own authors, with no base, is what its drafters were trained against)."""
+    stored = target.stored_quantization
+    if written == Quantization.NONE and stored is not None and stored.scheme is not None and target.base_model:
+        return stored.scheme
+    return written
 
 
 def expected_tokens_from_positions(position_acceptance: Sequence[float], k: int) -> float:
@@ -145,6 +183,7 @@ def prior_position_acceptance(
     target_quantization: Quantization = Quantization.NONE,
     draft_quantization: Quantization = Quantization.NONE,
     mtp_layers: int = 1,
+    draft_size_ratio: float | None = None,
 ) -> tuple[float, ...]:
     """The acceptance assumed for draft positions 1..k_max when none was measured.
 
@@ -155,7 +194,8 @@ def prior_position_acceptance(
     rates, accepted = [], 1.0
     for position in range(1, k_max + 1):
         accepted *= default_alpha(method, position, target_quantization=target_quantization,
-                                  draft_quantization=draft_quantization, mtp_layers=mtp_layers)
+                                  draft_quantization=draft_quantization, mtp_layers=mtp_layers,
+                                  draft_size_ratio=draft_size_ratio)
         rates.append(accepted)
     return tuple(rates)
 

@@ -37,6 +37,12 @@ from specdeploy.api.status import Compatibility, Finding, Severity
 from specdeploy.engines.base import DEFAULT_IMAGES, explicit_quantization
 from specdeploy.engines.trtllm import DECODING_TYPES as TRTLLM_DECODING_TYPES
 from specdeploy.engines.vllm import engine_key as vllm_key
+from specdeploy.planning.acceptance import (
+    DEFAULT_ALPHA,
+    DRAFT_SIZE_REFERENCE_RATIO,
+    acceptance_rate_from_alpha,
+    draft_size_alpha,
+)
 from specdeploy.planning.catalog import quantised_checkpoints_of
 from specdeploy.planning.checkpoint import contradiction
 from specdeploy.planning.managed_flags import MANAGED_FLAGS, find_managed_flags
@@ -244,13 +250,19 @@ def draft_size(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelI
     if draft is None or spec.speculation.method != Method.DRAFT_MODEL:
         return
     ratio = draft_size_ratio(target, draft)
+    k = spec.speculation.num_speculative_tokens
+    alpha, reference = draft_size_alpha(ratio), DEFAULT_ALPHA[Method.DRAFT_MODEL]
+    rate = acceptance_rate_from_alpha(alpha, k)
     if ratio > DRAFT_RATIO_MAX:
         yield _warning(
             "DraftTooSmall",
             f"`spec.speculation.draft.name` {draft.name} ({_params(draft)}) is 1:{ratio:.0f} of the target "
             f"{target.name} ({_params(target)}), far smaller than 1:{DRAFT_RATIO_MIN:.0f} to "
-            f"1:{DRAFT_RATIO_MAX:.0f}: a draft that small agrees with the target less often, so most "
-            "drafted tokens are rejected; consider a larger draft from the same family, or method eagle3",
+            f"1:{DRAFT_RATIO_MAX:.0f}: a draft that small agrees with the target less often; the speedup "
+            f"estimate assumes α {alpha:.2f} per token against {reference:.2f} for a 1:{DRAFT_SIZE_REFERENCE_RATIO} "
+            f"draft ({rate:.0%} of drafted tokens accepted at k {k}), and a small draft's cheaper passes can still "
+            "make it the faster choice: compare `specdeploy plan`'s speedup with a larger draft of the same family "
+            "or method eagle3",
         )
     elif ratio < DRAFT_RATIO_MIN:
         yield _warning(
@@ -367,7 +379,7 @@ def quantization(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
         quant = stored.scheme
         said = (f"`spec.model.name` {spec.model.name} is {target.base_model} {stored.describe()}, and the memory "
                 f"plan counts it as {quant.value}")
-        estimate = "the speedup estimate reads only `spec.model.quantization` and so assumes the unquantised rate"
+        estimate = "the speedup estimate assumes a lower rate, as for the same `spec.model.quantization`"
     if quant != Quantization.NONE and spec.speculation.method != Method.NGRAM:
         strength = (
             "a little (8-bit weights stay close to the original)"

@@ -58,7 +58,8 @@ ENGINE_STEP_OVERHEAD_S = 0.4e-3
 # counts of 37B for DeepSeek-V3 (published 37B of 671B, 8 of 256 experts), 12.5B for Mixtral-8x7B (12.9B of
 # 46.7B, 2 of 8) and 6.3B for gpt-oss-120b (5.1B of 117B, 4 of 128).
 EXPERT_PARAMETER_SHARE = 0.975
-# Tokens already in a sequence's KV cache when it decodes: a mid-length chat turn.
+# Tokens in a sequence's KV cache where nothing else is said: the context the measured table was taken at. The
+# plan asks with the SD's own (planning.speedup.context_tokens_for, or the pods' measured mean).
 DEFAULT_CONTEXT_TOKENS = 1024
 # Bytes per activation element: engines keep activations in 16-bit, FP8 checkpoints included.
 ACTIVATION_BYTES = 2.0

@@ -27,7 +27,11 @@ from typing import Any
 from specdeploy.api.spec import EngineKind, Quantization, ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import ScheduleCalibration
 from specdeploy.engines.base import BatchK
-from specdeploy.planning.acceptance import expected_tokens_from_positions, prior_position_acceptance
+from specdeploy.planning.acceptance import (
+    acceptance_quantization,
+    expected_tokens_from_positions,
+    prior_position_acceptance,
+)
 from specdeploy.planning.gpus import GPU_PRODUCTS, GpuProduct
 from specdeploy.planning.modelinfo import ModelInfo
 from specdeploy.planning.speedup import REFERENCE_GPU, SpeculationCost, batch_grid, knee, speculation_cost
@@ -112,7 +116,7 @@ def step_speedup(cost: SpeculationCost, position_acceptance: Sequence[float], ba
     that drafts nothing (`zero_k_speedup`)."""
     if k == 0:
         return zero_k_speedup(cost)
-    return cost.speedup_for_tokens(batch, expected_tokens_from_positions(position_acceptance, k), k)
+    return cost.speedup_for_tokens(batch, expected_tokens_from_positions(position_acceptance, cost.accepted_depth(k)), k)
 
 
 def zero_k_speedup(cost: SpeculationCost) -> float:
@@ -199,11 +203,14 @@ def table_schedule(
 
 
 def schedule_cost(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None,
-                  gpu: GpuProduct | None) -> SpeculationCost:
+                  gpu: GpuProduct | None, *, context_tokens: int | None = None) -> SpeculationCost:
     """The roofline's costs of `spec`'s speculation on `gpu` (None: REFERENCE_GPU), with its engine's cost of a step
     that drafts nothing and whether its table drafts its largest k first: the cost model the plan builds once and
-    derives its schedule, acceptance floor and the judgment's predictions from (planning/plan.py)."""
-    cost = speculation_cost(spec, target, draft, gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU])
+    derives its schedule, acceptance floor and the judgment's predictions from (planning/plan.py).
+    `context_tokens`: the pods' measured mean context per sequence; None assumes one from maxModelLen
+    (planning.speedup.context_tokens_for)."""
+    cost = speculation_cost(spec, target, draft, gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU],
+                            context_tokens=context_tokens)
     return dataclasses.replace(cost, zero_k_speedup=ZERO_K_SPEEDUP_BY_ENGINE.get(spec.engine.kind, ZERO_K_SPEEDUP),
                                largest_k_first=spec.engine.kind in LARGEST_K_FIRST)
 
@@ -243,15 +250,17 @@ def speculation_schedule(
     """The schedule of `spec`'s speculation (which must be enabled), priced by `cost` (`schedule_cost`).
 
     `position_acceptance`: measured acceptance per draft position (see `derive_schedule`); None assumes the
-    method's prior, lowered for a quantised target or draft, as the speedup estimate does.
+    method's prior, for a separate draft by its size (`cost.draft_size_ratio`), lowered for a quantised target (the
+    spec's quantisation or the checkpoint's) or draft, as the speedup estimate does.
     """
     speculation = spec.speculation
     k_max = speculation.num_speculative_tokens
     acceptance = position_acceptance if position_acceptance is not None else prior_position_acceptance(
         speculation.enabled_method, k_max,
-        target_quantization=spec.model.quantization,
+        target_quantization=acceptance_quantization(spec.model.quantization, target),
         draft_quantization=speculation.draft.quantization if speculation.draft is not None else Quantization.NONE,
         mtp_layers=target.architecture.num_nextn_predict_layers,
+        draft_size_ratio=cost.draft_size_ratio,
     )
     max_num_seqs, mode = spec.serving.max_num_seqs, speculation.schedule_mode
     if mode == ScheduleMode.AUTO:

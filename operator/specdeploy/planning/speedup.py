@@ -13,6 +13,10 @@ which assumes verifying k+1 tokens costs one ordinary step. That holds while a s
 speculation slows the engine down (vLLM's blog, 2024-10-17: 1.4x-1.8x slower at high QPS). So the
 estimate times both kinds of step with planning.roofline at each batch size instead, and reports the
 batch size above which the speedup falls below 1. See docs/speedup-model.md.
+
+What the roofline is asked is the SD's own: the verify pass covers the tokens the engine verifies (a draft tree's
+`verify_tokens`, not k + 1), every sequence holds the SD's context (`context_tokens_for`, or the pods' measured mean), and the prior acceptance
+is the draft's (its size against the target, a quantised target; planning.acceptance).
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specdeploy.api.spec import KvCacheDtype, Method, Quantization, SpeculativeDeploymentSpec
+from specdeploy.api.spec import EngineKind, KvCacheDtype, Method, Quantization, SpeculativeDeploymentSpec
 from specdeploy.planning.acceptance import (
+    acceptance_quantization,
     acceptance_rate_from_alpha,
     alpha_from_acceptance_length,
     alpha_from_acceptance_rate,
@@ -52,6 +57,7 @@ __all__ = [
     "alpha_from_acceptance_rate",
     "batch_grid",
     "best_k",
+    "context_tokens_for",
     "decode_step_seconds",
     "estimate_speedup",
     "expected_tokens_per_step",
@@ -59,6 +65,7 @@ __all__ = [
     "speculation_breakeven_batch_size",
     "speculation_cost",
     "speedup",
+    "verify_tokens_for",
 ]
 
 K_MAX = 16
@@ -70,6 +77,14 @@ DRAFT_PASS_OVERHEAD_S = 0.25e-3
 # Where no GPU product is known the estimate is made for this one, and says so.
 REFERENCE_GPU = "H100-80GB"
 _KV_ELEMENT_BYTES = {KvCacheDtype.AUTO: 2.0}  # every fp8 variant stores one byte
+# The tokens a sequence holds in its KV cache while it decodes, until the pods' mean context is measured (then the
+# plan takes that: schedule_cost's `context_tokens`). A decoding sequence holds its prompt and the output so far; a
+# chat workload served with maxModelLen 8,192 averages well under 1,024 of them (ShareGPT-style turns are a few
+# hundred tokens each way), so an eighth of maxModelLen, an assumption. Capped at twice the 1,024 the step-cost model
+# was measured at: attention's growth beyond that is unmeasured here, and more context makes speculation look better
+# (the KV cache read is shared by the verified tokens), so the prior does not assume more until the pods show it.
+CONTEXT_SHARE_OF_MAX_MODEL_LEN = 1 / 8
+MAX_ASSUMED_CONTEXT_TOKENS = 2048
 
 
 def speedup(alpha: float, k: int, c: float) -> float:
@@ -98,11 +113,14 @@ class SpeculationCost:
     target: ForwardCost
     draft: ForwardCost | None               # None: drafting takes no GPU time (ngram, suffix)
     gpu: GpuProduct
-    context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS  # cached tokens per sequence
     draft_pass_overhead_s: float = DRAFT_PASS_OVERHEAD_S
     zero_k_speedup: float | None = None     # a schedule's k = 0 step ÷ no speculation; None: planning.schedule's
     largest_k_first: bool = False           # the engine's table drafts its largest k at batch 1 (planning.schedule)
     layer_overhead_s: float = LAYER_OVERHEAD_S  # kernel time per layer of every pass (planning.roofline)
+    verify_tokens: int | None = None        # a draft tree's tokens verified per sequence, root included; None: k + 1
+    draft_width: int = 1                    # candidates per sequence each drafting pass after the first (a tree's topk)
+    draft_size_ratio: float | None = None   # target ÷ draft parameters of a separate draft, for its prior acceptance
 
     def baseline_step_seconds(self, batch: int) -> float:
         """One engine step without speculation: one token per sequence."""
@@ -110,10 +128,17 @@ class SpeculationCost:
 
     def draft_pass_seconds(self, batch: int) -> float:
         """One drafting pass: one proposed token per sequence."""
+        return self._drafting_pass_seconds(batch, 1)
+
+    def tree_draft_pass_seconds(self, batch: int) -> float:
+        """A tree's drafting pass after its first: `draft_width` candidates per sequence."""
+        return self._drafting_pass_seconds(batch, self.draft_width)
+
+    def _drafting_pass_seconds(self, batch: int, width: int) -> float:
         if self.draft is None:
             return 0.0
-        pass_s = forward_seconds(self.draft, self.gpu, batch=batch, context_tokens=self.context_tokens,
-                                 layer_overhead_s=self.layer_overhead_s)
+        pass_s = forward_seconds(self.draft, self.gpu, batch=batch, tokens_per_sequence=width,
+                                 context_tokens=self.context_tokens, layer_overhead_s=self.layer_overhead_s)
         return pass_s + self.draft_pass_overhead_s
 
     def target_pass_seconds(self, batch: int, tokens_per_sequence: int) -> float:
@@ -124,8 +149,24 @@ class SpeculationCost:
         )
 
     def speculative_step_seconds(self, batch: int, k: int) -> float:
-        """k drafting passes, then one target pass verifying k+1 tokens per sequence."""
-        return k * self.draft_pass_seconds(batch) + self.target_pass_seconds(batch, k + 1) + ENGINE_STEP_OVERHEAD_S
+        """k drafting passes (a tree's after the first `draft_width` wide), then one target pass verifying k+1
+        tokens per sequence, or a tree's `verify_tokens`."""
+        drafting = k * self.draft_pass_seconds(batch)
+        if self.draft_width > 1:
+            drafting = self.draft_pass_seconds(batch) + (k - 1) * self.tree_draft_pass_seconds(batch)
+        return drafting + self.target_pass_seconds(batch, self.verified_tokens(k)) + ENGINE_STEP_OVERHEAD_S
+
+    def verified_tokens(self, k: int) -> int:
+        """Tokens the verify pass covers per sequence at `k`: k + 1 for a chain, the tree's for a tree."""
+        return self.verify_tokens if self.verify_tokens is not None else k + 1
+
+    def accepted_depth(self, k: int) -> int:
+        """The chain whose expected tokens a step at `k` is credited with. A tree is credited with its top-1
+        chain only, a lower bound: the tree holds that chain among its branches (SGLang and TensorRT-LLM keep the
+        most likely path), and its other branches add what they add only where the top-1 candidate is rejected,
+        which no published measurement lets this model size for a given draft (docs/speedup-model.md). A tree that
+        verifies fewer tokens than k + 1 reaches no deeper than its tokens."""
+        return min(k, self.verified_tokens(k) - 1)
 
     def draft_cost_ratio(self, batch: int = 1) -> float:
         """Leviathan's c: one drafting pass in target steps."""
@@ -133,7 +174,7 @@ class SpeculationCost:
 
     def speedup(self, batch: int, alpha: float, k: int) -> float:
         """Tokens per second with speculation ÷ without, at `batch` running sequences."""
-        return self.speedup_for_tokens(batch, expected_tokens_per_step(alpha, k), k)
+        return self.speedup_for_tokens(batch, expected_tokens_per_step(alpha, self.accepted_depth(k)), k)
 
     def speedup_for_tokens(self, batch: int, tokens_per_step: float, k: int) -> float:
         """The same for a step drafting `k` tokens that yields `tokens_per_step` on average."""
@@ -194,6 +235,7 @@ class SpeedupEstimate:
     best_k: int                             # the k with the highest speedup at batch 1 (see best_k)
     gpu: str
     context_tokens: int
+    verified_tokens: int                    # per sequence in the verify pass: k + 1, or a draft tree's tokens
 
     def to_wire(self) -> dict[str, Any]:
         """The `speedup` object of `specdeploy plan -o json` (camelCase, floats to 3 decimals)."""
@@ -212,6 +254,7 @@ class SpeedupEstimate:
             "bestK": self.best_k,
             "gpu": self.gpu,
             "contextTokens": self.context_tokens,
+            "verifiedTokensPerSequence": self.verified_tokens,
         }
 
 
@@ -221,13 +264,14 @@ def speculation_cost(
     draft: ModelInfo | None,
     gpu: GpuProduct,
     *,
-    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+    context_tokens: int | None = None,
 ) -> SpeculationCost:
-    """The target's and the drafter's pass costs for `spec` on `gpu`."""
+    """The target's and the drafter's pass costs for `spec` on `gpu`, every sequence holding `context_tokens` (the
+    pods' measured mean context; None: the assumption from maxModelLen, `context_tokens_for`)."""
     tp = spec.resources.tensor_parallel_size
     kv_bytes = _KV_ELEMENT_BYTES.get(spec.serving.kv_cache_dtype, 1.0)
     target_cost = model_forward_cost(
-        target, tensor_parallel_size=tp, quantization=spec.model.quantization, kv_element_bytes=kv_bytes
+        target, tensor_parallel_size=tp, quantization=_weight_quantization(spec, target), kv_element_bytes=kv_bytes
     )
     method = spec.speculation.method
     draft_spec = spec.speculation.draft
@@ -246,7 +290,47 @@ def speculation_cost(
             draft, tensor_parallel_size=draft_tp, quantization=draft_quantization, kv_element_bytes=kv_bytes,
             extra_parameters=borrowed, counts_input_embedding=method == Method.DRAFT_MODEL,
         )
-    return SpeculationCost(target_cost, drafter, gpu, context_tokens)
+    tree_width = spec.speculation.eagle_topk if spec.engine.kind == EngineKind.SGLANG else 1
+    return SpeculationCost(
+        target_cost, drafter, gpu, context_tokens if context_tokens is not None else context_tokens_for(spec, target),
+        verify_tokens=verify_tokens_for(spec), draft_width=tree_width,
+        draft_size_ratio=(target.architecture.num_parameters / draft.architecture.num_parameters
+                          if method == Method.DRAFT_MODEL and draft is not None else None),
+    )
+
+
+def context_tokens_for(spec: SpeculativeDeploymentSpec, target: ModelInfo) -> int:
+    """The cached tokens per sequence assumed before the pods' mean context is measured: an eighth of maxModelLen
+    (the model's longest context when unset, as the engines do), at most MAX_ASSUMED_CONTEXT_TOKENS."""
+    max_model_len = spec.serving.max_model_len or target.architecture.max_position_embeddings
+    return max(1, min(MAX_ASSUMED_CONTEXT_TOKENS, int(max_model_len * CONTEXT_SHARE_OF_MAX_MODEL_LEN)))
+
+
+def verify_tokens_for(spec: SpeculativeDeploymentSpec) -> int | None:
+    """Tokens a draft tree verifies per sequence each step, root included; None for a chain (k + 1).
+
+    SGLang with eagleTopk > 1: `--speculative-num-draft-tokens` (`Speculation.tree_draft_tokens`). TensorRT-LLM
+    with a tree in extraConfig: `max_total_draft_tokens` + 1, or a static tree's `eagle_choices` (one token per
+    choice) + 1 (tensorrt_llm/llmapi/llm_args.py EagleDecodingConfig). vLLM drafts chains only.
+    """
+    speculation = spec.speculation
+    if spec.engine.kind == EngineKind.SGLANG and speculation.method != Method.NGRAM:
+        return speculation.tree_draft_tokens(speculation.num_speculative_tokens)
+    if spec.engine.kind == EngineKind.TRTLLM and speculation.extra_config:
+        total, choices = speculation.extra_config.get("max_total_draft_tokens"), speculation.extra_config.get("eagle_choices")
+        if isinstance(total, int) and not isinstance(total, bool) and total > speculation.num_speculative_tokens:
+            return total + 1
+        if isinstance(choices, list) and len(choices) > speculation.num_speculative_tokens:
+            return len(choices) + 1
+    return None
+
+
+def _weight_quantization(spec: SpeculativeDeploymentSpec, target: ModelInfo) -> Quantization:
+    """The target's weights as the engine reads them: the spec's quantisation, or with none the checkpoint's own."""
+    stored = target.stored_quantization
+    if spec.model.quantization == Quantization.NONE and stored is not None and stored.scheme is not None:
+        return stored.scheme
+    return spec.model.quantization
 
 
 def estimate_speedup(
@@ -256,19 +340,19 @@ def estimate_speedup(
     gpu: GpuProduct | None,
     *,
     acceptance_rate: float | None = None,
-    context_tokens: int = DEFAULT_CONTEXT_TOKENS,
+    context_tokens: int | None = None,
 ) -> SpeedupEstimate:
     """The predicted speedup of `spec`'s speculation over the same target without it.
 
     `acceptance_rate` is a measured vLLM acceptance rate (accepted ÷ drafted, as in
     status.analysis.acceptanceRate) at the spec's k; without one the method's default α is assumed,
-    lowered for a quantised target or draft. `gpu` None means the product is unknown: the estimate is
-    made for REFERENCE_GPU and names it.
+    for a separate draft by its size, lowered for a quantised target or draft. `gpu` None means the product is
+    unknown: the estimate is made for REFERENCE_GPU and names it. `context_tokens`: see `speculation_cost`.
     """
     product = gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU]
     method, k = spec.speculation.enabled_method, spec.speculation.num_speculative_tokens
     cost = speculation_cost(spec, target, draft, product, context_tokens=context_tokens)
-    alpha_at = _alpha_for(spec, target, acceptance_rate)
+    alpha_at = _alpha_for(spec, target, cost, acceptance_rate)
     alpha = alpha_at(k)
     max_batch = spec.serving.max_num_seqs
     return SpeedupEstimate(
@@ -277,7 +361,7 @@ def estimate_speedup(
         assumed_acceptance_rate=acceptance_rate if acceptance_rate is not None else acceptance_rate_from_alpha(alpha, k),
         acceptance_rate_measured=acceptance_rate is not None,
         alpha=alpha,
-        expected_tokens_per_step=expected_tokens_per_step(alpha, k),
+        expected_tokens_per_step=expected_tokens_per_step(alpha, cost.accepted_depth(k)),
         draft_cost_ratio=cost.draft_cost_ratio(),
         speedup_at_batch_1=cost.speedup(1, alpha, k),
         speedup_at_max_batch=cost.speedup(max_batch, alpha, k),
@@ -285,12 +369,13 @@ def estimate_speedup(
         breakeven_batch_size=speculation_breakeven_batch_size(cost, alpha, k, max_batch),
         best_k=knee(lambda n: cost.speedup(1, alpha_at(n), n), K_MAX),
         gpu=product.name,
-        context_tokens=context_tokens,
+        context_tokens=cost.context_tokens,
+        verified_tokens=cost.verified_tokens(k),
     )
 
 
 def _alpha_for(
-    spec: SpeculativeDeploymentSpec, target: ModelInfo, acceptance_rate: float | None
+    spec: SpeculativeDeploymentSpec, target: ModelInfo, cost: SpeculationCost, acceptance_rate: float | None
 ) -> Callable[[int], float]:
     """α as a function of k: measured at the spec's k and held, or the method's default for each k."""
     if acceptance_rate is not None:
@@ -300,7 +385,8 @@ def _alpha_for(
     return lambda k: default_alpha(
         spec.speculation.enabled_method,
         k,
-        target_quantization=spec.model.quantization,
+        target_quantization=acceptance_quantization(spec.model.quantization, target),
         draft_quantization=draft_spec.quantization if draft_spec is not None else Quantization.NONE,
         mtp_layers=target.architecture.num_nextn_predict_layers,
+        draft_size_ratio=cost.draft_size_ratio,
     )
