@@ -1,6 +1,7 @@
 """spec.podTemplate: typed by the Kubernetes types, merged under what the operator renders, conflicts refused
 with the field named; the default CPU and memory requests."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,11 @@ def test_the_operators_reserved_names_are_the_ones_it_renders() -> None:
     assert {v["name"] for v in pod["volumes"]} <= set(OPERATOR_VOLUMES)
     assert {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]} <= set(OPERATOR_MOUNT_PATHS)
     assert set(deployment["spec"]["template"]["metadata"]["labels"]) <= set(OPERATOR_POD_LABELS)
+
+
+def test_the_kube_types_the_resource_reads_are_lightkube_models_own() -> None:
+    """api/kube_types.json is data so that the pure core loads no client; it must stay what lightkube-models says
+    (after an upgrade of lightkube-models: `python -m specdeploy.clients.kube_types`)."""
+    from specdeploy.clients import kube_types
+
+    assert json.loads(kube_types.SCHEMAS.read_text()) == kube_types.derive()
