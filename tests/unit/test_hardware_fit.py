@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from analysis_samples import JITTER, sample, variant
 
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import AnalysisStatus, HardwareFit
 from specdeploy.judgment.hardware import factor_interval, fit_hardware, slice_latencies
 from specdeploy.judgment.samples import DeploymentSample
-from specdeploy.planning.plan import DATASHEET_MODEL_ERROR, MEASURED_MODEL_ERROR, Plan, make_plan
+from specdeploy.planning.plan import (
+    DATASHEET_MODEL_ERROR,
+    MEASURED_MODEL_ERROR,
+    Plan,
+    make_plan,
+    plan_document,
+)
 
 BATCH = 8
 
@@ -100,3 +107,31 @@ def test_the_fit_round_trips_through_status() -> None:
     assert fit is not None
     wire = AnalysisStatus(hardware_fit=fit).to_wire()
     assert AnalysisStatus.model_validate(wire).hardware_fit == HardwareFit.model_validate(wire["hardwareFit"])
+
+
+def test_plan_json_says_prior_or_fitted_with_the_interval_of_the_models_error() -> None:
+    for plan, source, error in ((make_plan(_spec()), "prior", MEASURED_MODEL_ERROR),
+                                (make_plan(_spec("L40S")), "prior", DATASHEET_MODEL_ERROR),
+                                (make_plan(_spec("L40S"), hardware_factor=1.1), "fitted", MEASURED_MODEL_ERROR)):
+        document = plan_document(plan)
+        for entry in document["speculationSchedule"]:
+            assert entry["modelSource"] == source and entry["modelError"] == error
+            low, high = entry["predictedSpeedupInterval"]
+            assert low == pytest.approx(entry["predictedSpeedup"] * (1 - error), abs=2e-3)
+            assert high == pytest.approx(entry["predictedSpeedup"] * (1 + error), abs=2e-3)
+        speedup = document["speedup"]
+        assert speedup["modelSource"] == "prior"     # estimated on the datasheet GPU, fitted or not
+        assert speedup["speedupAtBatch1Interval"][0] < speedup["speedupAtBatch1"] < speedup["speedupAtBatch1Interval"][1]
+
+
+def test_plan_text_says_the_model_and_its_interval() -> None:
+    from rich.console import Console
+
+    from specdeploy.report import schedule_table
+
+    table = schedule_table(make_plan(_spec()))
+    assert table is not None
+    console = Console(width=160, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "from the prior model, ± 9%" in text and "INTERVAL" in text and "prior" in text

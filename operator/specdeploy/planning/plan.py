@@ -58,6 +58,20 @@ DATASHEET_MODEL_ERROR = 0.20
 GPU need not reach; a stated allowance, not a measurement."""
 
 
+def model_error(gpu: str | None, *, fitted: bool) -> float:
+    """The stated error of a step time or a speedup predicted on `gpu`, ± this fraction (docs/speedup-model.md)."""
+    return MEASURED_MODEL_ERROR if fitted or gpu == MEASURED_GPU else DATASHEET_MODEL_ERROR
+
+
+def speedup_interval(speedup: float, error: float) -> tuple[float, float]:
+    """A predicted speedup's interval under the model's stated error: speedup × (1 ± error)."""
+    return speedup * (1 - error), speedup * (1 + error)
+
+
+def _interval_wire(speedup: float, error: float) -> list[float]:
+    return [round(end, 3) for end in speedup_interval(speedup, error)]
+
+
 @dataclass(frozen=True)
 class HardwareScaledCost(SpeculationCost):
     """The cost model with every forward pass (the GPU's time) `hardware_factor` × the prior's; the engine's own
@@ -130,9 +144,7 @@ class Plan:
     def model_error(self) -> float:
         """The predictions' stated error, ± this fraction: the measured table's for an H100 or a fitted model, the
         datasheet allowance for a prior on any other GPU (docs/speedup-model.md)."""
-        gpu = self.cost.gpu.name if self.cost is not None else None
-        measured = self.hardware_factor is not None or gpu == MEASURED_GPU
-        return MEASURED_MODEL_ERROR if measured else DATASHEET_MODEL_ERROR
+        return model_error(self.cost.gpu.name if self.cost is not None else None, fitted=self.hardware_factor is not None)
 
     def with_hardware_factor(self, factor: float | None) -> Plan:
         """The plan with its cost model's GPU time `factor` × the prior's (None: the prior's), and the Auto schedule
@@ -256,7 +268,8 @@ def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = N
 def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> dict[str, Any]:
     """What `specdeploy plan -o json` prints: status.memoryPlan's JSON, with compatibility,
     engineCommand, speedup, speculationSchedule (`SpeculationSchedule.to_wire`: minBatch, maxBatch, k and the
-    predicted speedup per batch range), acceptanceFloor (at batch 1, `AcceptanceFloor.to_wire`) and models (where each architecture came from, `Origin.to_wire`) beside it.
+    predicted speedup per batch range; each predicted speedup with modelSource — prior or fitted — and an interval
+    from the model's stated error, `model_error`), acceptanceFloor (at batch 1, `AcceptanceFloor.to_wire`) and models (where each architecture came from, `Origin.to_wire`) beside it.
 
     `verdict` stays the memory plan's own (status.memoryPlan.verdict is the same field); `outcome` is the
     plan's as a whole — Rejected also for a compatibility error — and agrees with the exit code and the
@@ -265,8 +278,20 @@ def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> d
     document = {"outcome": plan.verdict.value, **plan.memory.to_wire()}
     document["compatibility"] = plan.compatibility.to_wire()
     document["engineCommand"] = engine_command
-    document["speedup"] = plan.speedup.to_wire() if plan.speedup is not None else None
-    document["speculationSchedule"] = plan.schedule.to_wire() if plan.schedule is not None else None
+    document["speedup"] = None
+    if (estimate := plan.speedup) is not None:     # estimated on the prior's GPU, fitted or not
+        error = model_error(estimate.gpu, fitted=False)
+        document["speedup"] = {**estimate.to_wire(), "modelSource": "prior", "modelError": error,
+                               "speedupAtBatch1Interval": _interval_wire(estimate.speedup_at_batch_1, error),
+                               "speedupAtMaxBatchInterval": _interval_wire(estimate.speedup_at_max_batch, error)}
+    document["speculationSchedule"] = None
+    if plan.schedule is not None:
+        error = plan.model_error
+        document["speculationSchedule"] = [
+            {**wire, "modelSource": plan.prediction_source, "modelError": error,
+             "predictedSpeedupInterval": _interval_wire(entry.speedup_at_min_batch, error),
+             "predictedSpeedupAtMaxBatchInterval": _interval_wire(entry.speedup_at_max_batch, error)}
+            for entry, wire in zip(plan.schedule.ranges, plan.schedule.to_wire(), strict=True)]
     document["models"] = {
         "target": plan.target_origin.to_wire(),
         "draft": plan.draft_origin.to_wire() if plan.draft_origin is not None else None,
