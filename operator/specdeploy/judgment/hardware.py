@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from specdeploy.api.status import HardwareFit
 from specdeploy.judgment import evidence
-from specdeploy.judgment.comparison import MIN_SLICES, Z975
+from specdeploy.judgment.comparison import MIN_SLICES, t975
 from specdeploy.judgment.plan_view import PlanView
 from specdeploy.judgment.recalibration import table_text
 from specdeploy.judgment.samples import DeploymentSample, Points, Signal
@@ -38,7 +38,7 @@ def slice_latencies(sums: Points, counts: Points) -> list[float]:
 
 
 def factor_interval(latencies: Sequence[float], prior_pass_s: float, overhead_s: float) -> tuple[float, float] | None:
-    """The mean factor on the GPU time over the slices and its 95% half-width (a fraction of it); None with fewer
+    """The mean factor on the GPU time over the slices and its 95% half-width (Student's t; a fraction of it); None with fewer
     than MIN_SLICES slices."""
     if len(latencies) < MIN_SLICES or prior_pass_s <= 0:
         return None
@@ -47,7 +47,7 @@ def factor_interval(latencies: Sequence[float], prior_pass_s: float, overhead_s:
     if mean <= 0:
         return None
     variance = sum((f - mean) ** 2 for f in factors) / (len(factors) - 1)
-    return mean, Z975 * math.sqrt(variance / len(factors)) / mean
+    return mean, t975(len(factors) - 1) * math.sqrt(variance / len(factors)) / mean
 
 
 def _applied(factor: float, half_width: float, prior_error: float, fitted_error: float,
