@@ -18,7 +18,7 @@ from specdeploy.judgment.probe import ProbeCell, not_paying
 from specdeploy.judgment.verdict import OBJECTIVE_MEANING, objective_checks
 from specdeploy.modelsource.resolve import ArchitectureSource, Origin
 from specdeploy.planning.acceptance_floor import AcceptanceFloor
-from specdeploy.planning.plan import Plan
+from specdeploy.planning.plan import MEASURED_MODEL_ERROR, Plan, model_error, speedup_interval
 
 _VERDICT_STYLE = {Verdict.FITS: "bold green", Verdict.FITS_WITH_WARNINGS: "bold yellow", Verdict.REJECTED: "bold red"}
 _SEVERITY_MARK = {Severity.ERROR: ("✗", "red"), Severity.WARNING: ("!", "yellow"), Severity.INFO: ("i", "cyan")}
@@ -118,9 +118,13 @@ def _speedup(plan: Plan) -> Text | None:
         if estimate.breakeven_batch_size is None
         else f"stops paying at batch {estimate.breakeven_batch_size} (maxNumSeqs {estimate.max_batch_size})"
     )
+    error = model_error(estimate.gpu, fitted=False)
     text = Text()
     text.append(f" {estimate.speedup_at_batch_1:.2f}× at batch 1", style="bold")
-    text.append(f", {estimate.speedup_at_max_batch:.2f}× at batch {estimate.max_batch_size}; {pays}\n")
+    text.append(f" ({_interval(estimate.speedup_at_batch_1, error)})")
+    text.append(f", {estimate.speedup_at_max_batch:.2f}× at batch {estimate.max_batch_size} "
+                f"({_interval(estimate.speedup_at_max_batch, error)}); {pays}\n")
+    text.append(f" the prior model: ± {error:.0%} ({_ERROR_BASIS[error == MEASURED_MODEL_ERROR]})\n")
     text.append(
         f" acceptance rate {estimate.assumed_acceptance_rate:.2f} ({source}; α {estimate.alpha:.2f}), "
         f"{estimate.expected_tokens_per_step:.2f} tokens per step, draft cost {estimate.draft_cost_ratio:.3f} "
@@ -132,6 +136,18 @@ def _speedup(plan: Plan) -> Text | None:
         text.append(" — ")
         text.append(floor)
     return text
+
+
+_ERROR_BASIS = {
+    True: "its error against the step times measured on an H100",
+    False: "a GPU scaled from its datasheet: wider than the H100's measured error",
+}
+
+
+def _interval(speedup: float, error: float) -> str:
+    """"1.68–2.02×": the predicted speedup under the model's stated error (planning/plan.py speedup_interval)."""
+    low, high = speedup_interval(speedup, error)
+    return f"{low:.2f}–{high:.2f}×"
 
 
 _SCHEDULE_MEANING = {
@@ -149,16 +165,23 @@ def schedule_table(plan: Plan) -> Group | None:
     source = "measured" if schedule.acceptance_measured else "assumed for the method"
     heading = Text()
     heading.append(f" {schedule.mode.value}", style="bold")
-    heading.append(f": {_SCHEDULE_MEANING[schedule.mode]} (acceptance {source}); speedup against no speculation")
+    error = plan.model_error
+    heading.append(f": {_SCHEDULE_MEANING[schedule.mode]} (acceptance {source}); speedup against no speculation "
+                   f"from the {plan.prediction_source} model, ± {error:.0%}")
     table = Table(box=None, pad_edge=True)
     table.add_column("BATCH")
     table.add_column("K", justify="right")
     table.add_column("PREDICTED SPEEDUP")
+    table.add_column("INTERVAL")
+    table.add_column("MODEL")
     for entry in schedule.ranges:
         batches = f"{entry.min_batch}–{entry.max_batch}" if entry.max_batch > entry.min_batch else str(entry.min_batch)
-        speedups = (f"{entry.speedup_at_min_batch:.2f}×" if entry.max_batch == entry.min_batch
+        single = entry.max_batch == entry.min_batch
+        speedups = (f"{entry.speedup_at_min_batch:.2f}×" if single
                     else f"{entry.speedup_at_min_batch:.2f}× → {entry.speedup_at_max_batch:.2f}×")
-        table.add_row(batches, str(entry.k), speedups)
+        interval = (_interval(entry.speedup_at_min_batch, error) if single else
+                    f"{_interval(entry.speedup_at_min_batch, error)} → {_interval(entry.speedup_at_max_batch, error)}")
+        table.add_row(batches, str(entry.k), speedups, interval, plan.prediction_source)
     return Group(heading, table)
 
 

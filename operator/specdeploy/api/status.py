@@ -283,6 +283,7 @@ class AnalysisStatus(StatusModel):
     consecutive_failures: int = 0
     consecutive_inconclusive: int = 0
     previous_baseline: PreviousBaselineStatus | None = None
+    hardware_fit: HardwareFit | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -421,3 +422,22 @@ def set_condition(conditions: list[Condition], new: Condition) -> list[Condition
     if not replaced:
         result.append(new)
     return result
+
+
+class HardwareFit(StatusModel):
+    """The GPUs this SD really got, fitted from its control pods (judgment/hardware.py, docs/analysis.md)."""
+
+    factor: float = Field(description="Measured GPU time of a step ÷ the prior cost model's, at the control's batch")
+    factor_half_width: float = Field(description="The factor's 95% interval, ± this fraction of it")
+    prior_error: float = Field(description="The prior model's stated error (± this fraction, docs/speedup-model.md)")
+    applied_factor: float | None = Field(
+        None, description="The factor the plan uses (Auto schedule, acceptance floor); None: the prior's")
+    batch: float = Field(description="Running sequences per control pod over the window")
+    measured_step_seconds: float
+    prior_step_seconds: float
+    fitted_step_seconds: float
+    slices: int = Field(description="Slices of the window the factor was fitted from")
+    message: str = Field(description="Prior vs fitted step time and what the fit changed, in a sentence")
+
+
+AnalysisStatus.model_rebuild()

@@ -4,6 +4,8 @@
     plan.schedule.k_at(batch)                      # the k the pods' schedule drafts there
     plan.predicted_speedup(acceptance, batch, k)   # tokens per second ÷ without speculation
     plan.derive_schedule(acceptance)               # Auto's table under a measured acceptance per position
+    plan.base_step_seconds(batch, factor)          # a step without speculation on GPUs factor × the prior's
+    plan.with_hardware_factor(factor)              # the plan under a fitted GPU time (judgment/hardware.py)
 
 The Plan (planning/plan.py) is built once per pass from the models as they were resolved — catalog, Hub,
 ConfigMap or spec — and holds the one cost model; it implements these protocols. The judgment names only them,
@@ -88,4 +90,22 @@ class PlanView(Protocol):
 
     def derive_schedule(self, position_acceptance: Sequence[float]) -> Schedule:
         """The Auto schedule the cost model derives under an acceptance per draft position."""
+        ...
+
+    @property
+    def hardware_factor(self) -> float | None:
+        """The GPU time the plan's cost model uses, × the prior's; None: the prior's."""
+        ...
+
+    @property
+    def model_error(self) -> float:
+        """The prior's stated error on a step time and a speedup, ± this fraction."""
+        ...
+
+    def base_step_seconds(self, batch: int, hardware_factor: float | None = None) -> float:
+        """One step without speculation at `batch` on GPUs `hardware_factor` × the prior's time (None: the prior)."""
+        ...
+
+    def with_hardware_factor(self, factor: float | None) -> PlanView:
+        """The plan with the Auto schedule and acceptance floor of GPUs `factor` × the prior's time."""
         ...

@@ -20,6 +20,7 @@ from specdeploy.api.spec import EngineKind, Objective, ScheduleMode, Speculative
 from specdeploy.api.status import AnalysisStatus, SpeculationStatus
 from specdeploy.judgment import evidence
 from specdeploy.judgment.calibration import MIN_RELATIVE_GAIN
+from specdeploy.judgment.hardware import fit_hardware
 from specdeploy.judgment.oom import OutOfMemory
 from specdeploy.judgment.plan_view import PlanView, Schedule
 from specdeploy.judgment.queries import latest_seconds
@@ -256,6 +257,9 @@ def step_speculation(
             assessment = dataclasses.replace(assessment, verdict=loss)
         result = assessment.verdict
         state = next_analysis_state(analysis, sample, assessment, now)
+        held = analysis.hardware_fit if analysis is not None else None
+        # The next plan takes the fit's applied factor; a window without control slices keeps the last fit.
+        state = state.model_copy(update={"hardware_fit": fit_hardware(sample, plan, held) or held})
     else:  # an OOM death between samples: decide on it alone, counters unchanged
         result = Inconclusive(InconclusiveReason.NO_DATA, "no sample in this reconcile")
         state = analysis or AnalysisStatus()

@@ -15,6 +15,7 @@ from it. The judgment reads the plan through `judgment.plan_view.PlanView` and i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,54 @@ from specdeploy.planning.schedule import (
 )
 from specdeploy.planning.speedup import SpeculationCost, SpeedupEstimate, estimate_speedup
 
+MEASURED_GPU = "H100-80GB"
+"""The GPU of the measured step-time table the model is held to (docs/speedup-model.md)."""
+MEASURED_MODEL_ERROR = 0.09
+"""The model's error against that table after one factor per model: ≤ 8.4% per cell, ≤ 7.4% on the speedup at the
+schedule's k (docs/speedup-model.md, tests/unit/test_step_cost_table.py); a fit from the control pods is that
+one factor, so a fitted model is held to the same error on any GPU."""
+DATASHEET_MODEL_ERROR = 0.20
+"""A prior for a GPU scaled from its datasheet (no table measured there): its efficiencies are the H100's, which a
+GPU need not reach; a stated allowance, not a measurement."""
+
+
+def model_error(gpu: str | None, *, fitted: bool) -> float:
+    """The stated error of a step time or a speedup predicted on `gpu`, ± this fraction (docs/speedup-model.md)."""
+    return MEASURED_MODEL_ERROR if fitted or gpu == MEASURED_GPU else DATASHEET_MODEL_ERROR
+
+
+def speedup_interval(speedup: float, error: float) -> tuple[float, float]:
+    """A predicted speedup's interval under the model's stated error: speedup × (1 ± error)."""
+    return speedup * (1 - error), speedup * (1 + error)
+
+
+def _interval_wire(speedup: float, error: float) -> list[float]:
+    return [round(end, 3) for end in speedup_interval(speedup, error)]
+
+
+@dataclass(frozen=True)
+class HardwareScaledCost(SpeculationCost):
+    """The cost model with every forward pass (the GPU's time) `hardware_factor` × the prior's; the engine's own
+    step and drafting overheads (CPU time) as they were. The factor is fitted from the control pods
+    (judgment/hardware.py): the GPUs the SD really got."""
+
+    hardware_factor: float = 1.0
+
+    def target_pass_seconds(self, batch: int, tokens_per_sequence: int) -> float:
+        return self.hardware_factor * super().target_pass_seconds(batch, tokens_per_sequence)
+
+    def draft_pass_seconds(self, batch: int) -> float:
+        if self.draft is None:
+            return 0.0
+        pass_s = super().draft_pass_seconds(batch) - self.draft_pass_overhead_s
+        return self.hardware_factor * pass_s + self.draft_pass_overhead_s
+
+
+def hardware_scaled(cost: SpeculationCost, factor: float | None) -> SpeculationCost:
+    """`cost` (the prior's, or an earlier fit's) with its GPU time `factor` × the prior's; None: the prior."""
+    fields = {f.name: getattr(cost, f.name) for f in dataclasses.fields(SpeculationCost)}
+    return SpeculationCost(**fields) if factor is None else HardwareScaledCost(**fields, hardware_factor=factor)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -60,6 +109,8 @@ class Plan:
     draft_origin: Origin | None              # the draft's or EAGLE head's; None without one
     schedule: SpeculationSchedule | None = None   # k per batch range; None without speculation
     cost: SpeculationCost | None = None     # the cost model of the speculation; None without speculation
+    calibration: ScheduleCalibration | None = None   # the measured acceptance an Auto schedule follows
+    hardware_factor: float | None = None    # the GPU time fitted from the control pods; None: the prior's
 
     def acceptance_floor(self, batch_size: float | None = None, k: int | None = None) -> AcceptanceFloor | None:
         """The acceptance floor at `batch_size` running sequences per pod (None: batch 1) drafting `k` (None:
@@ -78,6 +129,32 @@ class Plan:
         ranges = derive_schedule(self._speculating(), position_acceptance, speculation.num_speculative_tokens,
                                  self.spec.serving.max_num_seqs)
         return SpeculationSchedule(ScheduleMode.AUTO, ranges, acceptance_measured=True)
+
+    def base_step_seconds(self, batch: int, hardware_factor: float | None = None) -> float:
+        """One step without speculation at `batch` on GPUs `hardware_factor` × the prior's time (None: the prior),
+        whatever factor the plan itself uses: what a control pod's per-token latency is held against."""
+        return hardware_scaled(self._speculating(), hardware_factor).baseline_step_seconds(max(1, batch))
+
+    @property
+    def prediction_source(self) -> str:
+        """"fitted" when the cost model's GPU time was fitted from the control pods, else "prior"."""
+        return "fitted" if self.hardware_factor is not None else "prior"
+
+    @property
+    def model_error(self) -> float:
+        """The predictions' stated error, ± this fraction: the measured table's for an H100 or a fitted model, the
+        datasheet allowance for a prior on any other GPU (docs/speedup-model.md)."""
+        return model_error(self.cost.gpu.name if self.cost is not None else None, fitted=self.hardware_factor is not None)
+
+    def with_hardware_factor(self, factor: float | None) -> Plan:
+        """The plan with its cost model's GPU time `factor` × the prior's (None: the prior's), and the Auto schedule
+        and acceptance floor derived from it; the memory plan stays this plan's."""
+        if self.cost is None:
+            return dataclasses.replace(self, hardware_factor=factor)
+        cost = hardware_scaled(self.cost, factor)
+        schedule = speculation_schedule(self.spec, self.target, cost, position_acceptance=calibrated_acceptance(
+            self.spec, self.calibration))
+        return dataclasses.replace(self, cost=cost, schedule=schedule, hardware_factor=factor)
 
     @property
     def calibration_key(self) -> str:
@@ -158,7 +235,7 @@ def pin_revisions(spec: SpeculativeDeploymentSpec, models: ResolvedModels) -> Sp
 
 
 def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = None, *,
-              calibration: ScheduleCalibration | None = None) -> Plan:
+              calibration: ScheduleCalibration | None = None, hardware_factor: float | None = None) -> Plan:
     """The plan for `spec` as written (with speculation unless `spec.speculation.enabled` is false).
 
     `models`: the target and draft as `specdeploy.modelsource.resolve_models` resolved them (from a
@@ -167,13 +244,15 @@ def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = N
     is `spec` with the commits the Hub resolved pinned (`pin_revisions`): what the engines render.
     `calibration`: status.speculation.calibration; an Auto schedule follows the acceptance per draft position
     measured there (`planning.schedule.calibrated_acceptance`) instead of the method's prior.
+    `hardware_factor`: status.analysis.hardwareFit.appliedFactor; the cost model's GPU time that × the prior's
+    (`HardwareScaledCost`), so the Auto schedule and the acceptance floor are the fitted model's.
     """
     resolved = models if models is not None else models_without_io(spec)
     target = resolved.target.info
     draft = resolved.draft.info if resolved.draft is not None else None
     speculate = spec.speculation.enabled
     gpu = find_gpu(spec.resources.gpu.product)
-    cost = schedule_cost(spec, target, draft, gpu) if speculate else None
+    cost = hardware_scaled(schedule_cost(spec, target, draft, gpu), hardware_factor) if speculate else None
     schedule = speculation_schedule(spec, target, cost, position_acceptance=calibrated_acceptance(
         spec, calibration)) if cost is not None else None
     largest_k = schedule.largest_k if schedule is not None and schedule.largest_k > 0 else None
@@ -183,13 +262,14 @@ def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = N
     speedup = estimate_speedup(spec, target, draft, gpu) if speculate else None
     return Plan(pin_revisions(spec, resolved), target, draft, memory, memory_without_speculation, compatibility,
                 speedup, resolved.target.origin, resolved.draft.origin if resolved.draft is not None else None,
-                schedule, cost)
+                schedule, cost, calibration, hardware_factor)
 
 
 def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> dict[str, Any]:
     """What `specdeploy plan -o json` prints: status.memoryPlan's JSON, with compatibility,
     engineCommand, speedup, speculationSchedule (`SpeculationSchedule.to_wire`: minBatch, maxBatch, k and the
-    predicted speedup per batch range), acceptanceFloor (at batch 1, `AcceptanceFloor.to_wire`) and models (where each architecture came from, `Origin.to_wire`) beside it.
+    predicted speedup per batch range; each predicted speedup with modelSource — prior or fitted — and an interval
+    from the model's stated error, `model_error`), acceptanceFloor (at batch 1, `AcceptanceFloor.to_wire`) and models (where each architecture came from, `Origin.to_wire`) beside it.
 
     `verdict` stays the memory plan's own (status.memoryPlan.verdict is the same field); `outcome` is the
     plan's as a whole — Rejected also for a compatibility error — and agrees with the exit code and the
@@ -198,8 +278,20 @@ def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> d
     document = {"outcome": plan.verdict.value, **plan.memory.to_wire()}
     document["compatibility"] = plan.compatibility.to_wire()
     document["engineCommand"] = engine_command
-    document["speedup"] = plan.speedup.to_wire() if plan.speedup is not None else None
-    document["speculationSchedule"] = plan.schedule.to_wire() if plan.schedule is not None else None
+    document["speedup"] = None
+    if (estimate := plan.speedup) is not None:     # estimated on the prior's GPU, fitted or not
+        error = model_error(estimate.gpu, fitted=False)
+        document["speedup"] = {**estimate.to_wire(), "modelSource": "prior", "modelError": error,
+                               "speedupAtBatch1Interval": _interval_wire(estimate.speedup_at_batch_1, error),
+                               "speedupAtMaxBatchInterval": _interval_wire(estimate.speedup_at_max_batch, error)}
+    document["speculationSchedule"] = None
+    if plan.schedule is not None:
+        error = plan.model_error
+        document["speculationSchedule"] = [
+            {**wire, "modelSource": plan.prediction_source, "modelError": error,
+             "predictedSpeedupInterval": _interval_wire(entry.speedup_at_min_batch, error),
+             "predictedSpeedupAtMaxBatchInterval": _interval_wire(entry.speedup_at_max_batch, error)}
+            for entry, wire in zip(plan.schedule.ranges, plan.schedule.to_wire(), strict=True)]
     document["models"] = {
         "target": plan.target_origin.to_wire(),
         "draft": plan.draft_origin.to_wire() if plan.draft_origin is not None else None,
