@@ -4,7 +4,7 @@ their profile in every step (the `hardwareSlowdown` knob, set in the pods' envir
 Within 150 s of traffic starting, status.analysis.hardwareFit has a factor the plan applies (its interval narrower
 than the prior's ± 9%), the fitted base step at the control pods' batch within 5% of the per-token latency the
 control simulators measure, and the Auto schedule the speculative pods run is the fitted model's: the k step the
-prior puts at 32 sequences moves (docs/analysis.md, "The GPUs the SD really got")."""
+prior puts at its first range's end moves (docs/analysis.md, "The GPUs the SD really got")."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_a_gpu_25_percent_slower_than_its_profile_is_fitted_and_moves_the_auto_s
     wait_for(lambda: endpoints(dev_cluster, sd, "speculative") and endpoints(dev_cluster, sd, "control"), 120,
              "both variants' simulators")
     prior = _engine_table(dev_cluster, namespace)
-    assert any(low <= 32 <= high and k >= 2 for low, high, k in prior) and prior[0][1] == 32, prior
+    assert prior[0][2] >= 2 and len(prior) >= 2, prior        # the prior's table: k 2 first, a step down later
     traffic = Traffic(dev_cluster, sd, qps=4, duration=FIT_SECONDS + 60, chunk_seconds=600,
                       prompt_tokens="50-150", output_tokens="300-500", temperature="0", stream=False).start()
     found: dict[str, Any] = {}
