@@ -48,8 +48,8 @@ NAMESPACE = "bench"
 INTERVAL = 3.0  # seconds; also the operator's analysis tick
 ANALYSIS = {
     "interval": f"{INTERVAL:g}s", "window": "20s", "minRequests": 10, "failureLimit": 2,
-    "checks": {"minAcceptanceRate": 0.5, "maxP99InterTokenLatencyRatio": 2.0, "maxP99E2ELatencyRatio": 3.0,
-               "maxP99TimeToFirstTokenRatio": 5.0},
+    "checks": {"minAcceptanceRate": 0.5, "maxPerTokenLatencyRatio": 2.0, "maxInferenceTimeRatio": 3.0,
+               "maxPrefillTimeRatio": 5.0},
 }
 TRAFFIC_QPS = 4
 WATCHED = ("kube-apiserver", "etcd")

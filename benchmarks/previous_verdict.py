@@ -159,11 +159,11 @@ class _RatioCheck:
 
 
 _RATIO_CHECKS = (
-    _RatioCheck(Signal.P99_INTER_TOKEN_LATENCY, lambda c: c.max_p99_inter_token_latency_ratio,
+    _RatioCheck(Signal.P99_INTER_TOKEN_LATENCY, lambda c: c.per_token_latency_ratio,
                 "maxP99InterTokenLatencyRatio", FailureReason.INTER_TOKEN_LATENCY_REGRESSED),
-    _RatioCheck(Signal.P99_E2E_LATENCY, lambda c: c.max_p99_e2e_latency_ratio,
+    _RatioCheck(Signal.P99_E2E_LATENCY, lambda c: c.inference_time_ratio,
                 "maxP99E2ELatencyRatio", FailureReason.E2E_LATENCY_REGRESSED),
-    _RatioCheck(Signal.P99_TIME_TO_FIRST_TOKEN, lambda c: c.max_p99_time_to_first_token_ratio,
+    _RatioCheck(Signal.P99_TIME_TO_FIRST_TOKEN, lambda c: c.prefill_time_ratio,
                 "maxP99TimeToFirstTokenRatio", FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED),
 )
 

@@ -1,5 +1,5 @@
-"""The `specdeploy` command: plan, render, crd and reference offline; run (the operator); get, probe and retry
-against a cluster, found as kubectl finds it (-n, --kubeconfig, --context); demo, dev-cluster, load and sim on
+"""The `specdeploy` command: plan, render, crd and reference offline; run (the operator); get, probe, retry, pause and
+resume against a cluster, found as kubectl finds it (-n, --kubeconfig, --context); demo, dev-cluster, load and sim on
 this machine.
 
 Exit codes of `plan` and `render`: 0 the spec fits, 1 it is rejected, 2 the input is bad (YAML error,
@@ -13,9 +13,9 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console, RenderableType
@@ -553,6 +553,78 @@ async def _set_retry(access: ClusterAccess, name: str, value: str) -> None:
     client = access.client()
     try:
         await set_retry(client, access.namespace, name, value)
+    except ApiError as error:
+        _fail(f"cannot annotate {access.namespace}/{name}: {error.status.message}")
+    finally:
+        await client.close()
+
+
+@main.command()
+@click.argument("name")
+@_cluster_options
+def pause(name: str, namespace: str | None, kubeconfig: str | None, context: str | None) -> None:
+    """Hold the judgment's rollbacks for one SD: sets its specdeploy.io/paused annotation to the current time.
+    Samples are still taken and judged; status says what the judgment would do (docs/analysis.md "Observe, and
+    pausing the judgment"). Exit 1 when it is paused already."""
+    import datetime
+
+    value = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    _set_paused(name, namespace, kubeconfig, context, value)
+
+
+@main.command()
+@click.argument("name")
+@_cluster_options
+def resume(name: str, namespace: str | None, kubeconfig: str | None, context: str | None) -> None:
+    """Let the judgment act again: removes the SD's specdeploy.io/paused annotation; the next sample is judged on
+    the failures counted while paused. Exit 1 when it is not paused."""
+    _set_paused(name, namespace, kubeconfig, context, None)
+
+
+def pause_patch(body: Mapping[str, Any], value: str | None) -> tuple[dict[str, Any] | None, str]:
+    """The merge patch that pauses (`value`) or resumes (None) the judgment of `body`, and the sentence to print;
+    no patch when it is that way already."""
+    from specdeploy.reconcile.decide import PAUSED_ANNOTATION, paused
+
+    metadata = body.get("metadata") or {}
+    where = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    now_paused = paused(body)
+    if value is not None and now_paused:
+        since = (metadata.get("annotations") or {}).get(PAUSED_ANNOTATION)
+        return None, f"{where}: the judgment is paused already ({PAUSED_ANNOTATION}={since}); nothing to pause"
+    if value is None and not now_paused:
+        return None, f"{where}: the judgment is not paused; nothing to resume"
+    patch = {"metadata": {"annotations": {PAUSED_ANNOTATION: value}}}
+    if value is not None:
+        return patch, (f"{where}: {PAUSED_ANNOTATION}={value}; from its next sample the operator judges and says "
+                       "what it would do, and rolls nothing back")
+    return patch, f"{where}: {PAUSED_ANNOTATION} removed; the judgment acts again from its next sample"
+
+
+def _set_paused(name: str, namespace: str | None, kubeconfig: str | None, context: str | None,
+                value: str | None) -> None:
+    import asyncio
+
+    access = _access(kubeconfig, context, namespace)
+    body = asyncio.run(_read_sd(access, name))
+    patch, said = pause_patch(body, value)
+    if patch is None:
+        click.echo(said, err=True)
+        sys.exit(1)
+    asyncio.run(_patch_metadata(access, name, patch))
+    click.echo(f"{said} (watch it: specdeploy get {name} -n {access.namespace} -w)")
+
+
+async def _patch_metadata(access: ClusterAccess, name: str, patch: dict[str, Any]) -> None:
+    from lightkube.core.exceptions import ApiError
+    from lightkube.types import PatchType
+
+    from specdeploy.clients.kube import SpeculativeDeploymentResource
+
+    client = access.client()
+    try:
+        await client.patch(SpeculativeDeploymentResource, name, patch, namespace=access.namespace,
+                           patch_type=PatchType.MERGE)
     except ApiError as error:
         _fail(f"cannot annotate {access.namespace}/{name}: {error.status.message}")
     finally:

@@ -41,8 +41,8 @@ spec:
     minRequests: 10
     failureLimit: 2
     baseline: {mode: Control, controlReplicas: 1}
-    checks: {minAcceptanceRate: 0.5, maxP99InterTokenLatencyRatio: 2.0, maxP99E2ELatencyRatio: 3.0,
-             maxP99TimeToFirstTokenRatio: 5.0}
+    checks: {minAcceptanceRate: 0.5, maxPerTokenLatencyRatio: 2.0, maxInferenceTimeRatio: 3.0,
+             maxPrefillTimeRatio: 5.0}
 """
 
 

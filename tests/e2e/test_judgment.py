@@ -6,10 +6,14 @@ Every scenario is bounded in time."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 from e2e_resources import serve_scenario
 
@@ -165,4 +169,59 @@ def test_a_per_token_slowdown_rolls_back_on_latency_and_healthy_traffic_does_not
     # whichever latency's interval clears its limit first decides.
     assert record["reason"] in LATENCY_REASONS, record
     assert "(95% interval +" in record["evidence"], record["evidence"]
-    assert "vs the control, above maxP99" in record["evidence"]
+    assert "vs the control, above max" in record["evidence"]
+
+
+OBSERVED_NAME = "llama-observed"
+OBSERVED_SD = FAST_SD.replace("llama-fast", OBSERVED_NAME).replace("    failureLimit: 2\n",
+                                                                     "    failureLimit: 2\n    mode: Observe\n")
+
+
+def _held_message(obj: dict[str, Any], holder: str) -> str | None:
+    """The SpeculationHealthy message when it says the judgment would roll back, held by `holder`."""
+    condition = next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "SpeculationHealthy"), {})
+    message = str(condition.get("message", ""))
+    return message if message.startswith("would roll back (") and holder in message else None
+
+
+def test_a_slowdown_under_observe_rolls_nothing_back_says_so_and_alerts_then_acting_rolls_back(
+    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
+) -> None:
+    """Observe → would roll back (status, an alert labelled observe="true"), nothing rolled back; Act while paused
+    (`specdeploy pause`) → still held; `specdeploy resume` → the next failing sample rolls back."""
+    analysing_operator()
+    assert "mode: Observe" in OBSERVED_SD
+    sd = serve_scenario(dev_cluster, namespace, OBSERVED_SD, OBSERVED_NAME)
+    env = {**os.environ, "KUBECONFIG": str(dev_cluster.kubeconfig), "HF_HUB_OFFLINE": "1"}
+    traffic = Traffic(dev_cluster, sd, qps=8, duration=400).start()
+    try:
+        analysis = _healthy_for(dev_cluster, OBSERVED_NAME, namespace, 75, enough=1)[-1]
+        per_step = (1.3 * analysis["baselineMeanInterTokenLatencySeconds"] - analysis["meanInterTokenLatencySeconds"]
+                    ) * analysis["meanAcceptanceLength"]
+        sim_admin(dev_cluster, sd, "speculative", {"extraLatencySeconds": max(per_step, 0.002)})
+        observed = wait_for_object(dev_cluster, ["sd", OBSERVED_NAME], lambda o: _held_message(o, "mode is Observe") is not None,
+                                   120, "a would-roll-back under Observe", namespace=namespace)
+        speculation = observed["status"]["speculation"]
+        assert speculation["decided"] and speculation.get("rollbacks", 0) == 0 and not speculation.get("lastRollback")
+        alerts = wait_for(lambda: [a for a in httpx.get(
+            f"{dev_cluster.alertmanager_url}/api/v2/alerts", params={"filter": f'namespace="{namespace}"'},
+            timeout=5).json() if a["labels"].get("observe") == "true"], 30, "the observe alert")
+        assert alerts[0]["labels"]["alertname"] == "SpeculationRolledBack", alerts
+        # Paused, then switched to Act: the pause still holds it.
+        paused = subprocess.run([sys.executable, "-m", "specdeploy.cli", "pause", OBSERVED_NAME, "-n", namespace],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert paused.returncode == 0, paused.stderr
+        dev_cluster.kubectl("patch", "sd", OBSERVED_NAME, "-n", namespace, "--type=merge",
+                            "-p", '{"spec":{"analysis":{"mode":"Act"}}}')
+        held = wait_for_object(dev_cluster, ["sd", OBSERVED_NAME], lambda o: _held_message(o, "judgment is paused") is not None,
+                               60, "a would-roll-back while paused", namespace=namespace)
+        assert not _rolled_back(held) and held["status"]["speculation"]["decided"]
+        resumed = subprocess.run([sys.executable, "-m", "specdeploy.cli", "resume", OBSERVED_NAME, "-n", namespace],
+                                 env=env, capture_output=True, text=True, timeout=60)
+        assert resumed.returncode == 0, resumed.stderr
+        obj = wait_for_object(dev_cluster, ["sd", OBSERVED_NAME], _rolled_back, 60, "the rollback once acting",
+                              namespace=namespace)
+    finally:
+        traffic.stop()
+    record = obj["status"]["speculation"]["lastRollback"]
+    assert record["reason"] in LATENCY_REASONS and "consecutive failing samples" in record["evidence"], record

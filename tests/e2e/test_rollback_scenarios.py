@@ -301,8 +301,8 @@ spec:
     minRequests: 10
     failureLimit: 2
     baseline: {mode: Control, controlReplicas: 1}
-    checks: {minAcceptanceRate: 0.2, maxP99InterTokenLatencyRatio: 1.3, maxP99E2ELatencyRatio: 20.0,
-             maxP99TimeToFirstTokenRatio: 20.0}
+    checks: {minAcceptanceRate: 0.2, maxPerTokenLatencyRatio: 1.3, maxInferenceTimeRatio: 20.0,
+             maxPrefillTimeRatio: 20.0}
 """
 
 
@@ -349,6 +349,6 @@ def test_rising_load_rolls_back_on_per_token_latency_and_low_load_keeps_speculat
         high.stop()
     record = obj["status"]["speculation"]["lastRollback"]
     assert record["reason"] == "InterTokenLatencyRegressed", record
-    assert "above maxP99InterTokenLatencyRatio 1.3" in record["evidence"]
+    assert "above maxPerTokenLatencyRatio 1.3" in record["evidence"]
     wait_for(lambda: "--speculative-config" not in get_json(dev_cluster, "deployment", LOAD_NAME, namespace=namespace)
              ["spec"]["template"]["spec"]["containers"][0]["args"], 30, "the Deployment without speculation")

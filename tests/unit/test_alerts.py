@@ -21,7 +21,7 @@ ROLLED_BACK_AT = datetime(2026, 3, 1, 12, 0, 5, tzinfo=UTC)
 EVIDENCE = ("3 consecutive failing samples (failureLimit 3); the last: acceptance rate 0.31 < minAcceptanceRate 0.50 "
             "(Fixed: minAcceptanceRate 0.50)")
 LATENCY_EVIDENCE = ("3 consecutive failing samples (failureLimit 3); the last: per-token latency +18% (95% interval "
-                    "+9%…+27%) vs the control, above maxP99InterTokenLatencyRatio 1.10; mean 5.9 ms vs 5 ms, "
+                    "+9%…+27%) vs the control, above maxPerTokenLatencyRatio 1.10; mean 5.9 ms vs 5 ms, "
                     "P99 < 10 ms vs ≈ 9.8 ms; 412 vs 198 requests in 10 slices over 5m (412 requests; control 198)")
 
 

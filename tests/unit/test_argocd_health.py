@@ -80,7 +80,7 @@ def test_rolled_back_is_degraded_with_the_evidence() -> None:
 
 # The evidence of a latency rollback as judgment/verdict.py writes it: "…", "−", "≈" are not ASCII.
 LATENCY_EVIDENCE = ("3 consecutive failing samples (failureLimit 3); the last: per-token latency +18% (95% interval "
-                    "+9%…+27%) vs the control, above maxP99InterTokenLatencyRatio 1.10; mean 5.9 ms vs 5 ms, "
+                    "+9%…+27%) vs the control, above maxPerTokenLatencyRatio 1.10; mean 5.9 ms vs 5 ms, "
                     "P99 < 10 ms vs < 10 ms; 412 vs 198 requests in 10 slices over 5m (412 requests; control 198)")
 
 
@@ -92,7 +92,7 @@ def test_a_latency_rollback_keeps_its_evidence_byte_for_byte() -> None:
 
 @pytest.mark.parametrize(("reason", "message"), [
     ("NotEnoughEvidence", "per-token latency +9.5% (95% interval +8%…+11%) vs the control: the interval holds "
-                          "maxP99InterTokenLatencyRatio 1.10; about 4,321 requests per variant would tell"),
+                          "maxPerTokenLatencyRatio 1.10; about 4,321 requests per variant would tell"),
     ("NotDrafting", "not drafting now: the draft counters did not move in the window (the engine drafts nothing "
                     "at this batch size); per-token latency −0.5% (95% interval −1%…+1%) vs the control"),
 ])

@@ -187,7 +187,7 @@ def test_version() -> None:
     assert result.exit_code == 0 and "0.1.0" in result.output
 
 
-@pytest.mark.parametrize("command", ["get", "probe", "retry"])
+@pytest.mark.parametrize("command", ["get", "probe", "retry", "pause", "resume"])
 def test_every_cluster_command_takes_kubectls_flags(command: str) -> None:
     options = {name for param in main.commands[command].params for name in getattr(param, "opts", [])}
     assert {"-n", "--namespace", "--kubeconfig", "--context"} <= options
@@ -250,3 +250,19 @@ def test_a_picture_without_matplotlib_names_the_extra(tmp_path: Path, monkeypatc
                                        str(EXAMPLES[0].parent / "llama-8b-ngram.yaml")])
     assert result.exit_code == 2 and "pip install 'specdeploy[plot]'" in result.output
     assert not (tmp_path / "speedup.png").exists()
+
+
+def test_pause_sets_the_annotation_and_resume_removes_it_each_once() -> None:
+    from specdeploy.cli import pause_patch
+    from specdeploy.reconcile.decide import PAUSED_ANNOTATION
+
+    running = {"metadata": {"name": "chat", "namespace": "team-a", "annotations": {}}}
+    patch, said = pause_patch(running, "2026-12-05T23:30:00Z")
+    assert patch == {"metadata": {"annotations": {PAUSED_ANNOTATION: "2026-12-05T23:30:00Z"}}}
+    assert said.startswith(f"team-a/chat: {PAUSED_ANNOTATION}=2026-12-05T23:30:00Z;")
+    assert pause_patch(running, None) == (None, "team-a/chat: the judgment is not paused; nothing to resume")
+    held = {"metadata": {**running["metadata"], "annotations": {PAUSED_ANNOTATION: "2026-12-05T23:30:00Z"}}}
+    patch, said = pause_patch(held, None)
+    assert patch == {"metadata": {"annotations": {PAUSED_ANNOTATION: None}}}   # merge patch: null removes it
+    again, said = pause_patch(held, "2026-12-05T23:31:00Z")
+    assert again is None and "paused already" in said

@@ -17,6 +17,7 @@ def filled() -> OperatorMetrics:
     metrics.rollback("prod", "llama", "AcceptanceBelowMinimum")
     metrics.rollback("prod", "llama", "AcceptanceBelowMinimum")
     metrics.rollback("dev", 'we"ird\\name', "SpeculativePodOutOfMemory")
+    metrics.would_roll_back("prod", "llama", "InterTokenLatencyRegressed")
     metrics.speculation_active("prod", "llama", False)
     metrics.speculation_active("prod", "qwen", True)
     metrics.acceptance_rate("prod", "qwen", 0.71)
@@ -33,6 +34,8 @@ def test_exposition_lines() -> None:
     assert 'specdeploy_rollbacks_total{name="we\\"ird\\\\name",namespace="dev",reason="SpeculativePodOutOfMemory"} 1.0' \
         in text
     assert "# TYPE specdeploy_rollbacks_created gauge" in text      # as vLLM's own counters have
+    assert 'specdeploy_would_rollbacks_total{name="llama",namespace="prod",reason="InterTokenLatencyRegressed"} 1.0' \
+        in text
     assert 'specdeploy_speculation_active{name="llama",namespace="prod"} 0.0' in text
     assert 'specdeploy_acceptance_rate{name="qwen",namespace="prod"} 0.71' in text
     assert 'specdeploy_analysis_verdicts_total{verdict="Failing"} 1.0' in text

@@ -304,7 +304,7 @@ def test_measurably_slower_with_the_acceptance_surely_below_its_floor_is_rolled_
         mode: str) -> None:
     """The acceptance's interval (0.10 over 20,000 drafts) lies below the floor (0.25 at k 2): the verdict's own
     SlowerBelowAcceptanceFloor (judgment/verdict.py) names the loss before NoSchedulePays is asked, under any k."""
-    step = _judged(_speculating(mode=mode), _window(0.1, itl=0.021))     # +5%: under maxP99InterTokenLatencyRatio 1.10
+    step = _judged(_speculating(mode=mode), _window(0.1, itl=0.021))     # +5%: under maxPerTokenLatencyRatio 1.10
 
     assert step.rollback is not None and step.rollback.reason.value == "SlowerBelowAcceptanceFloor", step.verdict
     assert step.verdict.evidence.startswith("per-token latency +5% (95% interval +4%…+6%) vs the control, slower "

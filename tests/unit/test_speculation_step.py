@@ -120,7 +120,7 @@ def test_latency_regression_against_control_rolls_back() -> None:
     rollback = steps[-1].rollback
     assert rollback is not None
     assert rollback.reason.value == "InterTokenLatencyRegressed"
-    assert "95% interval" in rollback.evidence and "maxP99InterTokenLatencyRatio 1.10" in rollback.evidence
+    assert "95% interval" in rollback.evidence and "maxPerTokenLatencyRatio 1.10" in rollback.evidence
     assert "+150%" in rollback.evidence                 # 50 ms vs 20 ms a token
     state = _last(steps)
     assert state.speedup is not None and state.speedup.high < 1 and state.speedup.baseline == "control"
@@ -150,7 +150,7 @@ def test_a_latency_difference_the_window_cannot_resolve_is_inconclusive_not_fail
     assert (state.verdict, state.verdict_reason) == ("Inconclusive", "NotEnoughEvidence")
     assert (state.consecutive_failures, state.consecutive_inconclusive) == (0, 3)
     assert state.message is not None and "95% interval" in state.message
-    assert "the interval holds maxP99InterTokenLatencyRatio 1.10" in state.message
+    assert "the interval holds maxPerTokenLatencyRatio 1.10" in state.message
     assert "requests per variant would tell" in state.message
 
 

@@ -125,7 +125,7 @@ def test_a_clear_per_token_regression_fails_with_its_interval_and_counts() -> No
     assert isinstance(result, Failing)
     assert result.reason == FailureReason.INTER_TOKEN_LATENCY_REGRESSED
     assert "per-token latency +30% (95% interval +" in result.evidence
-    assert "above maxP99InterTokenLatencyRatio 1.10" in result.evidence
+    assert "above maxPerTokenLatencyRatio 1.10" in result.evidence
     assert "P99 < 10 ms vs < 10 ms" in result.evidence
     assert "600 vs 300 requests in 10 slices" in result.evidence
 
@@ -135,7 +135,7 @@ def test_a_regression_the_interval_cannot_separate_from_the_limit_is_inconclusiv
                                                                                  jitter=0.15)), policy())
     assert isinstance(result, Inconclusive)
     assert result.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE
-    assert "the interval holds maxP99InterTokenLatencyRatio 1.10" in result.message
+    assert "the interval holds maxPerTokenLatencyRatio 1.10" in result.message
     assert "requests per variant would tell" in result.message
 
 
@@ -219,7 +219,7 @@ def test_the_k3_collapse_inside_the_ratio_limit_fails_slower_and_explained() -> 
     assert not found.verdict.at_once                                           # failureLimit still counts
     said = found.verdict.evidence
     assert said.startswith("per-token latency +10% (95% interval +8%…+11%) vs the control, slower beyond noise (the "
-                           "ratio limit maxP99InterTokenLatencyRatio 1.10 tolerates noise, not a loss), and the "
+                           "ratio limit maxPerTokenLatencyRatio 1.10 tolerates noise, not a loss), and the "
                            "acceptance rate 0.020 (95% interval 0.018…0.022, 20,000 drafts) is below the acceptance "
                            "floor 0.11 (Auto: break-even 0.09"), said
     assert "the drafts cost more than they save; mean 8.79 ms vs 8 ms" in said and said.count("acceptance rate") == 1

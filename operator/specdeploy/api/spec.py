@@ -89,6 +89,11 @@ class OnInconclusive(StrEnum):
     ROLLBACK = "Rollback"
 
 
+class AnalysisMode(StrEnum):
+    ACT = "Act"
+    OBSERVE = "Observe"
+
+
 class Reenable(StrEnum):
     MANUAL = "Manual"
     AUTO = "Auto"
@@ -566,20 +571,38 @@ class Checks(WireModel):
         "break-even acceptance of the cost model for the method, k, the draft's cost and the pods' batch size, "
         "plus a margin",
     )
-    max_p99_inter_token_latency_ratio: float = Field(
-        1.10, gt=0, le=1000,
-        description="Highest per-token latency (time per output token), speculative ÷ baseline; objectives "
-        "Latency and Both",
+    max_per_token_latency_ratio: float | None = Field(
+        None, gt=0, le=1000,
+        description="Highest mean per-token latency (time per output token), speculative ÷ baseline, held by the "
+        "comparison's 95% interval; objectives Latency and Both. Unset: the deprecated "
+        "maxP99InterTokenLatencyRatio, else 1.10",
     )
-    max_p99_e2e_latency_ratio: float = Field(
-        1.20, gt=0, le=1000,
-        description="Highest end-to-end latency without the queue (vLLM's request_inference_time: scheduled to "
-        "last token), speculative ÷ baseline; objectives Latency and Both. Queueing is the Throughput objective's",
+    max_inference_time_ratio: float | None = Field(
+        None, gt=0, le=1000,
+        description="Highest mean end-to-end latency without the queue (vLLM's request_inference_time: scheduled "
+        "to last token), speculative ÷ baseline, held by the comparison's 95% interval; objectives Latency and "
+        "Both. Queueing is the Throughput objective's. Unset: the deprecated maxP99E2ELatencyRatio, else 1.20",
     )
-    max_p99_time_to_first_token_ratio: float = Field(
-        1.50, gt=0, le=1000,
-        description="Highest time to first token without the queue (vLLM's request_prefill_time: scheduled to "
-        "first token), speculative ÷ baseline; objectives Latency and Both",
+    max_prefill_time_ratio: float | None = Field(
+        None, gt=0, le=1000,
+        description="Highest mean time to first token without the queue (vLLM's request_prefill_time: scheduled "
+        "to first token), speculative ÷ baseline, held by the comparison's 95% interval; objectives Latency and "
+        "Both. Unset: the deprecated maxP99TimeToFirstTokenRatio, else 1.50",
+    )
+    max_p99_inter_token_latency_ratio: float | None = Field(
+        None, gt=0, le=1000,
+        description="Deprecated: the old name of maxPerTokenLatencyRatio (the check compares means, not P99); "
+        "ignored when that is set",
+    )
+    max_p99_e2e_latency_ratio: float | None = Field(
+        None, gt=0, le=1000,
+        description="Deprecated: the old name of maxInferenceTimeRatio (the check compares means of the time "
+        "without the queue, not P99); ignored when that is set",
+    )
+    max_p99_time_to_first_token_ratio: float | None = Field(
+        None, gt=0, le=1000,
+        description="Deprecated: the old name of maxPrefillTimeRatio (the check compares means of the time "
+        "without the queue, not P99); ignored when that is set",
     )
     max_p99_e2e_latency_seconds: float | None = Field(
         None, gt=0, le=86400,
@@ -602,6 +625,43 @@ class Checks(WireModel):
         "objectives Throughput and Both",
     )
     rollback_on_oom: bool = Field(True, alias="rollbackOnOOM", description="Roll back at once when a speculative pod runs out of memory")
+
+    @property
+    def per_token_latency_ratio(self) -> float:
+        """The per-token limit in force: the new name, else its deprecated alias, else the default."""
+        return _first(self.max_per_token_latency_ratio, self.max_p99_inter_token_latency_ratio, 1.10)
+
+    @property
+    def inference_time_ratio(self) -> float:
+        return _first(self.max_inference_time_ratio, self.max_p99_e2e_latency_ratio, 1.20)
+
+    @property
+    def prefill_time_ratio(self) -> float:
+        return _first(self.max_prefill_time_ratio, self.max_p99_time_to_first_token_ratio, 1.50)
+
+    def deprecated_names(self) -> list[str]:
+        """A sentence per deprecated name set, with what to write instead (a warning in status)."""
+        said = []
+        for old, new, old_value, new_value in (
+                ("maxP99InterTokenLatencyRatio", "maxPerTokenLatencyRatio", self.max_p99_inter_token_latency_ratio,
+                 self.max_per_token_latency_ratio),
+                ("maxP99E2ELatencyRatio", "maxInferenceTimeRatio", self.max_p99_e2e_latency_ratio,
+                 self.max_inference_time_ratio),
+                ("maxP99TimeToFirstTokenRatio", "maxPrefillTimeRatio", self.max_p99_time_to_first_token_ratio,
+                 self.max_prefill_time_ratio)):
+            if old_value is None:
+                continue
+            if new_value is None:
+                said.append(f"`spec.analysis.checks.{old}` is deprecated (the check compares means): rename it "
+                            f"{new}; {old_value} is used")
+            else:
+                said.append(f"`spec.analysis.checks.{old}` is deprecated and ignored: {new} {new_value} is "
+                            f"used; remove {old}")
+        return said
+
+
+def _first(*values: float | None) -> float:
+    return next(value for value in values if value is not None)
 
 
 class Probe(WireModel):
@@ -677,6 +737,12 @@ class Analysis(WireModel):
     cooldown: Duration = Field(1800.0, description="Wait after a rollback before Auto re-enables, e.g. 30m")
     reenable: Reenable = Field(
         Reenable.MANUAL, description="Manual: a spec change or the retry annotation; Auto: after cooldown, doubling"
+    )
+    mode: AnalysisMode = Field(
+        AnalysisMode.ACT,
+        description="Act: the judgment rolls speculation back. Observe: it judges and says what it would do "
+        "(status, the specdeploy_would_roll_back metric, the rollback alert labelled observe=\"true\") and rolls "
+        "nothing back; failures counted under Observe count when it becomes Act",
     )
 
     cel_rules = (

@@ -47,6 +47,11 @@ class OperatorMetrics:
         self.rollbacks = Counter(
             "specdeploy_rollbacks", "Speculation rollbacks, by SpeculativeDeployment and reason.",
             ("namespace", "name", "reason"), registry=self.registry)
+        self.would_rollbacks = Counter(
+            "specdeploy_would_rollbacks",
+            "Analysis samples that would have rolled speculation back but did not (spec.analysis.mode Observe, or "
+            "the specdeploy.io/paused annotation), by SpeculativeDeployment and reason.",
+            ("namespace", "name", "reason"), registry=self.registry)
         self.active = Gauge(
             "specdeploy_speculation_active", "1 while the SpeculativeDeployment's pods speculate, else 0.",
             ("namespace", "name"), registry=self.registry)
@@ -108,6 +113,9 @@ class OperatorMetrics:
 
     def rollback(self, namespace: str, name: str, reason: str) -> None:
         self.rollbacks.labels(namespace=namespace, name=name, reason=reason).inc()
+
+    def would_roll_back(self, namespace: str, name: str, reason: str) -> None:
+        self.would_rollbacks.labels(namespace=namespace, name=name, reason=reason).inc()
 
     def speculation_active(self, namespace: str, name: str, active: bool) -> None:
         self.active.labels(namespace=namespace, name=name).set(1.0 if active else 0.0)

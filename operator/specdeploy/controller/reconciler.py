@@ -471,6 +471,8 @@ class Reconciler:
         if status.speculation is not None:
             self.metrics.speculation_active(namespace, name, status.speculation.active)
         self.metrics.probe(namespace, name, status.probe.cells if status.probe is not None else ())
+        if actions.would_roll_back is not None:
+            self.metrics.would_roll_back(namespace, name, actions.would_roll_back.reason.value)
         if actions.verdict is not None:
             analysis = status.analysis
             self.metrics.verdict(kind(actions.verdict))

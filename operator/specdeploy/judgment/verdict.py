@@ -258,16 +258,16 @@ class _LatencyCheck:
 _PER_TOKEN = _LatencyCheck(
     "per-token latency", Signal.MEAN_INTER_TOKEN_LATENCY, Signal.P99_INTER_TOKEN_LATENCY,
     Signal.INTER_TOKEN_LATENCY_SUM_SERIES, Signal.INTER_TOKEN_LATENCY_COUNT_SERIES,
-    lambda c: c.max_p99_inter_token_latency_ratio, "maxP99InterTokenLatencyRatio",
+    lambda c: c.per_token_latency_ratio, "maxPerTokenLatencyRatio",
     FailureReason.INTER_TOKEN_LATENCY_REGRESSED, "inter_token_latency")
 _E2E = _LatencyCheck(
     "end-to-end latency", Signal.MEAN_E2E_LATENCY, Signal.P99_E2E_LATENCY, Signal.E2E_LATENCY_SUM_SERIES,
-    Signal.E2E_LATENCY_COUNT_SERIES, lambda c: c.max_p99_e2e_latency_ratio, "maxP99E2ELatencyRatio",
+    Signal.E2E_LATENCY_COUNT_SERIES, lambda c: c.inference_time_ratio, "maxInferenceTimeRatio",
     FailureReason.E2E_LATENCY_REGRESSED, "e2e_latency")
 _TTFT = _LatencyCheck(
     "time to first token", Signal.MEAN_TIME_TO_FIRST_TOKEN, Signal.P99_TIME_TO_FIRST_TOKEN,
     Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES, Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES,
-    lambda c: c.max_p99_time_to_first_token_ratio, "maxP99TimeToFirstTokenRatio",
+    lambda c: c.prefill_time_ratio, "maxPrefillTimeRatio",
     FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED, "time_to_first_token")
 # What the Latency objective judges: vLLM's TTFT and E2E include the time a request waits for a slot in the
 # batch, which is load, not speed — a speculative variant with less KV cache queues first while each of its
@@ -276,12 +276,12 @@ _TTFT = _LatencyCheck(
 # (scheduled → last token) (vllm/v1/metrics/stats.py).
 _ENGINE_E2E = _LatencyCheck(
     "end-to-end latency without the queue", None, None, Signal.INFERENCE_TIME_SUM_SERIES,
-    Signal.INFERENCE_TIME_COUNT_SERIES, lambda c: c.max_p99_e2e_latency_ratio, "maxP99E2ELatencyRatio",
+    Signal.INFERENCE_TIME_COUNT_SERIES, lambda c: c.inference_time_ratio, "maxInferenceTimeRatio",
     FailureReason.E2E_LATENCY_REGRESSED, "inference_time",
     (Signal.E2E_LATENCY_SUM_SERIES, Signal.E2E_LATENCY_COUNT_SERIES))
 _ENGINE_TTFT = _LatencyCheck(
     "time to first token without the queue", None, None, Signal.PREFILL_TIME_SUM_SERIES,
-    Signal.PREFILL_TIME_COUNT_SERIES, lambda c: c.max_p99_time_to_first_token_ratio, "maxP99TimeToFirstTokenRatio",
+    Signal.PREFILL_TIME_COUNT_SERIES, lambda c: c.prefill_time_ratio, "maxPrefillTimeRatio",
     FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED, "prefill_time",
     (Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES, Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES))
 _LATENCY_CHECKS = (_PER_TOKEN, _ENGINE_E2E, _ENGINE_TTFT)
@@ -507,7 +507,7 @@ def _explained_loss(sample: DeploymentSample, baseline: _Baseline, found: Compar
                     policy: Policy) -> _Fail | None:
     """Slower, and explained: the per-token comparison's whole interval above 1 while the acceptance's whole interval
     lies below the Auto floor — Failing SlowerBelowAcceptanceFloor, though the interval may hold or pass
-    maxP99InterTokenLatencyRatio. The limit tolerates changes the operator cannot tell from noise; this one is
+    maxPerTokenLatencyRatio. The limit tolerates changes the operator cannot tell from noise; this one is
     measured, and the acceptance says why (the drafts cost more than they save), under any k: Fixed, Table or
     Auto. None where either part lacks its evidence (the interval reaches 1, the acceptance's reaches the floor,
     fewer than MIN_DRAFTS drafts, no counts), where per-token latency failed on its own, and for a Fixed floor
@@ -832,9 +832,9 @@ def objective_checks(objective: Objective, checks: Checks) -> dict[str, float | 
     floor and rollbackOnOOM count under every objective and are shown elsewhere."""
     counted: dict[str, float | None] = {}
     if objective in LATENCY_OBJECTIVES:
-        counted.update(maxP99InterTokenLatencyRatio=checks.max_p99_inter_token_latency_ratio,
-                       maxP99TimeToFirstTokenRatio=checks.max_p99_time_to_first_token_ratio,
-                       maxP99E2ELatencyRatio=checks.max_p99_e2e_latency_ratio)
+        counted.update(maxPerTokenLatencyRatio=checks.per_token_latency_ratio,
+                       maxPrefillTimeRatio=checks.prefill_time_ratio,
+                       maxInferenceTimeRatio=checks.inference_time_ratio)
     if objective in THROUGHPUT_OBJECTIVES:
         counted.update(maxQueueTimeRatio=checks.max_queue_time_ratio,
                        queueTimeFloorSeconds=checks.queue_time_floor_seconds,

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from specdeploy.api.resource import SpeculativeDeployment
-from specdeploy.api.spec import SpeculativeDeploymentSpec
+from specdeploy.api.spec import AnalysisMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import Condition, ProbeStatus, SpeculativeDeploymentStatus
 from specdeploy.judgment import evidence
 from specdeploy.judgment.alerts import rollback_alert
@@ -41,6 +41,8 @@ from specdeploy.reconcile.observed import PodsObserved
 from specdeploy.reconcile.status import DeploymentState, Planned, next_status, refused_status, with_scale
 
 ROLLBACK_EVENT_REASON = "SpeculationRolledBack"
+PAUSED_ANNOTATION = "specdeploy.io/paused"
+"""Any non-empty value but "false" pauses the judgment's actions on the SD (`specdeploy pause`)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class Actions:
     notice: Notice | None = None
     alert: dict[str, Any] | None = None
     rollback: Rollback | None = None             # decided in this pass: for the log and the metric
+    would_roll_back: Rollback | None = None      # held back (Observe, paused) in this pass: for the metric
     verdict: Verdict | None = None               # on this pass's sample: for the metrics
 
     @property
@@ -194,11 +197,13 @@ def decide(observed: Observed, now: datetime) -> Actions:
             "(the CRD installed may be older than the operator: apply this version's CRD)"), at)
         return Actions(status, tuple(previous.conditions))
     step = _step(observed, resource, planned, now)
+    step, would_roll_back = _held_back(observed, resource, step, now)
     stuck = observed.pods.stuck if observed.pods is not None else None
     status = next_status(previous, resource.spec, generation, planned, list(observed.deployments), at,
                          step.speculation, step.analysis, stuck, observed.probe)
     status = with_scale(status, observed.name, resource.spec, list(observed.deployments))
     status = status.model_copy(update={"monitoring": observed.pod_monitoring.not_rendered})
+    status = _deprecations_said(status, resource.spec)
     children = None
     if planned.plan is not None and planned.accepted:
         wanted = desired_children(resource.model_copy(update={"status": status}), planned.plan,
@@ -213,14 +218,79 @@ def decide(observed: Observed, now: datetime) -> Actions:
                 drift(wanted, observed.live, observed.live_kinds) is not None):
             children = wanted
     status, notice, alert = _notices(observed, step, status, now)
+    if would_roll_back is not None and alert is None:
+        alert = _would_roll_back_alert(observed, would_roll_back, now)
     reenabled = (Event.normal("SpeculationReenabled", step.reenabled.message),) if step.reenabled else ()
     # The new table is rendered by the next pass, whose plan reads the positions this status records.
     recalibrated = (Event.normal(RECALIBRATED, step.recalibrated.message),) if step.recalibrated else ()
     return Actions(status, tuple(previous.conditions), write_first=step.rollback is not None, children=children,
                    own_events=reenabled + recalibrated + _probe_events(observed.probe, status), notice=notice,
                    alert=alert,
-                   rollback=step.rollback,
+                   rollback=step.rollback, would_roll_back=would_roll_back,
                    verdict=step.verdict)
+
+
+def paused(body: Mapping[str, Any]) -> bool:
+    """Whether the SD's annotation pauses the judgment's actions."""
+    value = (body.get("metadata", {}).get("annotations") or {}).get(PAUSED_ANNOTATION)
+    return bool(value) and str(value).lower() != "false"
+
+
+def _holder(observed: Observed, resource: SpeculativeDeployment) -> str | None:
+    """Why the judgment may not act on this SD now, in words; None: it acts."""
+    if paused(observed.body):
+        return f"the judgment is paused (annotation {PAUSED_ANNOTATION}; `specdeploy resume` lifts it)"
+    if resource.spec.analysis.mode == AnalysisMode.OBSERVE:
+        return "spec.analysis.mode is Observe"
+    return None
+
+
+def _held_back(observed: Observed, resource: SpeculativeDeployment, step: SpeculationStep,
+               now: datetime) -> tuple[SpeculationStep, Rollback | None]:
+    """The step with its rollback held back under Observe or a pause: speculation stays as it was, the counters
+    and the verdict stay (so a switch to Act decides on them at the next sample), and the analysis message
+    says what the judgment would have done. Without a rollback only the message says that nothing acts."""
+    holder = _holder(observed, resource)
+    if holder is None or step.analysis is None:
+        return step, None
+    analysis = step.analysis
+    rollback = step.rollback
+    if rollback is None:
+        if step.verdict is None:
+            return step, None
+        note = f"{holder}: nothing is rolled back. "
+        return dataclasses.replace(step, analysis=analysis.model_copy(
+            update={"message": note + (analysis.message or "")})), None
+    before = observed.previous.speculation
+    assert before is not None
+    kept = step.speculation.model_copy(update={
+        "decided": True,
+        "since": evidence.rfc3339(now) if step.reenabled is not None else before.since,
+        "rollbacks": before.rollbacks, "last_rollback": before.last_rollback,
+        "retry_annotation_seen": before.retry_annotation_seen, "trial": before.trial})
+    note = f"would roll back ({rollback.reason.value}): {rollback.evidence}; not done: {holder}"
+    return dataclasses.replace(step, speculation=kept, rollback=None,
+                               analysis=analysis.model_copy(update={"message": note})), rollback
+
+
+def _would_roll_back_alert(observed: Observed, would: Rollback, now: datetime) -> dict[str, Any]:
+    """The rollback alert as it would fire, labelled observe="true" (a route can send it elsewhere); sent on
+    each sample that would roll back, so Alertmanager resolves it when they stop."""
+    alert = rollback_alert(observed.namespace, observed.name, would.reason.value, would.evidence, "", now)
+    alert["labels"]["observe"] = "true"
+    alert["annotations"]["summary"] = (f"Speculative decoding of {observed.namespace}/{observed.name} would have "
+                                       f"been rolled back ({would.reason.value}); nothing was rolled back")
+    return alert
+
+
+def _deprecations_said(status: SpeculativeDeploymentStatus, spec: SpeculativeDeploymentSpec) -> SpeculativeDeploymentStatus:
+    """The SpeculationHealthy condition's message with a sentence per deprecated check name the spec sets."""
+    said = spec.analysis.checks.deprecated_names()
+    if not said:
+        return status
+    conditions = [c.model_copy(update={"message": f"{c.message}. Warning: {'; '.join(said)}"})
+                  if c.type == ConditionType.SPECULATION_HEALTHY else c for c in status.conditions]
+    return status.model_copy(update={"conditions": conditions})
 
 
 def _probe_events(probe: ProbeStatus | None, status: SpeculativeDeploymentStatus) -> tuple[Event, ...]:
