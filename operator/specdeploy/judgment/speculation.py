@@ -125,7 +125,7 @@ def loss_no_schedule_fixes(spec: SpeculativeDeploymentSpec, speculation: Specula
     best is slower than no speculation, and a k = 0 range still costs a step (vllm#49986) — so the schedule, which
     only moves k, cannot fix it; the rollback can. And a loss, one of:
     - measured: the per-token latency is above the baseline's with the whole 95% interval above 1 — a loss beyond
-      noise, though it may hold the `maxP99InterTokenLatencyRatio` limit, which is a tolerance for changes whose
+      noise, though it may hold the `maxPerTokenLatencyRatio` limit, which is a tolerance for changes whose
       worth the operator cannot predict;
     - predicted beyond the model's error, and not contradicted: the table running is predicted more than
       PREDICTED_LOSS below 1× there, and in the window's latest slice the speculative pods were slower per token
