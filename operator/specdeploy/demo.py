@@ -67,7 +67,7 @@ spec:
 """
 
 # The load ramp's SD: Llama-3.3-70B on 4 H100s with an 8B draft on TensorRT-LLM, k per batch size derived by
-# the operator (Auto): k 2 to 78 running sequences, k 1 to 192, none from 193, rendered as TensorRT-LLM's
+# the operator (Auto): k 2 to 48 running sequences, k 1 to 204, none from 205, rendered as TensorRT-LLM's
 # draft_len_schedule. TensorRT-LLM skips the drafter past the schedule's largest key, so its k = 0 costs nothing
 # (vLLM's still runs the drafter, 20–31% in vllm#49986: a vLLM pod held at k 0 is the rollback's, not a demo of
 # the schedule). The simulators' acceptance is the prior's (0.48 at k 2), so calibration keeps the table. The
@@ -101,7 +101,7 @@ spec:
 """
 RAMP_LOW_QPS = 2.0       # requests/s over both pods: a handful of running sequences per pod, k 2
 RAMP_PEAK_QPS = 34.0     # added to the low load: more than two pods answer at 300 sequences, so both stay full
-RAMP_FASTER = 1.2        # a low-load phase ends on a sample whose speedup interval lies above this (the model: 1.5×)
+RAMP_FASTER = 1.2        # a low-load phase ends on a sample whose speedup interval lies above this (the model: 1.42×)
 RAMP_FULL = 270          # "at the peak": this many running sequences or more on each pod (0.9 × maxNumSeqs)
 
 
