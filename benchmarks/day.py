@@ -43,6 +43,12 @@ Policies, all on the same arrivals (the same workload seed) and the same engine 
   TPOT. So it switches for free, and each minute's requests meet the state that setting built itself (its
   queue, its batch), not the state the oracle's earlier choices would have left.
 
+Who knows what: every pod's step takes what the simulator's hardware profile says (the measured H100 table, scaled:
+docs/simulator.md), a model the planner does not share (since 2026-12-05, late; before, the simulator timed steps
+with the planner's own roofline, so `auto` was graded in a world where its model was exact). `auto` knows only the
+planner's model and what it calibrates from the counters; the oracle knows the simulator's true costs, because it
+serves every setting on the simulator itself.
+
 Metrics per policy over the day: P99 and mean of each request's TPOT, and goodput, the output tokens per
 second of requests with TPOT ≤ 1.25 × alwaysOff's mean TPOT at QPS 1 (a short pre-run; "no slower than a
 quarter above an idle GPU without speculation", the latency speculation is there to win) and TTFT ≤ 1 s.

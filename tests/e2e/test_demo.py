@@ -29,8 +29,10 @@ def test_demo_shows_a_rollback_end_to_end(tmp_path: Path) -> None:
                  "SpeculationRolledBack", '"alertname": "SpeculationRolledBack"',
                  "now runs the same target without speculation", "demo finished"):
         assert text in flat, f"{text!r} missing from the demo's output:\n{output[-6000:]}"
-    # The collapse at k 3 costs ~10% per token, on the 1.10 limit: the measured loss with the acceptance surely below
-    # its floor rolls it back (or, where this machine's noise puts the interval above the limit, the ratio check).
+    # The collapse at k 3 costs ~15-20% per token on the simulator's hardware profile (the measured H100 table: three
+    # EAGLE-3 passes of ~0.3 ms and a 4-token verify on a ~6.4 ms step; it was ~10% on the planner's roofline), above
+    # the 1.10 limit: the ratio check usually rolls it back (measured +17%, InterTokenLatencyRegressed), and the
+    # measured loss with the acceptance surely below its floor may come first.
     rolled = re.search(r"Rolled back: (\w+) evidence: (.*?) \$ kubectl get sd", flat)
     assert rolled is not None, output[-6000:]
     reason, evidence = rolled.groups()

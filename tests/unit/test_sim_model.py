@@ -1,5 +1,5 @@
-"""The simulator's timing and acceptance model: the planner's roofline, extended to mixed steps, and the
-models behind a command line."""
+"""The simulator's timing and acceptance model: its hardware profile's passes put together into mixed steps,
+and the models behind a command line."""
 
 from __future__ import annotations
 
@@ -15,16 +15,14 @@ from specdeploy.planning.acceptance import DEFAULT_ALPHA, acceptance_rate_from_a
 from specdeploy.planning.catalog import lookup
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.modelinfo import ModelKind
-from specdeploy.planning.roofline import forward_seconds, model_forward_cost
-from specdeploy.planning.speedup import SpeculationCost
 from specdeploy_engine.sim.argv import parse_engine_argv
+from specdeploy_engine.sim.hardware import DRAFT_PASS_OVERHEAD_S, ENGINE_STEP_OVERHEAD_S
 from specdeploy_engine.sim.model import (
     TEMPERATURE_ALPHA_DECAY,
     ServedModel,
     StepShape,
     alpha_at,
     eagle_head_for,
-    pass_seconds,
     served_model,
 )
 
@@ -39,28 +37,22 @@ def served(*argv: str, gpu: str = "H100-80GB") -> ServedModel:
     return served_model(parse_engine_argv(list(argv), gpu=product), product)
 
 
-@given(st.integers(1, 512), st.integers(1, 8), st.integers(0, 8192))
-def test_a_uniform_batch_costs_what_the_planner_roofline_says(batch: int, tokens: int, context: int) -> None:
-    for name, tp in ((LLAMA_8B, 1), ("mistralai/Mistral-7B-v0.1", 1), ("mistralai/Mixtral-8x7B-v0.1", 2)):
-        model = lookup(name)
-        assert model is not None
-        cost = model_forward_cost(model, tensor_parallel_size=tp)
-        expected = forward_seconds(cost, H100, batch=batch, tokens_per_sequence=tokens, context_tokens=context)
-        got = pass_seconds(cost, H100, tokens=batch * tokens, kv_tokens=batch * context,
-                           window_kv_tokens=batch * min(cost.window, context), tokens_per_sequence=tokens)
-        assert got == pytest.approx(expected, rel=1e-12)
-
-
-def test_a_decode_step_is_the_planner_step() -> None:
+def test_a_decode_step_is_the_target_pass_then_k_drafting_passes() -> None:
     spec = served("vllm", "serve", LLAMA_8B, "--speculative-config",
                   '{"method":"eagle3","model":"yuhuili/EAGLE3-LLaMA3.1-Instruct-8B","num_speculative_tokens":4}')
     plain = served("vllm", "serve", LLAMA_8B)
-    cost = SpeculationCost(spec.timing.target, spec.timing.draft, H100)
+    timing = spec.timing
+    assert timing.draft is not None and timing.draft.reference.name == "eagle3_8b"
+    assert timing.target.reference.name == "llama8b"
     for batch in (1, 16, 256):
         shape = StepShape(decode_seqs=batch, verify_tokens=5, decode_kv_tokens=batch * 1024, drafting_seqs=batch)
-        assert spec.timing.step_seconds(shape) == pytest.approx(cost.speculative_step_seconds(batch, 4), rel=1e-9)
+        target = timing.target.seconds(tokens=batch * 5, tokens_per_sequence=5, kv_tokens=batch * 1024)
+        draft = timing.draft.seconds(tokens=batch, kv_tokens=batch * 1024)
+        expected = target + ENGINE_STEP_OVERHEAD_S + 4 * (draft + DRAFT_PASS_OVERHEAD_S)
+        assert timing.step_seconds(shape) == pytest.approx(expected, rel=1e-9)
         plain_shape = StepShape(decode_seqs=batch, verify_tokens=1, decode_kv_tokens=batch * 1024)
-        assert plain.timing.step_seconds(plain_shape) == pytest.approx(cost.baseline_step_seconds(batch), rel=1e-9)
+        assert plain.timing.step_seconds(plain_shape) < timing.step_seconds(shape)
+    assert plain.timing.draft is None
 
 
 def test_prefill_tokens_make_a_step_longer_and_an_empty_step_is_free() -> None:

@@ -7,8 +7,8 @@
     result = simulate(served, workload.plan(60))     # sim/virtual.py: the engine core on a virtual clock
     server = SimServer(served, knobs=Knobs())        # sim/server.py: the same core on the real clock
 
-Modules: argv (+ options, flag_tables) read the command line; model times steps with the planner's
-roofline; engine is the scheduler; metrics (+ exposition) write each engine's Prometheus metrics; knobs
+Modules: argv (+ options, flag_tables) read the command line; model times steps with hardware's passes
+(a measured H100 table, scaled: not the planner's cost model); engine is the scheduler; metrics (+ exposition) write each engine's Prometheus metrics; knobs
 are the run-time controls; openai_api, server and console are what clients and logs see. See
 docs/simulator.md.
 """

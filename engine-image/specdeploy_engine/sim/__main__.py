@@ -33,7 +33,7 @@ USAGE = ("python -m specdeploy_engine.sim [--host H] [--port P] [--seed N] [--co
 def _options() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdeploy-sim", usage=USAGE, description=(
         "Serve the OpenAI API and the engine's Prometheus metrics as the engine of ENGINE_COMMAND would, on "
-        "a roofline model instead of a GPU. The simulator's --host and --port win over the engine's."))
+        "a measured hardware profile instead of a GPU. The simulator's --host and --port win over the engine's."))
     parser.add_argument("--host", help="listen address (default: the engine's --host, else its default)")
     parser.add_argument("--port", type=int, help="listen port (default: the engine's --port, else its default)")
     parser.add_argument("--seed", type=int, default=0, help="seed of acceptance draws and generated text")

@@ -262,6 +262,7 @@ class Engine:
             decode_window_kv_tokens=sum(min(window, request.context) for request in decode) if window else 0,
             prefill_tokens=sum(chunk for _, chunk in prefill),
             prefill_kv_tokens=sum(request.prefilled for request, _ in prefill),
+            prefill_attention_pairs=sum(chunk * request.prefilled + chunk * chunk // 2 for request, chunk in prefill),
             drafting_seqs=len(decode) + sum(
                 1 for request, chunk in prefill if request.prefilled + chunk >= request.prefill_target),
             draft_passes=draft_k,

@@ -4,9 +4,9 @@
     served.timing.step_seconds(StepShape(decode_seqs=8, verify_tokens=4, decode_kv_tokens=8 * 900))
     alpha_at(served.default_acceptance_rate, served.k, temperature=0.7)
 
-Step times are planning.roofline's, extended to a mixed step: one forward pass over every decoding
-sequence's verify tokens plus the prefill chunks scheduled with them (vLLM V1 and SGLang batch both into
-one pass), then k drafting passes. Acceptance is Leviathan's: each drafted token is accepted with
+Step times come from the simulator's hardware profile (sim/hardware.py: a measured H100 table, scaled), not
+from the planner: one forward pass over every decoding sequence's verify tokens plus the prefill chunks
+scheduled with them (vLLM V1 and SGLang batch both into one pass), then k drafting passes. Acceptance is Leviathan's: each drafted token is accepted with
 probability α, independently, until the first rejection. See docs/simulator.md.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from specdeploy.api.spec import EngineKind, Method, SpeculativeDeploymentSpec
+from specdeploy.api.spec import EngineKind, KvCacheDtype, Method, SpeculativeDeploymentSpec
 from specdeploy.api.units import GIB
 from specdeploy.planning.acceptance import (
     acceptance_rate_from_alpha,
@@ -29,9 +29,14 @@ from specdeploy.planning.catalog import CATALOG, UnknownModel, resolve_draft, re
 from specdeploy.planning.gpus import GpuProduct
 from specdeploy.planning.memory import plan_memory
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
-from specdeploy.planning.roofline import ENGINE_STEP_OVERHEAD_S, ForwardCost, pass_seconds
-from specdeploy.planning.speedup import DRAFT_PASS_OVERHEAD_S, speculation_cost
 from specdeploy_engine.sim.argv import EngineConfig
+from specdeploy_engine.sim.hardware import (
+    DRAFT_PASS_OVERHEAD_S,
+    ENGINE_STEP_OVERHEAD_S,
+    PassCost,
+    model_shape,
+    pass_cost,
+)
 
 # α at temperature T is α(0)·exp(−TEMPERATURE_ALPHA_DECAY·T): 15% lower at T=1, 27% lower at T=2. The
 # direction is reported (foundation-model-stack/fms-extras issue #12: "as temperature increases, acceptance
@@ -51,19 +56,21 @@ class StepShape:
     decode_kv_tokens: int = 0         # Σ cached tokens they read (full-attention layers)
     decode_window_kv_tokens: int = 0  # Σ min(window, cached) for sliding-window layers
     prefill_tokens: int = 0           # prompt tokens of the prefill chunks in the same pass
-    prefill_kv_tokens: int = 0        # cached tokens those chunks attend to (earlier chunks)
+    prefill_kv_tokens: int = 0        # cached tokens those chunks read (their earlier chunks)
+    prefill_attention_pairs: int = 0  # Σ chunk × (earlier chunks + chunk/2): the chunks' attention work
     drafting_seqs: int = 0            # sequences the drafter proposes for (decoding + finishing prefill)
     draft_passes: int | None = None   # drafting passes (tokens proposed per sequence); None: the model's k
 
 
 @dataclass(frozen=True)
 class TimingModel:
-    """Seconds per engine step for a target, an optional drafter and k."""
+    """Seconds per engine step for a target, an optional drafter and k, on the simulated hardware."""
 
-    target: ForwardCost
-    draft: ForwardCost | None
+    target: PassCost
+    draft: PassCost | None
     gpu: GpuProduct
     num_speculative_tokens: int = 0            # 0: no speculation
+    step_overhead_s: float = ENGINE_STEP_OVERHEAD_S
     draft_pass_overhead_s: float = DRAFT_PASS_OVERHEAD_S
 
     def step_seconds(self, shape: StepShape) -> float:
@@ -73,17 +80,52 @@ class TimingModel:
         tokens = shape.decode_seqs * shape.verify_tokens + shape.prefill_tokens
         if tokens == 0:
             return 0.0
-        seconds = pass_seconds(
-            self.target, self.gpu, tokens=tokens, kv_tokens=shape.decode_kv_tokens + shape.prefill_kv_tokens,
-            window_kv_tokens=shape.decode_window_kv_tokens, tokens_per_sequence=shape.verify_tokens,
-        ) + ENGINE_STEP_OVERHEAD_S
+        pairs = shape.verify_tokens * shape.decode_kv_tokens + shape.prefill_attention_pairs
+        seconds = self.target.seconds(
+            tokens=tokens, tokens_per_sequence=shape.verify_tokens,
+            kv_tokens=shape.decode_kv_tokens + shape.prefill_kv_tokens,
+            window_kv_tokens=shape.decode_window_kv_tokens, attention_pairs=pairs,
+        ) + self.step_overhead_s
         k = self.num_speculative_tokens if shape.draft_passes is None else shape.draft_passes
         if k and shape.drafting_seqs and self.draft is not None:
-            one = pass_seconds(self.draft, self.gpu, tokens=shape.drafting_seqs, kv_tokens=shape.decode_kv_tokens)
-            first = pass_seconds(self.draft, self.gpu, tokens=shape.drafting_seqs + shape.prefill_tokens,
-                                 kv_tokens=shape.decode_kv_tokens)
+            one = self.draft.seconds(tokens=shape.drafting_seqs, kv_tokens=shape.decode_kv_tokens)
+            first = self.draft.seconds(tokens=shape.drafting_seqs + shape.prefill_tokens,
+                                       kv_tokens=shape.decode_kv_tokens + shape.prefill_kv_tokens,
+                                       attention_pairs=shape.decode_kv_tokens + shape.prefill_attention_pairs)
             seconds += first + (k - 1) * one + k * self.draft_pass_overhead_s
         return seconds
+
+
+def timing_model(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None, gpu: GpuProduct,
+                 k: int) -> TimingModel:
+    """The target's and the drafter's passes for `spec` on `gpu` (docs/simulator.md, "Hardware profile"):
+    n-gram and suffix draft on the CPU for free; MTP (or a method without a draft model) runs one more
+    decoder layer of the target with its lm_head; an EAGLE-1 head reads the target's lm_head each pass."""
+    tp = spec.resources.tensor_parallel_size
+    kv_bytes = 2.0 if spec.serving.kv_cache_dtype == KvCacheDtype.AUTO else 1.0
+    quantization = spec.model.quantization
+    target_pass = pass_cost(model_shape(target, tensor_parallel_size=tp, quantization=quantization,
+                                        kv_element_bytes=kv_bytes), gpu)
+    method = spec.speculation.method
+    draft_spec = spec.speculation.draft
+    drafter: PassCost | None = None
+    if k == 0 or method in (Method.NGRAM, Method.SUFFIX):
+        drafter = None
+    elif method == Method.MTP or draft is None:
+        arch = target.architecture
+        embeddings = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+        layer = (arch.num_parameters - embeddings) / arch.num_layers
+        drafter = pass_cost(model_shape(target, tensor_parallel_size=tp, quantization=quantization,
+                                        kv_element_bytes=kv_bytes, layers=1,
+                                        parameters=layer + arch.vocab_size * arch.hidden_size), gpu)
+    else:
+        draft_tp = draft_spec.tensor_parallel_size if draft_spec and draft_spec.tensor_parallel_size else tp
+        draft_quantization = draft_spec.quantization if draft_spec is not None else quantization
+        borrowed = target.architecture.vocab_size * target.architecture.hidden_size if draft.kind == ModelKind.EAGLE else 0
+        drafter = pass_cost(model_shape(draft, tensor_parallel_size=draft_tp, quantization=draft_quantization,
+                                        kv_element_bytes=kv_bytes, extra_parameters=borrowed,
+                                        counts_input_embedding=method == Method.DRAFT_MODEL), gpu)
+    return TimingModel(target_pass, drafter, gpu, k)
 
 
 @lru_cache(maxsize=4096)
@@ -227,9 +269,8 @@ def served_model(config: EngineConfig, gpu: GpuProduct) -> ServedModel:
     spec = spec_for(config, gpu)
     target, draft, notes = _resolve(spec)
     speculating = config.speculation is not None
-    cost = speculation_cost(spec, target, draft, gpu)
     k = config.speculation.num_speculative_tokens if config.speculation is not None else 0
-    timing = TimingModel(cost.target, cost.draft if speculating else None, gpu, k, cost.draft_pass_overhead_s)
+    timing = timing_model(spec, target, draft, gpu, k)
     max_model_len = config.max_model_len or target.architecture.max_position_embeddings
     memory = plan_memory(spec, target, draft, speculate=speculating)
     kv_tokens = memory.kv_cache_tokens if memory.kv_cache_tokens and memory.kv_cache_tokens > 0 else None
