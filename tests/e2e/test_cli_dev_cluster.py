@@ -106,8 +106,11 @@ def test_get_watch_redraws_through_a_rollback_and_retry_brings_speculation_back(
     try:
         healthy = watch.wait_for("verdict Healthy", 120)
         assert "speculation on (decided)" in watch.text
-        assert re.search(r"speculative\s+\S+\s+Running\s+yes\s+\d+\s+4\s", watch.text)   # ngram k = 4, from its argv
-        assert re.search(r"control\s+\S+\s+Running\s+yes\s+\d+\s+off\s", watch.text)
+        # The pods' rows redraw on their own 5 s tick: each variant's ready pod once it is drawn so.
+        wait_for(lambda: re.search(r"speculative\s+\S+\s+Running\s+yes\s+\d+\s+4\s", watch.text), 30,
+                 "the speculative pod drawn ready at k 4 (ngram, from its argv)")
+        wait_for(lambda: re.search(r"control\s+\S+\s+Running\s+yes\s+\d+\s+off\s", watch.text), 30,
+                 "the control pod drawn ready without speculation")
         early = subprocess.run(_cli("retry", SCENARIO_NAME, "-n", namespace), env=_env(dev_cluster),
                                capture_output=True, text=True, timeout=60)
         assert early.returncode == 1 and "nothing to retry" in early.stderr   # and no annotation written
@@ -118,8 +121,11 @@ def test_get_watch_redraws_through_a_rollback_and_retry_brings_speculation_back(
             (o.get("status", {}).get("speculation") or {}).get("lastRollback")), 90, "the rollback",
             namespace=namespace)
         rolled = watch.wait_for("last rollback", 30, after=healthy)
-        redrawn = watch.text[healthy:]
-        assert "Failing AcceptanceBelowMinimum" in redrawn and "speculation off (decided)" in redrawn
+        watch.wait_for("speculation off (decided)", 30, after=healthy)
+        # Acceptance below minAcceptanceRate fails the sample; at k 4 and acceptance 0.3 the per-token comparison may
+        # fail the same sample first, and either reason is the rollback's.
+        assert re.search(r"Failing (AcceptanceBelowMinimum|InterTokenLatencyRegressed|SlowerBelowAcceptanceFloor)",
+                         watch.text[healthy:]), watch.text[healthy:][-3000:]
         watch.wait_for("SpeculationRolledBack", 30, after=rolled)   # the Event (posted after the status write)
         wait_for(lambda: re.search(r"speculative\s+\S+\s+Running\s+yes\s+\d+\s+off\s", watch.text[rolled:]), 60,
                  "a speculative pod drawn running without speculation")

@@ -9,9 +9,9 @@ overhead) ÷ the prior's forward pass; their mean with a 95% interval is the fit
 load can identify (docs/analysis.md); it stands for bandwidth and compute together.
 
 The plan takes the factor (status.analysis.hardwareFit.appliedFactor, planning/plan.py `make_plan`) once its
-interval is narrower than the prior's stated error, and keeps it while each later fit lies within its interval or
-the fitted model's stated error of it: the Auto schedule and the acceptance floor then come from the fitted model,
-and a schedule the fit moves rolls the pods once, not on every window's noise.
+interval is narrower than the prior's stated error, and keeps it: the Auto schedule and the acceptance floor then
+come from the fitted model, a schedule the fit moves rolls the pods once, and later fits are shown, not applied
+(a load swing does not roll the pods).
 """
 
 from __future__ import annotations
@@ -50,15 +50,15 @@ def factor_interval(latencies: Sequence[float], prior_pass_s: float, overhead_s:
     return mean, t975(len(factors) - 1) * math.sqrt(variance / len(factors)) / mean
 
 
-def _applied(factor: float, half_width: float, prior_error: float, fitted_error: float,
-             previous: HardwareFit | None) -> float | None:
-    """The factor the plan takes: the held one while this fit is within its interval or the fitted model's stated
-    error of it (a change below the model's own error is not worth rolling the pods for), else this fit once it is
-    better than the prior; None (the prior) until then."""
+def _applied(factor: float, half_width: float, prior_error: float, previous: HardwareFit | None) -> float | None:
+    """The factor the plan takes: the first fit better than the prior, kept from then on. Later fits are shown
+    beside it, not applied: one factor cannot follow the load (at a full batch a control step also holds prefill
+    chunks and queueing that the model does not), and rolling the pods as the load swings is what an Auto schedule
+    exists to avoid. None (the prior) until a fit is better than it."""
     held = previous.applied_factor if previous is not None else None
-    if held is not None and abs(held - factor) <= max(half_width, fitted_error) * factor:
+    if held is not None:
         return held
-    return round(factor, 3) if half_width < prior_error else held
+    return round(factor, 3) if half_width < prior_error else None
 
 
 def _changed(plan: PlanView, applied: float | None, batch: int) -> str:
@@ -93,7 +93,7 @@ def fit_hardware(sample: DeploymentSample, plan: PlanView | None, previous: Hard
         return None
     factor, half_width = found
     prior_error = plan.with_hardware_factor(None).model_error
-    applied = _applied(factor, half_width, prior_error, plan.with_hardware_factor(factor).model_error, previous)
+    applied = _applied(factor, half_width, prior_error, previous)
     fitted_step = plan.base_step_seconds(batch, factor)
     measured = sum(latencies) / len(latencies)
     better = "narrower" if half_width < prior_error else "not yet narrower"
