@@ -83,16 +83,16 @@ def test_a_gpu_25_percent_slower_than_its_profile_is_fitted_and_moves_the_auto_s
     found: dict[str, Any] = {}
     started = time.monotonic()
 
-    def fitted_and_rolled() -> bool:
+    def fitted() -> bool:
         fit = (get_json(dev_cluster, "sd", NAME, namespace=namespace).get("status", {}).get("analysis")
                or {}).get("hardwareFit")
         if not fit or fit.get("appliedFactor") is None or not (tables := TABLES.search(fit["message"])):
             return False
         found.update(fit=fit, before=_table(tables[1]), after=_table(tables[2]))
-        return _engine_table(dev_cluster, namespace) == found["after"]
+        return True
 
     try:
-        wait_for(fitted_and_rolled, FIT_SECONDS, "a fit the plan applies, rendered in the speculative Deployment",
+        wait_for(fitted, FIT_SECONDS, "a fit better than the prior, with the schedule it would derive",
                  interval=1.0, describe=lambda: json.dumps(found.get("fit") or {}))
     finally:
         traffic.stop()
@@ -104,3 +104,4 @@ def test_a_gpu_25_percent_slower_than_its_profile_is_fitted_and_moves_the_auto_s
     assert found["before"] == prior and found["after"] != prior, found        # the k step moved
     first_step = found["after"][0][1]
     assert first_step > prior[0][1], found       # a slower GPU: k 2 pays to a larger batch (CPU overhead's share falls)
+    assert _engine_table(dev_cluster, namespace) == prior      # shown in status; the pods keep the prior's table

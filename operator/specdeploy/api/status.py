@@ -431,7 +431,7 @@ class HardwareFit(StatusModel):
     factor_half_width: float = Field(description="The factor's 95% interval, ± this fraction of it")
     prior_error: float = Field(description="The prior model's stated error (± this fraction, docs/speedup-model.md)")
     applied_factor: float | None = Field(
-        None, description="The factor the plan uses (Auto schedule, acceptance floor); None: the prior's")
+        None, description="The fitted factor kept (the first better than the prior); None: none yet")
     batch: float = Field(description="Running sequences per control pod over the window")
     measured_step_seconds: float
     prior_step_seconds: float

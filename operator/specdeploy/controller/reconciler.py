@@ -149,11 +149,11 @@ def plan_resource(resource: SpeculativeDeployment, models: ResolvedModels | None
     render it is an outcome (with a finding), not an exception. `previous`: the status as read, whose
     measured acceptance per draft position an Auto schedule follows (status.speculation.calibration)."""
     speculation = previous.speculation if previous is not None else None
-    fit = previous.analysis.hardware_fit if previous is not None and previous.analysis is not None else None
+    # The hardware fit (status.analysis.hardwareFit) says what the fitted model would change; the pods keep the
+    # prior's plan until rolling them on a fit is shown not to fight load swings (docs/decisions.md).
     try:
         plan = make_plan(spec or resource.spec, models,
-                         calibration=speculation.calibration if speculation is not None else None,
-                         hardware_factor=fit.applied_factor if fit is not None else None)
+                         calibration=speculation.calibration if speculation is not None else None)
     except UnknownModel as error:
         return Planned(None, Finding(code=Reason.UNKNOWN_MODEL, severity=Severity.ERROR, message=str(error)))
     if plan.accepted:

@@ -74,7 +74,7 @@ def _changed(plan: PlanView, applied: float | None, batch: int) -> str:
     if floor_before is not None and floor_after is not None and not floor_after.fixed:
         changes.append(f"acceptance floor at batch {batch} {evidence.number(floor_before.rate)} → "
                        f"{evidence.number(floor_after.rate)}")
-    return f"the plan uses factor {applied:g}: " + ", ".join(changes or ["nothing it derives changes"])
+    return f"the fitted model (factor {applied:g}, shown, not yet applied to the pods) would change: " + ", ".join(changes or ["nothing it derives changes"])
 
 
 def fit_hardware(sample: DeploymentSample, plan: PlanView | None, previous: HardwareFit | None) -> HardwareFit | None:
