@@ -28,7 +28,6 @@ from specdeploy.controller.metrics import OperatorMetrics
 from specdeploy.controller.own_pods import OwnPods
 from specdeploy.controller.settings import OperatorSettings
 from specdeploy.controller.watched import SD, Watched
-from specdeploy.devcluster import build
 from specdeploy.judgment.queries import (
     SELECTOR,
     TemplateError,
@@ -269,11 +268,10 @@ def test_an_alertmanager_outside_the_allow_list_is_sent_nothing() -> None:
 # --- the chart's admission policy: the same list, refused at apply -------------------------------------------------
 
 def _policy(*sets: str) -> list[dict[str, Any]]:
-    found, _ = build.find_binaries(["helm"])
-    if "helm" not in found:
-        pytest.skip("helm is not built yet: run `make cluster-binaries` (`make test` does)")
+    from test_chart import _helm  # the chart tests' helm, skipped with them before `make cluster-binaries`
+
     chart = Path(__file__).resolve().parents[2] / "charts" / "specdeploy"
-    args = [str(found["helm"]), "template", "sd", str(chart), "--show-only", "templates/endpoint-policy.yaml",
+    args = [_helm(), "template", "sd", str(chart), "--show-only", "templates/endpoint-policy.yaml",
             "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"]
     result = subprocess.run([*args, *[a for s in sets for a in ("--set", s)]], capture_output=True, text=True,
                             timeout=60)
