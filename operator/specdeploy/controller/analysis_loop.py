@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -44,7 +43,6 @@ from specdeploy.clients.prometheus import (
 )
 from specdeploy.controller.own_pods import OwnPods
 from specdeploy.controller.reconciler import Reconciler
-from specdeploy.controller.settings import OperatorSettings
 from specdeploy.controller.watched import SD, Watched
 from specdeploy.judgment import evidence
 from specdeploy.judgment.queries import pinned_selector, queries_for, query_group
@@ -72,12 +70,6 @@ class Guards:
     told_refused: set[str] = field(default_factory=set)
     told_foreign: dict[tuple[str, str], frozenset[tuple[str, str, str]]] = field(default_factory=dict)
 
-    @classmethod
-    def from_environment(cls, default_url: str | None) -> Guards:
-        """The allow-list of SPECDEPLOY_ALLOWED_ENDPOINTS (the chart's `allowedEndpoints`), with the operator's own
-        Prometheus URL."""
-        patterns = OperatorSettings.from_environment(os.environ).allowed_endpoints
-        return cls(AllowedEndpoints.of(patterns, default_url))
 
 
 @dataclass(frozen=True)
@@ -306,7 +298,7 @@ def start_cycle(reconciler: Reconciler, namespaces: Iterable[str], default_url: 
                 guards: Guards | None = None) -> asyncio.Task[int]:
     """Start one cycle: every due SD of every source not still busy is sampled, each source on its own; the task
     returned ends when they are all reconciled (observing the cycle's time) and returns how many were sampled.
-    `guards`: kept across cycles (Guards.from_environment); None: the default allow-list and no pod seen yet."""
+    `guards`: kept across cycles (the reconciler's allow-list); None: the default allow-list and no pod seen yet."""
     started = time.monotonic()
     guards = guards if guards is not None else Guards(AllowedEndpoints.of(None, default_url))
     now = time.time()
@@ -355,7 +347,7 @@ async def analyse_forever(reconciler: Reconciler, namespaces: list[str], default
     """Start a cycle every `tick` seconds until cancelled; a source still busy with an earlier cycle sits the new
     one out, the others go on."""
     in_flight = InFlight()
-    guards = Guards.from_environment(default_url)
+    guards = Guards(reconciler.allowed_endpoints)   # the allow-list the operator built at start, alerts' too
     try:
         while True:
             try:
