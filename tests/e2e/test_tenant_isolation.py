@@ -154,7 +154,21 @@ class _Server(http.server.ThreadingHTTPServer):
     request_queue_size = 128   # a cycle's queries arrive at once: the default backlog of 5 resets some of them
 
 
-class FailingEndpoint:
+class _LoopbackHttp:
+    """An HTTP server on a loopback port, answering from its own thread until close()."""
+
+    def _serve(self, server: http.server.ThreadingHTTPServer) -> None:
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+class FailingEndpoint(_LoopbackHttp):
     """A loopback HTTP server that answers every request 500 with MARKER in its body, counting them in `requests`;
     `close()` stops it."""
 
@@ -175,15 +189,8 @@ class FailingEndpoint:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = _Server(("127.0.0.1", 0), Handler)
+        self._serve(_Server(("127.0.0.1", 0), Handler))
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
 
 
 @pytest.fixture
@@ -235,7 +242,7 @@ FORGER_POD = "forger-0"
 FORGED_DRAFTS_PER_SCRAPE, FORGED_ACCEPTED_PER_SCRAPE = 5000, 50   # acceptance 0.01, and most of the SD's drafts
 
 
-class ForgingExporter:
+class ForgingExporter(_LoopbackHttp):
     """A loopback /metrics whose vLLM counters grow on every scrape with acceptance 0.01: series that, labelled as
     another SD's speculative pod, would collapse its acceptance. `close()` stops it."""
 
@@ -258,15 +265,8 @@ class ForgingExporter:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._serve(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler))
         self.address = f"127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
 
 
 @contextlib.contextmanager
