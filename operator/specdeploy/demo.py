@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -229,13 +228,6 @@ class Demo:
         return {pod["metadata"]["name"]: sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or [])
                 for pod in listing["items"] if not pod["metadata"].get("deletionTimestamp")}
 
-    def drafting_to(self) -> int:
-        """The largest batch the rendered draft_len_schedule drafts at (its largest key)."""
-        config = get_json(self.cluster, "configmap", f"{RAMP_NAME}-engine", namespace=NAMESPACE)["data"]
-        document = yaml.safe_load(config["speculative.trtllm.yaml"])
-        schedule = (document.get("speculative_config") or {}).get("draft_len_schedule") or {}
-        return max((int(batch) for batch, k in schedule.items() if int(k) > 0), default=0)
-
     def engine_info(self, variant: str) -> dict[str, Any]:
         """The ramp SD's pod of `variant`, as its simulator reports it: the running batch and the k in use."""
         [url] = endpoints(self.cluster, RAMP_SD, variant)
@@ -297,47 +289,25 @@ class Demo:
         self.console.print(f"after {what}: {'the same pods' if now.keys() == pods.keys() else 'OTHER PODS'}, restarts "
                            f"{sum(now.values())}, rollbacks {speculation.get('rollbacks', 0)}", highlight=False)
 
-    def fit_hardware(self, seconds: float = 240) -> dict[str, int]:
-        """Low load until the operator has fitted the GPUs from the control pods and, where the fit moved the Auto
-        schedule, rolled the pods to it (docs/analysis.md, "The GPUs the SD really got"); the pods then."""
+    def fit_hardware(self, seconds: float = 240) -> None:
+        """Low load until the operator has fitted the GPUs from the control pods (docs/analysis.md, "The GPUs the
+        SD really got"): status says what the fitted model would change; the pods keep the prior's table."""
         self.step("The operator measures its GPUs: the control pods' per-token latency at their batch against the "
                   "prior cost model, until the fit is better than the prior")
-        started = time.monotonic()
-        settled: list[dict[str, int]] = []
-        while True:
-            obj = self.ramp_sd()
-            fit = (obj.get("status", {}).get("analysis") or {}).get("hardwareFit") or {}
-            deployment = get_json(self.cluster, "deployment", RAMP_NAME, namespace=NAMESPACE)
-            rolled = (deployment["status"].get("observedGeneration") == deployment["metadata"]["generation"]
-                      and deployment["status"].get("updatedReplicas") == deployment["spec"]["replicas"]
-                      == deployment["status"].get("availableReplicas") == deployment["status"].get("replicas"))
-            pods = self.ramp_pods()
-            if (fit.get("appliedFactor") is not None and rolled and _condition(obj, "Ready") == "True"
-                    and len(endpoints(self.cluster, RAMP_SD, "speculative")) == 1):
-                settled.append(pods)
-                if len(settled) >= 3 and settled[-3] == pods:   # the same pods over three looks: the roll is over
-                    break
-            else:
-                settled.clear()
-            if time.monotonic() - started > seconds:
-                raise TimeoutError(f"waited {seconds:.0f} s for the hardware fit; status.analysis.hardwareFit: "
-                                   f"{json.dumps(fit)}")
-            time.sleep(2)
+
+        def fitted() -> dict[str, Any] | None:
+            fit = (self.ramp_sd().get("status", {}).get("analysis") or {}).get("hardwareFit") or {}
+            return fit if fit.get("appliedFactor") is not None else None
+
+        fit = wait_for(fitted, seconds, "the hardware fit in status.analysis.hardwareFit", interval=2.0)
         self.console.print(fit["message"], highlight=False, soft_wrap=True)
-        config = get_json(self.cluster, "configmap", f"{RAMP_NAME}-engine", namespace=NAMESPACE)["data"]
-        rendered = next(line.strip() for line in config["speculative.trtllm.yaml"].splitlines()
-                        if "draft_len_schedule" in line)
-        self.console.print(f"the speculative pod's TensorRT-LLM config now: {rendered}; pods: {', '.join(pods)}",
-                           highlight=False)
-        return pods
 
     def load_ramp(self) -> None:
-        _, drafting_to = self.apply_ramp()
+        pods, drafting_to = self.apply_ramp()
         low = _ramp_traffic(self.cluster, RAMP_LOW_QPS)
         peak: Traffic | None = None
         try:
-            pods = self.fit_hardware()
-            drafting_to = max(drafting_to, self.drafting_to())
+            self.fit_hardware()
             self.step(f"Low load, {RAMP_LOW_QPS:g} requests/s: a few sequences per pod, the engine drafts k = 2 and "
                       "the speculative pod is faster than the control")
             since = time.time()
