@@ -276,12 +276,24 @@ def test_acceptance_collapse_rolls_back_on_sglang_and_tensorrt_llm(
 
 
 #: The load-regression scenario's SD: a 1B draft model proposing 8 tokens for Llama-3.1-8B at acceptance 0.5
-#: pays at low load and, as batches grow, makes each step verify 9 tokens per sequence until the GPU is
-#: compute bound and the speculative pods fall behind (on the simulator's virtual clock, docs/simulator.md:
-#: P99 time per output token 0.81× the control's at 8 requests/s per pod, 1.78× at 96). The simulators run
-#: 16× slower than real time (SPECDEPLOY_SIM_OPTIONS, read by the pod runner as the engine image's launcher
-#: reads it), so 96 requests/s per pod are 6 on this machine; whole answers (no streaming) keep the client
-#: cheap. The latency ratios that are not under test are loose, so the one that breaks is per-token latency.
+#: (α 0.84, 5 tokens per step) pays at low load and, as batches grow, makes each step verify 9 tokens per sequence
+#: (and prefill the prompts of the 5× as many requests a step finishes) until the speculative pod falls behind.
+#: Which loads do that follows from the simulator's own hardware profile (sim/hardware.py: the measured H100
+#: table), not from the planner. tests/unit/test_sim_load_regression.py runs these engine commands with this
+#: traffic's shape on the simulator's virtual clock; mean time per output token, speculative ÷ control, one pod of
+#: each, by arrivals per pod on the simulators' clock (2026-12-06):
+#:   8/s 0.56 · 96/s 0.84 (the old high load; CI measured 0.75 at batch 37) · 112/s 1.04 (break-even) ·
+#:   128/s 1.34 · 144/s 1.56 · 160/s 1.37 · 176/s 1.26 · 200/s and beyond 1.24 (both pods full at maxNumSeqs 128).
+#: The old high load sat below the break-even. The high load here is 160/s per pod: the speculative pod is full,
+#: the control is not, and every load from 128/s up is above the per-token check at its default
+#: (maxPerTokenLatencyRatio 1.10), so the test does not hang on hitting a narrow range. The simulators run 16×
+#: slower than real time (SPECDEPLOY_SIM_OPTIONS, read by the pod runner as the engine image's launcher reads it),
+#: so 8 and 160 requests/s per pod are 0.5 and 10 on this machine; whole answers (no streaming) keep the client
+#: cheap. Checks not under test are set apart so that the one that breaks is per-token latency: minAcceptanceRate
+#: 0.2, because the default floor is the planner's break-even at the pods' batch (0.62 at maxNumSeqs 128,
+#: `specdeploy plan`), above this 0.5, and would name the same loss SlowerBelowAcceptanceFloor; the prefill and
+#: in-engine time ratios are loose because every speculative step, a prompt's first included, carries 8 drafting
+#: passes.
 LOAD_NAME = "llama-draft"
 LOAD_SD = """
 apiVersion: specdeploy.io/v1alpha1
@@ -301,8 +313,7 @@ spec:
     minRequests: 10
     failureLimit: 2
     baseline: {mode: Control, controlReplicas: 1}
-    checks: {minAcceptanceRate: 0.2, maxPerTokenLatencyRatio: 1.3, maxInferenceTimeRatio: 20.0,
-             maxPrefillTimeRatio: 20.0}
+    checks: {minAcceptanceRate: 0.2, maxInferenceTimeRatio: 20.0, maxPrefillTimeRatio: 20.0}
 """
 
 
@@ -312,12 +323,6 @@ def _load_traffic(cluster: DevCluster, sd: str, qps: float) -> Traffic:
                    output_tokens="32-96", temperature="0", stream=False).start()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Since issue 28's step costs (the cost model held to the measured H100 table, then the simulator's own profile "
-    "from it), this scenario's high load no longer makes speculation slower: CI 2026-12-06 measured it 25% faster per token at batch 37 (acceptance "
-    "0.50), so no rollback comes. The load that makes it lose must be re-derived from the profile; until then the "
-    "per-token rollback under load is covered by test_judgment's slowdown and test_schedule_dev_cluster's "
-    "schedule that hurts at every load."))
 def test_rising_load_rolls_back_on_per_token_latency_and_low_load_keeps_speculating(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
@@ -328,7 +333,7 @@ def test_rising_load_rolls_back_on_per_token_latency_and_low_load_keeps_speculat
         return get_json(dev_cluster, "sd", LOAD_NAME, namespace=namespace)
 
     # Low load (0.5 requests/s per pod, 8 at the simulators' clock): four healthy samples, speculating.
-    healthy: dict[str, float] = {}     # lastSampleAt -> P99 per-token latency, speculative ÷ control
+    healthy: dict[str, float] = {}     # lastSampleAt -> mean per-token latency, speculative ÷ control
     low = _load_traffic(dev_cluster, sd, qps=1.0)
     try:
         def four_healthy() -> bool:
@@ -343,11 +348,11 @@ def test_rising_load_rolls_back_on_per_token_latency_and_low_load_keeps_speculat
         wait_for(four_healthy, 180, "four healthy samples at low load", interval=1.0)
     finally:
         low.stop()
-    assert max(healthy.values()) < 1.3, healthy
+    assert max(healthy.values()) < 1.0, healthy     # speculation pays here (0.56 on the virtual clock, above)
     assert load_sd()["status"]["speculation"]["active"] is True
 
-    # High load (6 requests/s per pod, 96 at the simulators' clock): the speculative pod falls behind.
-    high = _load_traffic(dev_cluster, sd, qps=12.0)
+    # High load (10 requests/s per pod, 160 at the simulators' clock): the speculative pod falls behind.
+    high = _load_traffic(dev_cluster, sd, qps=20.0)
     try:
         obj = wait_for_object(dev_cluster, ["sd", LOAD_NAME], _rolled_back, 300, "the rollback under high load",
                               namespace=namespace)
@@ -355,6 +360,6 @@ def test_rising_load_rolls_back_on_per_token_latency_and_low_load_keeps_speculat
         high.stop()
     record = obj["status"]["speculation"]["lastRollback"]
     assert record["reason"] == "InterTokenLatencyRegressed", record
-    assert "above maxPerTokenLatencyRatio 1.3" in record["evidence"]
+    assert "above maxPerTokenLatencyRatio 1.10" in record["evidence"]
     wait_for(lambda: "--speculative-config" not in get_json(dev_cluster, "deployment", LOAD_NAME, namespace=namespace)
              ["spec"]["template"]["spec"]["containers"][0]["args"], 30, "the Deployment without speculation")
