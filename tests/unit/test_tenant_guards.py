@@ -123,6 +123,24 @@ def test_own_pods_are_remembered_after_they_are_gone_for_the_window_and_then_for
     assert own.pods("prod", "llama") == set()
 
 
+def test_a_restarted_operator_knows_a_pod_deleted_before_it_started_by_its_replica_set() -> None:
+    """A rollback rolled the speculative pod llama-spec-7d9f-x2k4q away; the operator restarted inside the window:
+    the pod is not listed, but its ReplicaSet (the Deployment's old revision) is, so its series are the SD's."""
+    own = OwnPods()
+    replica_sets = [_pod("llama-spec-7d9f", "speculative"), _pod("llama-spec-5c4b", "speculative")]
+    own.record("prod", "llama", [_pod("llama-spec-5c4b-m2x7z", "speculative")], now=1000.0, replica_sets=replica_sets)
+    reported = {"speculative": {("llama-spec-7d9f-x2k4q", "j"), ("llama-spec-5c4b-m2x7z", "j")}}
+    assert own.foreign("prod", "llama", reported) == set()
+    forged = {"speculative": {("llama-spec-7d9f-x2k4q-extra", "j"), ("llama-spec-7d9f", "j"),
+                              ("llama-spec-0000-x2k4q", "j")},
+              "control": {("llama-spec-7d9f-x2k4q", "j")}}      # another variant's ReplicaSet is not this one's
+    assert own.foreign("prod", "llama", forged) == {(variant, pod, "j") for variant, pods in forged.items()
+                                                   for pod, _ in pods}
+    assert own.foreign("team-b", "llama", reported) == {("speculative", pod, "j") for pod, _ in reported["speculative"]}
+    own.prune(1000.0 + 3601.0)                                  # the ReplicaSets are forgotten like pods
+    assert own.foreign("prod", "llama", reported) == {("speculative", pod, "j") for pod, _ in reported["speculative"]}
+
+
 # --- the analysis loop against a Prometheus that holds forged series ---------------------------------------------
 
 FORGED_ACCEPTANCE, OWN_ACCEPTANCE = 0.05, 0.8
@@ -186,7 +204,11 @@ def _run(monkeypatch: pytest.MonkeyPatch, watched: Watched, transport: httpx.Moc
         events.append((body["metadata"], event))
         return True
 
+    async def engine_replica_sets(client: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+        return []
+
     monkeypatch.setattr(kube, "engine_pods", engine_pods)
+    monkeypatch.setattr(kube, "engine_replica_sets", engine_replica_sets)
     monkeypatch.setattr(kube, "post_event", post_event)
     monkeypatch.setattr(analysis_loop, "PrometheusClient", functools.partial(PrometheusClient, transport=transport))
     reconciler = _Recording(watched)

@@ -79,7 +79,7 @@ Server-side apply of a child that does not exist yet is a create, so apply needs
   resources: [deployments]
   verbs: [get, list, watch, create, patch, delete]
 # Their ReplicaSets: listed to tell which pods run with a speculative config (a rollback is done when
-# none does).
+# none does), and whose pods wrote a series (a pod deleted before the operator started).
 - apiGroups: [apps]
   resources: [replicasets]
   verbs: [list]

@@ -303,6 +303,12 @@ async def engine_pods(client: AsyncClient, namespace: str, name: str) -> list[di
     return [pod.to_dict() async for pod in client.list(Pod, namespace=namespace, labels={LABEL_NAME: name})]
 
 
+async def engine_replica_sets(client: AsyncClient, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The ReplicaSets of SD `name`'s engine Deployments, both variants, old revisions included, as JSON (whose pods
+    wrote a series: controller/own_pods.py)."""
+    return [rs.to_dict() async for rs in client.list(ReplicaSet, namespace=namespace, labels={LABEL_NAME: name})]
+
+
 async def speculative_replica_sets(client: AsyncClient, namespace: str, name: str) -> list[dict[str, Any]]:
     """The ReplicaSets of SD `name`'s speculative Deployment, as JSON (their annotations say which
     speculate; reconcile/observed.py)."""

@@ -237,7 +237,8 @@ async def _foreign_series(reconciler: Reconciler, guards: Guards, members: list[
                           reported: SeriesPods, now: float, limit: asyncio.Semaphore,
                           ) -> dict[tuple[str, str], set[tuple[str, str, str]]]:
     """Per SD of `members`, the (variant, pod, job) of its series that no pod of its own wrote. The SD's pods are
-    listed from the apiserver (`limit` at once) only when a series names a pod not seen as its own."""
+    listed from the apiserver with its ReplicaSets (`limit` SDs at once) only when a series names a pod not seen as
+    its own."""
     guards.own_pods.prune(now)
 
     async def check(resource: SpeculativeDeployment) -> tuple[tuple[str, str], set[tuple[str, str, str]]]:
@@ -248,10 +249,11 @@ async def _foreign_series(reconciler: Reconciler, guards: Guards, members: list[
         try:
             async with limit:
                 pods = await kube.engine_pods(reconciler.client, *key)
+                replica_sets = await kube.engine_replica_sets(reconciler.client, *key)
         except ApiError as error:   # not known as its own, so not used
             logger.warning("cannot list the pods of %s/%s to check its series: %s", *key, error.status.message)
         else:
-            guards.own_pods.record(*key, pods, now, resource.spec.analysis.window)
+            guards.own_pods.record(*key, pods, now, resource.spec.analysis.window, replica_sets)
         return key, guards.own_pods.foreign(*key, of_sd)
 
     checked = await asyncio.gather(*(check(r) for r in members))
