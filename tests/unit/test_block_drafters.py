@@ -161,6 +161,18 @@ def test_sglang_notes_what_it_changes_for_a_block_drafter() -> None:
         codes(spec("dflash"), qwen, dflash))
 
 
+def test_dsparks_own_speculative_config_key_is_refused_for_another_method() -> None:
+    qwen, dflash, dspark = lookup(QWEN3_8B), lookup(DFLASH), lookup(DSPARK)
+    assert qwen is not None and dflash is not None and dspark is not None
+    topk = {"dspark_draft_topk": 64}
+    found = codes(spec("dflash", extraConfig=topk), qwen, dflash)["ExtraConfigKeyNeedsMethod"]
+    assert found.severity == Severity.ERROR and "only supported by DSpark" in found.message
+    assert "ExtraConfigKeyNeedsMethod" not in codes(spec("dspark", extraConfig=topk), qwen, dspark)
+    config = json.loads(render_engine(EngineInputs(spec("dspark", extraConfig=topk), served_model_name="m",
+                                                   max_model_len=8192)).argv()[-1])
+    assert config["dspark_draft_topk"] == 64
+
+
 def test_a_drafter_config_that_names_its_verifier_is_held_to_it() -> None:
     config = {**DFLASH_CONFIG, "speculators_config": {"verifier": {"name_or_path": "Qwen/Qwen3-4B"}}}
     found = {f.code: f for f in check_head_pairing(Method.DFLASH, QWEN3_8B, arch(36, 4096, 12288, 32, 8, 128, 151936,

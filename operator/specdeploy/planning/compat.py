@@ -586,6 +586,10 @@ def tensor_parallel_topology(
 # --- extraConfig ---------------------------------------------------------------------------------------
 
 # Keys that change what the plan assumes: (severity, code, what the plan does not model).
+# vLLM SpeculativeConfig keys that one method only accepts (vllm/config/speculative.py: "dspark_draft_topk is only
+# supported by DSpark").
+_VLLM_METHOD_KEYS = {"dspark_draft_topk": Method.DSPARK}
+
 _UNMODELLED_KEYS: dict[EngineKind, dict[str, tuple[Severity, str, str]]] = {
     EngineKind.VLLM: {
         "kv_cache_dtype": (
@@ -689,6 +693,14 @@ def extra_config(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
             if name in unmodelled:
                 severity, code, note = unmodelled[name]
                 yield Finding(code=code, severity=severity, message=f"{where} is passed to the engine as set, but {note}")
+            method_only = _VLLM_METHOD_KEYS.get(name) if engine == EngineKind.VLLM else None
+            if method_only is not None and spec.speculation.method != method_only:
+                yield _error(
+                    "ExtraConfigKeyNeedsMethod",
+                    f"{where} must not be set with `spec.speculation.method` {spec.speculation.enabled_method.value}: "
+                    f"vLLM refuses it for any method but {method_only.value} (\"{name} is only supported by "
+                    f"DSpark\"); remove it, or set method {method_only.value}",
+                )
             if (engine == EngineKind.VLLM and name in VLLM_KEYS_SINCE_0_33 and spec.engine.image
                     and spec.engine.image != DEFAULT_IMAGES[engine]):
                 yield _warning(
