@@ -19,7 +19,7 @@ from specdeploy.engines import EngineInputs, render_engine
 from specdeploy.planning.catalog import lookup
 from specdeploy.planning.compat import check_compatibility
 from specdeploy.planning.gpus import find_gpu
-from specdeploy.planning.hf_config import architecture_from_hf_config, head_kind
+from specdeploy.planning.hf_config import architecture_from_hf_config, head_kind, trained_block_tokens
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
 from specdeploy.planning.pairing import check_head_pairing
 from specdeploy.planning.plan import make_plan
@@ -149,6 +149,15 @@ def test_a_block_method_needs_a_drafter_of_its_kind() -> None:
         "DraftNotABlockDrafter"].message
 
 
+def test_k_past_the_block_the_drafter_was_trained_on_is_a_warning() -> None:
+    qwen, dflash, dspark = lookup(QWEN3_8B), lookup(DFLASH), lookup(DSPARK)
+    assert qwen is not None and dflash is not None and dspark is not None
+    assert (dflash.trained_block_tokens, dspark.trained_block_tokens) == (15, 7)   # block 16 with its bonus; gamma 7
+    assert "BlockLongerThanTrained" not in codes(spec("dflash", k=15), qwen, dflash)
+    found = codes(spec("dspark", k=8), qwen, dspark)["BlockLongerThanTrained"]
+    assert found.severity == Severity.WARNING and "set it to 7 or less" in found.message
+
+
 def test_sglang_notes_what_it_changes_for_a_block_drafter() -> None:
     qwen, dflash, dspark = lookup(QWEN3_8B), lookup(DFLASH), lookup(DSPARK)
     assert qwen is not None and dflash is not None and dspark is not None
@@ -189,6 +198,9 @@ def test_a_drafter_config_that_names_its_verifier_is_held_to_it() -> None:
 
 def test_a_dflash_config_is_read_as_a_drafter_of_its_own_layers() -> None:
     assert head_kind(DFLASH_CONFIG) == ModelKind.DFLASH
+    assert trained_block_tokens(DFLASH_CONFIG) == 15
+    assert trained_block_tokens({**DFLASH_CONFIG, "architectures": ["Qwen3DSparkModel"], "dspark_block_size": 7}) == 7
+    assert trained_block_tokens({"architectures": ["LlamaForCausalLM"], "block_size": 16}) is None
     assert head_kind({**DFLASH_CONFIG, "architectures": ["Qwen3DSparkModel"]}) == ModelKind.DSPARK
     architecture = architecture_from_hf_config(DFLASH_CONFIG)
     assert architecture.num_parameters == block_drafter_parameters(architecture, 5)

@@ -68,7 +68,7 @@ from specdeploy.planning.catalog import (
     with_stored_quantization,
 )
 from specdeploy.planning.checkpoint import read_checkpoint_quantization
-from specdeploy.planning.hf_config import architecture_from_hf_config, head_kind
+from specdeploy.planning.hf_config import architecture_from_hf_config, head_kind, trained_block_tokens
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind, drafter_kind
 from specdeploy.planning.pairing import check_head_pairing, parser_view, read_head_config
 
@@ -281,7 +281,7 @@ def _from_config(request: ModelRequest, config: Mapping[str, Any], origin: Origi
         info = ModelInfo(
             name=request.name, architecture=architecture, kind=declared, source=where,
             family=_family(view, request.name), targets=(verifier,) if verifier else (),
-            draft_vocab_size=view.get("draft_vocab_size"),
+            draft_vocab_size=view.get("draft_vocab_size"), trained_block_tokens=trained_block_tokens(view),
         )
     info = with_stored_quantization(replace(info, checkpoint_bytes_per_param=_own_size(known, info)),
                                     read_checkpoint_quantization(config))

@@ -18,7 +18,7 @@ from dataclasses import replace
 from specdeploy.api.spec import Architecture, Quantization, SpeculativeDeploymentSpec
 from specdeploy.planning.catalog_entries import ENTRIES, Entry
 from specdeploy.planning.checkpoint import CheckpointQuantization, read_checkpoint_quantization
-from specdeploy.planning.hf_config import architecture_from_hf_config
+from specdeploy.planning.hf_config import architecture_from_hf_config, trained_block_tokens
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind, drafter_kind
 from specdeploy.planning.weights import model_weight_bytes
 
@@ -50,6 +50,7 @@ def _models(entry: Entry) -> list[ModelInfo]:
         name=entry.names[0], architecture=arch, kind=entry.kind, source=entry.source, family=entry.family,
         targets=entry.targets, draft_vocab_size=entry.draft_vocab_size,
         checkpoint_bytes_per_param=entry.checkpoint_bytes_per_param, base_model=entry.base_model,
+        trained_block_tokens=trained_block_tokens(entry.config),
     )
     first = with_stored_quantization(first, read_checkpoint_quantization(entry.config))
     return [replace(first, name=name) for name in entry.names]

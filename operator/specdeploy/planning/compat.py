@@ -452,6 +452,22 @@ def sglang_topk(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Model
         )
 
 
+def block_drafter_k(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """A block drafter drafts the positions of the block it was trained on; k past it asks mask positions it never
+    learned (an inference from its training block, as MTPLayerReused is for MTP; the engines do not refuse it)."""
+    method, k = spec.speculation.method, spec.speculation.num_speculative_tokens
+    if method not in BLOCK_METHODS or draft is None or draft.trained_block_tokens is None:
+        return
+    trained = draft.trained_block_tokens
+    if k > trained:
+        yield _warning(
+            "BlockLongerThanTrained",
+            f"`spec.speculation.numSpeculativeTokens` {k} is more than the {trained} tokens a block of "
+            f"`spec.speculation.draft.name` {draft.name} was trained to draft: the positions past {trained} were "
+            f"never trained and are rarely accepted, while each costs verification; set it to {trained} or less",
+        )
+
+
 def sglang_block_drafter(
     spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None
 ) -> Iterable[Finding]:
@@ -843,6 +859,7 @@ SPECULATION_RULES: tuple[Rule, ...] = (
     draft_tensor_parallel,
     mtp_layers,
     sglang_topk,
+    block_drafter_k,
     sglang_block_drafter,
     quantization,
     extra_config,

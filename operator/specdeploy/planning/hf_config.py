@@ -87,6 +87,23 @@ def _target_layer_ids(config: Mapping[str, Any]) -> list[Any]:
     return list(ids) if isinstance(ids, list) else []
 
 
+def trained_block_tokens(config: Mapping[str, Any]) -> int | None:
+    """The drafted tokens per block a DFlash or DSpark drafter's config.json says it was trained for: DFlash's
+    `block_size` (top level or in `dflash_config`) is the verify window, bonus token included, so one less
+    (SGLang: "Block size (verify window length)"); DSpark's `dspark_block_size` (or `block_size`) is gamma, the
+    drafted tokens themselves (vLLM defaults num_speculative_tokens to it). None for other models."""
+    kind = head_kind(config)
+    nested = config.get("dflash_config")
+    nested = nested if isinstance(nested, Mapping) else {}
+    if kind == ModelKind.DSPARK:
+        block, bonus = config.get("dspark_block_size") or nested.get("block_size") or config.get("block_size"), 0
+    elif kind == ModelKind.DFLASH:
+        block, bonus = nested.get("block_size") or config.get("block_size"), 1
+    else:
+        return None
+    return block - bonus if isinstance(block, int) and not isinstance(block, bool) and block > bonus else None
+
+
 def _markov_rank(config: Mapping[str, Any]) -> int:
     """A DSpark drafter's Markov-head rank (`markov_rank`, or DeepSeek's `dspark_markov_rank`); 0 when absent."""
     rank = config.get("markov_rank") or config.get("dspark_markov_rank")

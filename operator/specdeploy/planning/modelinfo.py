@@ -41,6 +41,9 @@ class ModelInfo:
     family: str = ""                       # tokenizer family, e.g. "llama3", "qwen2", "qwen3"
     targets: tuple[str, ...] = field(default=())   # EAGLE heads: the target models they were trained on
     draft_vocab_size: int | None = None    # EAGLE-3 heads with a reduced draft vocabulary (d2t mapping)
+    # DFlash / DSpark drafters: the tokens of one block they were trained to draft (DFlash: its config's
+    # block_size − 1, the bonus token being the first; DSpark: dspark_block_size, gamma); None when not known.
+    trained_block_tokens: int | None = None
     # Bytes per parameter as the checkpoint stores them, where that is not `spec.model.dtype`
     # (gpt-oss ships MXFP4 experts, DeepSeek-V3 FP8): what `quantization: none` loads.
     checkpoint_bytes_per_param: float | None = None
