@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from model_fixtures import EAGLE3_8B, LLAMA_8B, arch
 
 from specdeploy.api.spec import Method, Quantization, SpeculativeDeploymentSpec
 from specdeploy.api.status import Severity
+from specdeploy.cli import main
 from specdeploy.engines import EngineInputs, render_engine
 from specdeploy.planning.catalog import lookup
 from specdeploy.planning.compat import check_compatibility
@@ -279,3 +281,25 @@ def test_every_per_family_mtp_name_of_vllm_is_mtp(alias: str) -> None:
     config = parse_engine_argv(["vllm", "serve", "XiaomiMiMo/MiMo-7B-RL", "--speculative-config",
                                 json.dumps({"method": alias, "num_speculative_tokens": 1})], gpu=H100)
     assert config.speculation is not None and config.speculation.method == Method.MTP
+
+
+def test_a_drafter_read_from_its_config_json_plans_as_a_block_drafter(tmp_path: Path) -> None:
+    drafter_dir = tmp_path / "qwen3-4b-dflash"
+    drafter_dir.mkdir()
+    config = {**DFLASH_CONFIG, "speculators_config": {"verifier": {"name_or_path": "Qwen/Qwen3-4B"}}}
+    (drafter_dir / "config.json").write_text(json.dumps(config))
+    document = {"apiVersion": "specdeploy.io/v1alpha1", "kind": "SpeculativeDeployment", "metadata": {"name": "d"},
+                "spec": {"model": {"name": QWEN3_8B}, "speculation": {
+                    "method": "dflash", "numSpeculativeTokens": 16,
+                    "draft": {"name": "acme/qwen3-4b-dflash", "configPath": str(drafter_dir)}},
+                    "resources": {"gpu": {"product": "H100-80GB", "count": 1}}, "serving": {"maxModelLen": 8192}}}
+    sd = tmp_path / "sd.yaml"
+    sd.write_text(json.dumps(document))
+    result = CliRunner().invoke(main, ["plan", "--offline", "-o", "json", str(sd)])
+    assert result.exit_code == 1, result.output   # refused: the drafter names another verifier
+    plan = json.loads(result.stdout)
+    found = {f["code"]: f for f in plan["compatibility"]["findings"]}
+    assert found["DrafterTargetMismatch"]["severity"] == "Error" and "Qwen/Qwen3-4B" in found[
+        "DrafterTargetMismatch"]["message"]
+    assert "BlockLongerThanTrained" in found   # 16 drafted tokens, trained for 15 (block_size 16)
+    assert plan["models"]["draft"]["source"] == "Path"

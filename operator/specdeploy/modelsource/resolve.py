@@ -275,7 +275,8 @@ def _from_config(request: ModelRequest, config: Mapping[str, Any], origin: Origi
         if same_shapes == known.architecture:
             architecture = known.architecture  # keeps the published parameter count
         kind = declared if declared != ModelKind.BASE else known.kind
-        info = replace(known, name=request.name, architecture=architecture, kind=kind, source=where)
+        info = replace(known, name=request.name, architecture=architecture, kind=kind, source=where,
+                       trained_block_tokens=trained_block_tokens(view) or known.trained_block_tokens)
     else:
         verifier = read_head_config(config).verifier
         info = ModelInfo(
