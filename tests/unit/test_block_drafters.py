@@ -27,7 +27,7 @@ from specdeploy.planning.pairing import check_head_pairing
 from specdeploy.planning.plan import make_plan
 from specdeploy.planning.speedup import speculation_cost
 from specdeploy.planning.weights import block_drafter_parameters, draft_weight_bytes
-from specdeploy_engine.sim.argv import parse_engine_argv
+from specdeploy_engine.sim.argv import EngineArgvError, parse_engine_argv
 from specdeploy_engine.sim.hardware import DRAFT_PASS_OVERHEAD_S
 from specdeploy_engine.sim.model import StepShape, served_model
 
@@ -261,6 +261,16 @@ def test_the_simulator_reads_sglang_block_sizes_as_sglang_does(flags: list[str],
     assert config.speculation is not None
     assert (config.speculation.method, config.speculation.num_speculative_tokens) == (method, k)
     assert config.speculation.verify_tokens == k + 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["vllm", "serve", QWEN3_8B, "--speculative-config", '{"method": "dspark", "num_speculative_tokens": 5}'],
+    ["python3", "-m", "sglang.launch_server", "--model-path", QWEN3_8B, "--speculative-algorithm", "DSPARK"],
+])
+def test_dspark_inside_the_targets_checkpoint_is_not_guessed(argv: list[str]) -> None:
+    with pytest.raises(EngineArgvError) as caught:
+        parse_engine_argv(argv, gpu=H100)
+    assert caught.value.exit_code == 2 and "cannot simulate DSpark stages" in caught.value.stderr
 
 
 def test_an_unknown_dspark_drafter_is_timed_as_a_dspark_drafter_of_the_targets_shape() -> None:

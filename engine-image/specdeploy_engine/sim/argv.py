@@ -301,6 +301,8 @@ def _vllm_speculation(values: dict[str, Any]) -> SpeculationConfig | None:
         raise EngineArgvError(_traceback(_pydantic_error(
             "SpeculativeConfig", "num_speculative_tokens", "Input should be greater than 0", "greater_than", k),
             "vllm"), 1)
+    if model is None and spec_method == Method.DSPARK:
+        raise _bundled_dspark()
     if model is None and spec_method in _DRAFTER_METHODS:
         raise EngineArgvError(_traceback(
             "ValueError: num_speculative_tokens was provided but without speculative model.", "vllm"), 1)
@@ -314,6 +316,14 @@ def _vllm_speculation(values: dict[str, Any]) -> SpeculationConfig | None:
         draft_quantization=_quantization(config.get("quantization")),
         k_steps=_vllm_k_steps(config.get("num_speculative_tokens_per_batch_size")),
     )
+
+
+def _bundled_dspark() -> EngineArgvError:
+    """vLLM and SGLang run DSpark without a drafter named when the target's checkpoint ships its stages
+    (DeepSeek-V4); the simulator has no shapes for those, so it says so instead of guessing."""
+    return EngineArgvError(
+        "specdeploy-sim: cannot simulate DSpark stages inside the target's checkpoint: name the DSpark drafter "
+        "(vLLM `model` in --speculative-config, SGLang --speculative-draft-model-path)\n", exit_code=2)
 
 
 def _vllm_k_steps(table: Any) -> KSteps:
@@ -423,6 +433,8 @@ def _sglang_speculation(values: dict[str, Any]) -> SpeculationConfig | None:
         topk = values.get("speculative_eagle_topk") or topk_default
         verify = draft_tokens or (steps + 1 if topk == 1 else draft_default)
     draft_model = values.get("speculative_draft_model_path")
+    if method == Method.DSPARK and not draft_model:
+        raise _bundled_dspark()
     if method in (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.DFLASH) and not draft_model:
         raise EngineArgvError(_traceback(
             f"ValueError: --speculative-draft-model-path is required for --speculative-algorithm {algorithm}",
