@@ -55,7 +55,7 @@ from specdeploy.planning.acceptance import (
 from specdeploy.planning.catalog import quantised_checkpoints_of
 from specdeploy.planning.checkpoint import contradiction
 from specdeploy.planning.managed_flags import MANAGED_FLAGS, find_managed_flags
-from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.modelinfo import ModelInfo, ModelKind, drafter_kind
 from specdeploy.planning.schedule import LARGEST_K_FIRST, ZERO_K_SPEEDUP, ScheduleRange, SpeculationSchedule
 from specdeploy.planning.topology import GPUS_PER_NODE, tensor_parallel_fits, valid_tensor_parallel_sizes
 
@@ -87,7 +87,6 @@ _MAX_HEAD_LAYERS = 2
 _EAGLE_METHODS = (Method.EAGLE, Method.EAGLE3)
 # Block drafters (DFlash, DSpark) read the target's hidden states like an EAGLE head, so they too belong to one
 # target: vLLM's SpeculativeConfig treats them as EAGLE-style drafters (`use_eagle()` covers dflash and dspark).
-_BLOCK_KIND_FOR_METHOD = {Method.DFLASH: ModelKind.DFLASH, Method.DSPARK: ModelKind.DSPARK}
 _BLOCK_NAME = {Method.DFLASH: "DFlash", Method.DSPARK: "DSpark"}
 _HEAD_KINDS = (ModelKind.EAGLE, ModelKind.EAGLE3)
 _HEAD_KIND_FOR_METHOD = {Method.EAGLE: ModelKind.EAGLE, Method.EAGLE3: ModelKind.EAGLE3}
@@ -183,15 +182,13 @@ def draft_kind(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelI
 def _block_drafter_kind(method: Method, target: ModelInfo, draft: ModelInfo) -> Iterable[Finding]:
     """dflash and dspark need a drafter of their own kind: vLLM builds the proposer from the method and loads the
     checkpoint by its architectures (DFlashDraftModel, Qwen3DSparkModel, …), so another model does not load."""
-    wanted = _BLOCK_KIND_FOR_METHOD[method]
-    if draft.kind == wanted:
+    if draft.kind == drafter_kind(method):
         return
     what = {ModelKind.BASE: "a full language model", ModelKind.EAGLE: "an EAGLE-1/2 head",
             ModelKind.EAGLE3: "an EAGLE-3 head", ModelKind.DFLASH: "a DFlash drafter",
             ModelKind.DSPARK: "a DSpark drafter"}[draft.kind]
-    fix = {ModelKind.BASE: "set method draft_model for a small model", ModelKind.EAGLE: "set method eagle",
-           ModelKind.EAGLE3: "set method eagle3", ModelKind.DFLASH: "set method dflash",
-           ModelKind.DSPARK: "set method dspark"}[draft.kind]
+    # A drafter kind's method has its name (eagle, eagle3, dflash, dspark); a full model drafts as draft_model.
+    fix = "set method draft_model for a small model" if draft.kind == ModelKind.BASE else f"set method {draft.kind.value}"
     yield _error(
         "DraftNotABlockDrafter",
         f"`spec.speculation.draft.name` {draft.name} is {what}, not a {_BLOCK_NAME[method]} drafter, so it must not "
@@ -601,11 +598,11 @@ def tensor_parallel_topology(
 
 # --- extraConfig ---------------------------------------------------------------------------------------
 
-# Keys that change what the plan assumes: (severity, code, what the plan does not model).
 # vLLM SpeculativeConfig keys that one method only accepts (vllm/config/speculative.py: "dspark_draft_topk is only
 # supported by DSpark").
 _VLLM_METHOD_KEYS = {"dspark_draft_topk": Method.DSPARK}
 
+# Keys that change what the plan assumes: (severity, code, what the plan does not model).
 _UNMODELLED_KEYS: dict[EngineKind, dict[str, tuple[Severity, str, str]]] = {
     EngineKind.VLLM: {
         "kv_cache_dtype": (
