@@ -24,7 +24,7 @@ from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.hf_config import architecture_from_hf_config, head_kind, trained_block_tokens
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
 from specdeploy.planning.pairing import check_head_pairing
-from specdeploy.planning.plan import make_plan
+from specdeploy.planning.plan import hardware_scaled, make_plan
 from specdeploy.planning.speedup import speculation_cost
 from specdeploy.planning.weights import block_drafter_parameters, draft_weight_bytes
 from specdeploy_engine.sim.argv import EngineArgvError, parse_engine_argv
@@ -313,3 +313,13 @@ def test_a_drafter_read_from_its_config_json_plans_as_a_block_drafter(tmp_path: 
         "DrafterTargetMismatch"]["message"]
     assert "BlockLongerThanTrained" in found   # 16 drafted tokens, trained for 15 (block_size 16)
     assert plan["models"]["draft"]["source"] == "Path"
+
+
+def test_a_fitted_hardware_factor_scales_the_block_pass_but_not_its_selections() -> None:
+    qwen, dspark = lookup(QWEN3_8B), lookup(DSPARK)
+    assert qwen is not None and dspark is not None
+    prior = speculation_cost(spec("dspark", k=7), qwen, dspark, H100, context_tokens=1024)
+    fitted = hardware_scaled(prior, 2.0)
+    selections = 7 * prior.draft_pass_overhead_s
+    assert fitted.block_draft_seconds(8, 7) - selections == pytest.approx(
+        2 * (prior.block_draft_seconds(8, 7) - selections))
