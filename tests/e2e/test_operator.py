@@ -136,6 +136,10 @@ def test_rejected_resource_gets_reasons_and_suggestions_and_no_deployment(
          ["`spec.speculation.numSpeculativeTokens` must be at least 1 and at most 16",
           "`spec.resources.gpuMemoryUtilization` must be greater than 0 and at most 1"]),
         ("model: {name: x}\n  speculation: {method: ngram}\n  engine: {kind: tgi}", ["spec.engine.kind", "tgi"]),
+        ("model: {name: x}\n  speculation: {method: ngram_gpu}\n  engine: {kind: sglang}",
+         ["`spec.speculation.method` suffix or ngram_gpu is supported by vllm only"]),
+        ("model: {name: x}\n  speculation: {method: dflash, draft: {name: d}}\n  engine: {kind: trtllm}",
+         ["`spec.speculation.method` dflash and dspark are not supported by trtllm"]),
         ("model: {name: x}\n  speculation: {numSpeculativeTokens: 3}",
          ["`spec.speculation.method` is required while `spec.speculation.enabled` is true"]),
         ("model: {name: x}\n  speculation: {method: ngram, numSpeculativeTokens: 3, schedule: {mode: Table, table: "

@@ -124,6 +124,12 @@ def _document(**spec_overrides: Any) -> dict[str, Any]:
     [
         ({"speculation": {"method": "eagle3"}}, "`spec.speculation.draft` is required"),
         ({"speculation": {"method": "mtp", "draft": {"name": "d"}}}, "`spec.speculation.draft` must not be set"),
+        ({"speculation": {"method": "dflash"}}, "`spec.speculation.draft` is required"),
+        ({"speculation": {"method": "ngram_gpu", "draft": {"name": "d"}}}, "`spec.speculation.draft` must not be set"),
+        ({"engine": {"kind": "sglang"}, "speculation": {"method": "ngram_gpu"}},
+         "`spec.speculation.method` suffix or ngram_gpu is supported by vllm only"),
+        ({"engine": {"kind": "trtllm"}, "speculation": {"method": "dspark", "draft": {"name": "d"}}},
+         "dflash and dspark are not supported by trtllm"),
         ({"speculation": {"method": "ngram", "numSpeculativeTokens": 17}}, "numSpeculativeTokens` must be at least 1"),
         ({"resources": {"gpuMemoryUtilization": 0}}, "gpuMemoryUtilization` must be greater than 0"),
         ({"resources": {"tensorParallelSize": 2, "gpu": {"count": 1}}}, "tensorParallelSize` must not be greater"),

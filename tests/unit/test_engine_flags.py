@@ -20,6 +20,9 @@ import yaml
 
 from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
 from specdeploy.engines import DEFAULT_IMAGES, EngineCommand, EngineInputs, render_engine
+from specdeploy.engines.sglang import SPECULATIVE_ALGORITHMS
+from specdeploy.engines.vllm import SPECULATIVE_METHODS
+from specdeploy.planning.compat import SUPPORTED_METHODS
 
 INVENTORIES = Path(__file__).parent.parent / "data" / "engine-flags"
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml when present: the matrix has ~800 files
@@ -35,10 +38,12 @@ DRAFTS = {
     "draft_model": "meta-llama/Llama-3.2-1B-Instruct",
     "eagle": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
     "eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+    "dflash": "z-lab/Qwen3-8B-DFlash-b16",
+    "dspark": "deepseek-ai/dspark_qwen3_8b_block7",
 }
 METHODS = {
-    EngineKind.VLLM: ("draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"),
-    EngineKind.SGLANG: ("draft_model", "eagle", "eagle3", "mtp", "ngram"),
+    EngineKind.VLLM: ("draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix", "dflash", "dspark", "ngram_gpu"),
+    EngineKind.SGLANG: ("draft_model", "eagle", "eagle3", "mtp", "ngram", "dflash", "dspark"),
     EngineKind.TRTLLM: ("draft_model", "eagle3", "mtp", "ngram"),
 }
 QUANTIZATIONS = ("none", "fp8", "int8", "awq", "gptq", "int4")
@@ -176,6 +181,47 @@ def test_sglang_commands_use_only_sglang_flags_and_values() -> None:
         assert "--enable-metrics" in flags, label
         if "--speculative-algorithm" in flags:
             assert flags["--speculative-algorithm"] in table["speculative_algorithms"], label
+
+
+def test_every_method_the_operator_renders_is_one_the_engine_has() -> None:
+    vllm_methods = set(inventory(EngineKind.VLLM)["speculative_config"]["method"])
+    assert set(SPECULATIVE_METHODS.values()) <= vllm_methods
+    assert set(SPECULATIVE_ALGORITHMS.values()) <= set(inventory(EngineKind.SGLANG)["speculative_algorithms"])
+    assert set(SUPPORTED_METHODS[EngineKind.VLLM]) == set(SPECULATIVE_METHODS)
+    assert set(SUPPORTED_METHODS[EngineKind.SGLANG]) == set(SPECULATIVE_ALGORITHMS)
+
+
+@pytest.mark.parametrize(("method", "flag", "block"), [("dflash", "--speculative-dflash-block-size", "8"),
+                                                       ("dspark", "--speculative-dspark-block-size", "7")])
+def test_sglang_block_drafters_render_their_own_block_size_flag(method: str, flag: str, block: str) -> None:
+    # SGLang 0.5.23 server_args: the DFLASH block is the verify window (k + 1), the DSPARK block is gamma (k).
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "engine": {"kind": "sglang"}, "model": {"name": "Qwen/Qwen3-8B"},
+        "speculation": {"method": method, "draft": {"name": DRAFTS[method]}, "numSpeculativeTokens": 7},
+    })
+    flags = parse_argv(EngineKind.SGLANG, render_engine(EngineInputs(spec=spec, served_model_name="m",
+                                                                     max_model_len=4096)))
+    assert flags["--speculative-algorithm"] == method.upper()
+    assert flags["--speculative-draft-model-path"] == DRAFTS[method]
+    assert flags[flag] == block
+    # SGLang forces one step and topk 1 for block drafters and refuses a num-draft-tokens beside the block.
+    assert not {"--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"} & set(flags)
+
+
+@pytest.mark.parametrize("method", ["dflash", "dspark", "ngram_gpu"])
+def test_vllm_renders_the_2026_drafters_by_their_own_method_names(method: str) -> None:
+    speculation: dict[str, Any] = {"method": method, "numSpeculativeTokens": 5}
+    if method in DRAFTS:
+        speculation["draft"] = {"name": DRAFTS[method]}
+    spec = SpeculativeDeploymentSpec.model_validate({"model": {"name": "Qwen/Qwen3-8B"}, "speculation": speculation})
+    flags = parse_argv(EngineKind.VLLM, render_engine(EngineInputs(spec=spec, served_model_name="m",
+                                                                   max_model_len=4096)))
+    config = json.loads(str(flags["--speculative-config"]))
+    check_vllm_speculative_config(str(flags["--speculative-config"]))
+    assert config["method"] == method and config["num_speculative_tokens"] == 5
+    assert config.get("model") == DRAFTS.get(method)
+    if method == "ngram_gpu":   # SpeculativeConfig reads the same prompt-lookup window for ngram_gpu
+        assert (config["prompt_lookup_min"], config["prompt_lookup_max"]) == (2, 5)
 
 
 def test_trtllm_commands_and_yaml_use_only_trtllm_names() -> None:

@@ -26,6 +26,8 @@ DRAFTS = {
     "draft_model": "meta-llama/Llama-3.2-1B-Instruct",
     "eagle": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B",
     "eagle3": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+    "dflash": "z-lab/Qwen3-8B-DFlash-b16",
+    "dspark": "deepseek-ai/dspark_qwen3_8b_block7",
 }
 
 
@@ -366,8 +368,8 @@ def test_two_different_token_secrets_or_a_plain_hf_token_beside_one_are_refused(
 # --- properties ------------------------------------------------------------------------------------------
 
 ENGINE_METHODS = {
-    "vllm": ["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix"],
-    "sglang": ["draft_model", "eagle", "eagle3", "mtp", "ngram"],
+    "vllm": ["draft_model", "eagle", "eagle3", "mtp", "ngram", "suffix", "dflash", "dspark", "ngram_gpu"],
+    "sglang": ["draft_model", "eagle", "eagle3", "mtp", "ngram", "dflash", "dspark"],
     "trtllm": ["draft_model", "eagle3", "mtp", "ngram"],
 }
 

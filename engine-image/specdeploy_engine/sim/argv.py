@@ -165,11 +165,16 @@ _VLLM_PROG = "vllm serve"
 # vllm/entrypoints/cli/serve.py: `vllm serve` without a model serves this one.
 VLLM_DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 
-# vllm/config/speculative.py: method names that are one spec method under another name.
+# vllm/config/speculative.py: method names that are one spec method under another name. The per-family MTP
+# names (deepseek_mtp, qwen3_next_mtp, …: MTPModelTypes) are rewritten to mtp by SpeculativeConfig; any other
+# method (extract_hidden_states, custom_class, medusa, …) is timed as an EAGLE-3 head.
 _VLLM_METHODS = {
     "draft_model": Method.DRAFT_MODEL, "eagle": Method.EAGLE, "eagle3": Method.EAGLE3, "mtp": Method.MTP,
-    "ngram": Method.NGRAM, "ngram_gpu": Method.NGRAM, "suffix": Method.SUFFIX,
+    "ngram": Method.NGRAM, "ngram_gpu": Method.NGRAM_GPU, "suffix": Method.SUFFIX,
+    "dflash": Method.DFLASH, "dspark": Method.DSPARK,
 }
+# Methods whose proposer loads a drafter named in `model`.
+_DRAFTER_METHODS = (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.DFLASH, Method.DSPARK)
 
 
 def _vllm_batch_defaults(gpu: GpuProduct | None) -> tuple[int, int]:
@@ -296,7 +301,9 @@ def _vllm_speculation(values: dict[str, Any]) -> SpeculationConfig | None:
         raise EngineArgvError(_traceback(_pydantic_error(
             "SpeculativeConfig", "num_speculative_tokens", "Input should be greater than 0", "greater_than", k),
             "vllm"), 1)
-    if model is None and spec_method in (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3):
+    if model is None and spec_method == Method.DSPARK:
+        raise _bundled_dspark()
+    if model is None and spec_method in _DRAFTER_METHODS:
         raise EngineArgvError(_traceback(
             "ValueError: num_speculative_tokens was provided but without speculative model.", "vllm"), 1)
     return SpeculationConfig(
@@ -304,11 +311,19 @@ def _vllm_speculation(values: dict[str, Any]) -> SpeculationConfig | None:
         engine_method=method,
         num_speculative_tokens=k,
         verify_tokens=k + 1,
-        draft_model=model if spec_method in (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3) else None,
+        draft_model=model if spec_method in _DRAFTER_METHODS else None,
         draft_tensor_parallel_size=config.get("draft_tensor_parallel_size"),
         draft_quantization=_quantization(config.get("quantization")),
         k_steps=_vllm_k_steps(config.get("num_speculative_tokens_per_batch_size")),
     )
+
+
+def _bundled_dspark() -> EngineArgvError:
+    """vLLM and SGLang run DSpark without a drafter named when the target's checkpoint ships its stages
+    (DeepSeek-V4); the simulator has no shapes for those, so it says so instead of guessing."""
+    return EngineArgvError(
+        "specdeploy-sim: cannot simulate DSpark stages inside the target's checkpoint: name the DSpark drafter "
+        "(vLLM `model` in --speculative-config, SGLang --speculative-draft-model-path)\n", exit_code=2)
 
 
 def _vllm_k_steps(table: Any) -> KSteps:
@@ -341,8 +356,13 @@ _SGLANG_USAGE = "launch_server.py [-h] --model-path MODEL_PATH [options]"
 # sglang/srt/speculative/spec_info.py names -> the nearest spec method.
 _SGLANG_METHODS = {
     "EAGLE": Method.EAGLE, "EAGLE3": Method.EAGLE3, "NEXTN": Method.MTP, "FROZEN_KV_MTP": Method.MTP,
-    "STANDALONE": Method.DRAFT_MODEL, "NGRAM": Method.NGRAM,
+    "STANDALONE": Method.DRAFT_MODEL, "NGRAM": Method.NGRAM, "DFLASH": Method.DFLASH, "DSPARK": Method.DSPARK,
 }
+# Block sizes when the flags are absent: SGLang reads DFLASH's from the drafter's config and falls back to 16
+# (sglang/srt/arg_groups/speculative_hook.py `_handle_dflash`); DSPARK reads gamma from the checkpoint (the
+# simulator has none to read and takes 5, DeepSeek-V4's dspark_block_size).
+SGLANG_DEFAULT_DFLASH_BLOCK = 16
+SGLANG_DEFAULT_DSPARK_GAMMA = 5
 # sglang/srt/server_args.py: defaults when the flags are absent. SGLang sizes max_running_requests from the
 # KV pool when unset; 1024 stands in for that. Without --speculative-num-steps/-eagle-topk/-num-draft-tokens
 # SGLang picks (3, 1, 4) for most models (auto_choose_speculative_params).
@@ -400,12 +420,22 @@ def _sglang_speculation(values: dict[str, Any]) -> SpeculationConfig | None:
     if method == Method.NGRAM:
         verify = draft_tokens or steps_default + 1
         steps = verify - 1
+    elif method == Method.DFLASH:
+        # --speculative-dflash-block-size is the verify window (bonus token included): k = block − 1.
+        verify = values.get("speculative_dflash_block_size") or draft_tokens or SGLANG_DEFAULT_DFLASH_BLOCK
+        steps = verify - 1
+    elif method == Method.DSPARK:
+        # --speculative-dspark-block-size is gamma, the drafted tokens; the verify window is gamma + 1.
+        steps = values.get("speculative_dspark_block_size") or SGLANG_DEFAULT_DSPARK_GAMMA
+        verify = steps + 1
     else:
         steps = values.get("speculative_num_steps") or steps_default
         topk = values.get("speculative_eagle_topk") or topk_default
         verify = draft_tokens or (steps + 1 if topk == 1 else draft_default)
     draft_model = values.get("speculative_draft_model_path")
-    if method in (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3) and not draft_model:
+    if method == Method.DSPARK and not draft_model:
+        raise _bundled_dspark()
+    if method in (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.DFLASH) and not draft_model:
         raise EngineArgvError(_traceback(
             f"ValueError: --speculative-draft-model-path is required for --speculative-algorithm {algorithm}",
             "sglang.launch_server"), 1)
@@ -501,7 +531,7 @@ _TRTLLM_USAGE = "Usage: trtllm-serve [OPTIONS] MODEL\nTry 'trtllm-serve --help' 
 _TRTLLM_METHODS = {
     "Eagle3": Method.EAGLE3, "Eagle": Method.EAGLE3, "MTP": Method.MTP, "NGram": Method.NGRAM,
     "DraftTarget": Method.DRAFT_MODEL, "Draft_Target": Method.DRAFT_MODEL, "PARD": Method.DRAFT_MODEL,
-    "DFlash": Method.EAGLE3, "SA": Method.SUFFIX,
+    "DFlash": Method.DFLASH, "SA": Method.SUFFIX,
 }
 # tensorrt_llm/commands/serve.py defaults (BuildConfig): 2048 sequences, 8192 tokens per step.
 TRTLLM_DEFAULT_MAX_BATCH_SIZE = 2048

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from specdeploy.api.spec import EngineKind, KvCacheDtype, Method, SpeculativeDeploymentSpec
+from specdeploy.api.spec import (
+    BLOCK_METHODS,
+    METHODS_WITH_DRAFT,
+    NGRAM_METHODS,
+    EngineKind,
+    KvCacheDtype,
+    Method,
+    SpeculativeDeploymentSpec,
+)
 from specdeploy.api.units import GIB
 from specdeploy.planning.acceptance import (
     acceptance_rate_from_alpha,
@@ -28,7 +36,8 @@ from specdeploy.planning.acceptance import (
 from specdeploy.planning.catalog import CATALOG, UnknownModel, resolve_draft, resolve_target
 from specdeploy.planning.gpus import GpuProduct
 from specdeploy.planning.memory import plan_memory
-from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.modelinfo import ModelInfo, ModelKind, drafter_kind
+from specdeploy.planning.weights import block_drafter_parameters
 from specdeploy_engine.sim.argv import EngineConfig
 from specdeploy_engine.sim.hardware import (
     DRAFT_PASS_OVERHEAD_S,
@@ -45,6 +54,11 @@ from specdeploy_engine.sim.hardware import (
 TEMPERATURE_ALPHA_DECAY = 0.16
 # An EAGLE-3 head's reduced draft vocabulary (yuhuili/EAGLE3-* and RedHatAI speculators: 32000 rows).
 EAGLE3_DRAFT_VOCAB = 32000
+# A DFlash drafter the catalog lacks: 5 decoder layers reading 5 target layers (z-lab's Qwen3 DFlash drafters:
+# num_hidden_layers 5, dflash_config.target_layer_ids of five layers); DSpark's Markov head rank 256 (DeepSeek-V4's
+# dspark_markov_rank, and Qwen3 DSpark drafters' markov_rank).
+BLOCK_DRAFTER_LAYERS = 5
+DSPARK_MARKOV_RANK = 256
 
 
 @dataclass(frozen=True)
@@ -72,11 +86,14 @@ class TimingModel:
     num_speculative_tokens: int = 0            # 0: no speculation
     step_overhead_s: float = ENGINE_STEP_OVERHEAD_S
     draft_pass_overhead_s: float = DRAFT_PASS_OVERHEAD_S
+    parallel_drafting: bool = False      # DFlash, DSpark: one pass over k + 1 query tokens drafts all k
+    sequential_selections: bool = False  # DSpark: the k tokens are then picked one by one (its Markov head)
 
     def step_seconds(self, shape: StepShape) -> float:
         """The target pass over decode and prefill tokens, then k drafting passes (the first one also
         reads the prefill chunks, as a draft model or EAGLE head must see the prompt); a k schedule gives
-        the step's own number of passes (shape.draft_passes)."""
+        the step's own number of passes (shape.draft_passes). A block drafter makes one pass instead, over
+        k + 1 query tokens per sequence (the bonus token and k mask tokens) and the prefill chunks."""
         tokens = shape.decode_seqs * shape.verify_tokens + shape.prefill_tokens
         if tokens == 0:
             return 0.0
@@ -87,7 +104,13 @@ class TimingModel:
             window_kv_tokens=shape.decode_window_kv_tokens, attention_pairs=pairs,
         ) + self.step_overhead_s
         k = self.num_speculative_tokens if shape.draft_passes is None else shape.draft_passes
-        if k and shape.drafting_seqs and self.draft is not None:
+        if k and shape.drafting_seqs and self.draft is not None and self.parallel_drafting:
+            block = self.draft.seconds(tokens=shape.drafting_seqs * (k + 1) + shape.prefill_tokens,
+                                       tokens_per_sequence=k + 1,
+                                       kv_tokens=shape.decode_kv_tokens + shape.prefill_kv_tokens,
+                                       attention_pairs=(k + 1) * shape.decode_kv_tokens + shape.prefill_attention_pairs)
+            seconds += block + (k if self.sequential_selections else 1) * self.draft_pass_overhead_s
+        elif k and shape.drafting_seqs and self.draft is not None:
             one = self.draft.seconds(tokens=shape.drafting_seqs, kv_tokens=shape.decode_kv_tokens)
             first = self.draft.seconds(tokens=shape.drafting_seqs + shape.prefill_tokens,
                                        kv_tokens=shape.decode_kv_tokens + shape.prefill_kv_tokens,
@@ -99,8 +122,10 @@ class TimingModel:
 def timing_model(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None, gpu: GpuProduct,
                  k: int) -> TimingModel:
     """The target's and the drafter's passes for `spec` on `gpu` (docs/simulator.md, "Hardware profile"):
-    n-gram and suffix draft on the CPU for free; MTP (or a method without a draft model) runs one more
-    decoder layer of the target with its lm_head; an EAGLE-1 head reads the target's lm_head each pass."""
+    n-gram and suffix draft for free (ngram on the CPU; ngram_gpu's matching is not timed either); MTP (or a method
+    without a draft model) runs one more decoder layer of the target with its lm_head; an EAGLE-1 head reads the
+    target's lm_head each pass; a DFlash or DSpark drafter makes one pass over the block with the target's
+    lm_head."""
     tp = spec.resources.tensor_parallel_size
     kv_bytes = 2.0 if spec.serving.kv_cache_dtype == KvCacheDtype.AUTO else 1.0
     quantization = spec.model.quantization
@@ -109,8 +134,18 @@ def timing_model(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
     method = spec.speculation.method
     draft_spec = spec.speculation.draft
     drafter: PassCost | None = None
-    if k == 0 or method in (Method.NGRAM, Method.SUFFIX):
+    if k == 0 or method in (*NGRAM_METHODS, Method.SUFFIX):
         drafter = None
+    elif method in BLOCK_METHODS and draft is not None:
+        # Its own layers (DSpark's Markov and confidence heads in its parameters) and the target's lm_head.
+        draft_tp = draft_spec.tensor_parallel_size if draft_spec and draft_spec.tensor_parallel_size else tp
+        draft_quantization = draft_spec.quantization if draft_spec is not None else quantization
+        drafter = pass_cost(model_shape(draft, tensor_parallel_size=draft_tp, quantization=draft_quantization,
+                                        kv_element_bytes=kv_bytes,
+                                        extra_parameters=target.architecture.vocab_size * target.architecture.hidden_size,
+                                        counts_input_embedding=False), gpu)
+        return TimingModel(target_pass, drafter, gpu, k, parallel_drafting=True,
+                           sequential_selections=method == Method.DSPARK)
     elif method == Method.MTP or draft is None:
         arch = target.architecture
         embeddings = arch.vocab_size * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
@@ -198,6 +233,19 @@ def eagle_head_for(target: ModelInfo, name: str, kind: ModelKind) -> ModelInfo:
                      draft_vocab_size=EAGLE3_DRAFT_VOCAB if kind == ModelKind.EAGLE3 else None)
 
 
+def block_drafter_for(target: ModelInfo, name: str, kind: ModelKind) -> ModelInfo:
+    """A DFlash (or DSpark) drafter of `target`'s shape, for one the catalog lacks: BLOCK_DRAFTER_LAYERS decoder
+    layers of the target reading as many of its layers' hidden states (and, for DSpark, a Markov head of rank
+    DSPARK_MARKOV_RANK over the target's vocabulary)."""
+    arch = target.architecture
+    drafter_arch = arch.model_copy(update={"num_layers": BLOCK_DRAFTER_LAYERS, "sliding_window": None,
+                                           "sliding_window_layers": None, "num_nextn_predict_layers": 0})
+    rank = DSPARK_MARKOV_RANK if kind == ModelKind.DSPARK else 0
+    parameters = block_drafter_parameters(drafter_arch, BLOCK_DRAFTER_LAYERS, rank)
+    return ModelInfo(name=name, architecture=drafter_arch.model_copy(update={"num_parameters": parameters}),
+                     kind=kind, family=target.family, targets=(target.name,))
+
+
 def spec_for(config: EngineConfig, gpu: GpuProduct) -> SpeculativeDeploymentSpec:
     """The SpeculativeDeployment spec this command line would have been rendered from (as far as the
     planner cares: models, quantisation, parallelism, memory and scheduler limits)."""
@@ -205,7 +253,7 @@ def spec_for(config: EngineConfig, gpu: GpuProduct) -> SpeculativeDeploymentSpec
     if config.speculation is not None:
         s = config.speculation
         speculation = {"method": s.method.value, "numSpeculativeTokens": min(16, s.num_speculative_tokens)}
-        if s.draft_model and s.method in (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3):
+        if s.draft_model and s.method in METHODS_WITH_DRAFT:
             draft: dict[str, Any] = {"name": s.draft_model, "quantization": s.draft_quantization.value}
             if s.draft_tensor_parallel_size:
                 draft["tensorParallelSize"] = s.draft_tensor_parallel_size
@@ -245,6 +293,11 @@ def _resolve(spec: SpeculativeDeploymentSpec) -> tuple[ModelInfo, ModelInfo | No
         if spec.speculation.method == Method.DRAFT_MODEL:
             draft, note = _nearest_catalog_model(name, "Qwen/Qwen3-0.6B")
             notes.append(note)
+        elif spec.speculation.method in BLOCK_METHODS:
+            draft = block_drafter_for(target, name, drafter_kind(spec.speculation.method))
+            notes.append(f"{name} is not in the catalog; timed as a {draft.kind.value} drafter of "
+                         f"{BLOCK_DRAFTER_LAYERS} layers of {target.name}'s shape "
+                         f"({draft.architecture.num_parameters / 1e9:.2f}B)")
         else:
             kind = ModelKind.EAGLE3 if spec.speculation.method == Method.EAGLE3 else ModelKind.EAGLE
             draft = eagle_head_for(target, name, kind)

@@ -56,10 +56,22 @@ class Method(StrEnum):
     MTP = "mtp"
     NGRAM = "ngram"
     SUFFIX = "suffix"
+    # Block drafters: one parallel pass proposes the whole block from the target's hidden states (vLLM
+    # vllm/config/speculative.py DFlashModelTypes / DSparkModelTypes; SGLang --speculative-algorithm DFLASH / DSPARK).
+    DFLASH = "dflash"
+    DSPARK = "dspark"
+    # n-gram matching on the GPU (vLLM NgramGPUTypes, vllm/v1/spec_decode/ngram_proposer_gpu.py); vLLM only.
+    NGRAM_GPU = "ngram_gpu"
 
 
-METHODS_WITH_DRAFT = (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3)
-METHODS_WITHOUT_DRAFT = (Method.MTP, Method.NGRAM, Method.SUFFIX)
+METHODS_WITH_DRAFT = (Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.DFLASH, Method.DSPARK)
+METHODS_WITHOUT_DRAFT = (Method.MTP, Method.NGRAM, Method.SUFFIX, Method.NGRAM_GPU)
+# Block drafters: one drafting pass proposes all k tokens.
+BLOCK_METHODS = (Method.DFLASH, Method.DSPARK)
+# Methods that propose tokens by matching earlier text: no drafter model, no drafting pass on the GPU's model.
+NGRAM_METHODS = (Method.NGRAM, Method.NGRAM_GPU)
+# Methods only vLLM runs (SGLang's and TensorRT-LLM's inventories have neither: tests/data/engine-flags/).
+VLLM_ONLY_METHODS = (Method.SUFFIX, Method.NGRAM_GPU)
 
 
 class ScheduleMode(StrEnum):
@@ -357,9 +369,12 @@ class Speculation(WireModel):
 
     enabled: bool = Field(True, description="false renders the same target without speculation")
     method: Method | None = Field(
-        None, description="draft_model, eagle, eagle3, mtp, ngram or suffix; required unless enabled is false"
+        None, description="draft_model, eagle, eagle3, mtp, ngram, suffix, dflash, dspark or ngram_gpu; required "
+        "unless enabled is false"
     )
-    draft: Draft | None = Field(None, description="Required for draft_model, eagle and eagle3; forbidden otherwise")
+    draft: Draft | None = Field(
+        None, description="Required for draft_model, eagle, eagle3, dflash and dspark; forbidden otherwise"
+    )
     num_speculative_tokens: int = Field(
         3, description="Tokens proposed per step (k), 1 to 16; with a schedule, the most any batch size may draft"
     )
@@ -368,8 +383,12 @@ class Speculation(WireModel):
         description="k per batch size: mode Fixed (numSpeculativeTokens always; also when empty), Auto (derived "
         "by the operator) or Table (docs/schedules.md)",
     )
-    prompt_lookup_min: int = Field(2, ge=1, le=64, description="ngram: shortest n-gram matched in the prompt")
-    prompt_lookup_max: int = Field(5, ge=1, le=64, description="ngram: longest n-gram matched in the prompt")
+    prompt_lookup_min: int = Field(
+        2, ge=1, le=64, description="ngram and ngram_gpu: shortest n-gram matched in the prompt"
+    )
+    prompt_lookup_max: int = Field(
+        5, ge=1, le=64, description="ngram and ngram_gpu: longest n-gram matched in the prompt"
+    )
     eagle_topk: int = Field(
         1, ge=1, le=64, description="SGLang: branching per draft step; >1 turns the overlap scheduler off"
     )
@@ -421,7 +440,8 @@ class Speculation(WireModel):
         CelRule(
             "!self.enabled || has(self.method)",
             "`spec.speculation.method` is required while `spec.speculation.enabled` is true: name how tokens are "
-            "proposed (draft_model, eagle, eagle3, mtp, ngram or suffix), or set enabled to false",
+            "proposed (draft_model, eagle, eagle3, mtp, ngram, suffix, dflash, dspark or ngram_gpu), or set enabled to "
+            "false",
             lambda s: not s.enabled or s.method is not None,
         ),
         CelRule(
@@ -1065,9 +1085,18 @@ class SpeculativeDeploymentSpec(WireModel):
             lambda s: s.serving.kv_cache_memory_gib is None or s.engine.kind == EngineKind.VLLM,
         ),
         CelRule(
-            "!has(self.speculation.method) || self.speculation.method != 'suffix' || self.engine.kind == 'vllm'",
-            "`spec.speculation.method` suffix is supported by vllm only; use ngram with sglang or trtllm",
-            lambda s: s.speculation.method != Method.SUFFIX or s.engine.kind == EngineKind.VLLM,
+            f"!has(self.speculation.method) || !(self.speculation.method in {_cel_list(VLLM_ONLY_METHODS)}) "
+            "|| self.engine.kind == 'vllm'",
+            f"`spec.speculation.method` {_words(VLLM_ONLY_METHODS)} is supported by vllm only; use ngram with "
+            "sglang or trtllm",
+            lambda s: s.speculation.method not in VLLM_ONLY_METHODS or s.engine.kind == EngineKind.VLLM,
+        ),
+        CelRule(
+            "!has(self.speculation.method) || !(self.speculation.method in ['dflash', 'dspark']) "
+            "|| self.engine.kind != 'trtllm'",
+            "`spec.speculation.method` dflash and dspark are not supported by trtllm: the TensorRT-LLM release the "
+            "operator renders for has no DFlash or DSpark decoding_type; use vllm or sglang, or method eagle3",
+            lambda s: s.speculation.method not in (Method.DFLASH, Method.DSPARK) or s.engine.kind != EngineKind.TRTLLM,
         ),
         CelRule(
             "!has(self.analysis.probe) || self.engine.kind == 'vllm'",

@@ -62,6 +62,22 @@ SPECULATIVE_ALGORITHMS = {
     Method.EAGLE3: "EAGLE3",
     Method.MTP: "NEXTN",
     Method.NGRAM: "NGRAM",
+    Method.DFLASH: "DFLASH",
+    Method.DSPARK: "DSPARK",
+}
+
+# --speculative-adaptive runs these only, with eagleTopk 1 (sglang/srt/arg_groups/speculative_hook.py).
+ADAPTIVE_METHODS = (Method.EAGLE, Method.EAGLE3)
+
+# The block-size flag of each block drafter and the block it takes for k drafted tokens. SGLang 0.5.23
+# (sglang/srt/server_args.py field help; sglang/srt/arg_groups/speculative_hook.py `_handle_dflash`):
+# --speculative-dflash-block-size is "Block size (verify window length). Alias of --speculative-num-draft-tokens
+# for DFLASH", the verify window counting the bonus token, so k + 1; --speculative-dspark-block-size is "Draft
+# block size gamma (number of proposed draft tokens). The verify window is gamma + 1", so k. Both force
+# --speculative-num-steps and --speculative-eagle-topk to 1 themselves, so neither is rendered.
+BLOCK_SIZE_FLAGS = {
+    Method.DFLASH: ("--speculative-dflash-block-size", 1),
+    Method.DSPARK: ("--speculative-dspark-block-size", 0),
 }
 
 # spec kvCacheDtype -> --kv-cache-dtype (choices auto, fp8_e4m3, fp8_e5m2, …; SGLang has no plain "fp8",
@@ -133,6 +149,9 @@ def speculative_args(inputs: EngineInputs) -> list[str]:
         quantization = explicit_quantization(draft.quantization)
         if quantization:
             args += ["--speculative-draft-model-quantization", quantization]
+    if method in BLOCK_SIZE_FLAGS:
+        flag, verified_beyond_k = BLOCK_SIZE_FLAGS[method]
+        return [*args, flag, str(k + verified_beyond_k)]
     args += [
         "--speculative-num-steps", str(k),
         "--speculative-eagle-topk", str(speculation.eagle_topk),
@@ -144,8 +163,10 @@ def speculative_args(inputs: EngineInputs) -> list[str]:
 
 
 def _adaptive(inputs: EngineInputs) -> dict[str, Any] | None:
-    """The adaptive config the speculating command runs with, if any (ngram has none: SGLang refuses it)."""
-    if not inputs.speculating or inputs.schedule is None or inputs.spec.speculation.method == Method.NGRAM:
+    """The adaptive config the speculating command runs with, if any: EAGLE and EAGLE-3 only (SGLang refuses it
+    for the others; planning.compat says so with ScheduleNotSupportedByEngine)."""
+    if (not inputs.speculating or inputs.schedule is None
+            or inputs.spec.speculation.method not in ADAPTIVE_METHODS):
         return None
     return adaptive_config(inputs.schedule)
 

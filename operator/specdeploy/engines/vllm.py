@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdeploy.api.spec import KvCacheDtype, Method
+from specdeploy.api.spec import NGRAM_METHODS, KvCacheDtype, Method
 from specdeploy.api.units import GIB
 from specdeploy.engines.base import (
     LISTEN_HOST,
@@ -67,7 +67,13 @@ SPECULATIVE_METHODS = {
     Method.MTP: "mtp",
     Method.NGRAM: "ngram",
     Method.SUFFIX: "suffix",
+    Method.DFLASH: "dflash",
+    Method.DSPARK: "dspark",
+    Method.NGRAM_GPU: "ngram_gpu",
 }
+# The per-family MTP names in the same Literal (deepseek_mtp, qwen3_next_mtp, …: MTPModelTypes) are deprecated
+# aliases that SpeculativeConfig rewrites to "mtp" with a warning ("method `%s` is deprecated and replaced with
+# mtp"), so the operator renders mtp for them all.
 
 # spec kvCacheDtype -> --kv-cache-dtype (CacheDType in vllm/config/cache.py); auto is left out.
 KV_CACHE_DTYPES = {
@@ -85,6 +91,10 @@ def engine_key(key: str) -> str:
 def speculative_config(inputs: EngineInputs) -> dict[str, Any]:
     """The --speculative-config object: method, k (and the schedule), and the draft's own settings where it has
     a draft, then the keys of spec.speculation.extraConfig (SpeculativeConfig fields the spec has no field for).
+
+    dflash and dspark name their drafter in `model` like an EAGLE head; k is `num_speculative_tokens`, the
+    drafted tokens of one block (vLLM verifies k + 1: DFlash queries one bonus token and k mask tokens, DSpark
+    reuses the bonus query for the first of its k; SpeculativeConfig.max_num_new_slots_for_drafting).
 
     A schedule becomes `num_speculative_tokens_per_batch_size: [[start, end, k], …]` (vllm/config/speculative.py;
     validated by vllm/v1/spec_decode/dynamic/utils.py: ranges inclusive, ascending, the first from 1, k ≥ 0) with
@@ -108,7 +118,9 @@ def speculative_config(inputs: EngineInputs) -> dict[str, Any]:
         quantization = explicit_quantization(draft.quantization)
         if quantization:
             config["quantization"] = quantization
-    if speculation.method == Method.NGRAM:
+    if speculation.method in NGRAM_METHODS:
+        # ngram_gpu reads the same prompt_lookup_min/max (SpeculativeConfig: `if self.method in ("ngram",
+        # "ngram_gpu")`).
         config["prompt_lookup_min"] = speculation.prompt_lookup_min
         config["prompt_lookup_max"] = speculation.prompt_lookup_max
     return merge_extra_config(config, spec, engine_key)

@@ -51,7 +51,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from specdeploy.api.spec import Architecture, Method, SpeculativeDeploymentSpec
+from specdeploy.api.spec import Architecture, SpeculativeDeploymentSpec
 from specdeploy.api.status import Finding
 from specdeploy.modelsource import (
     ConfigNotUnderstood,
@@ -68,8 +68,8 @@ from specdeploy.planning.catalog import (
     with_stored_quantization,
 )
 from specdeploy.planning.checkpoint import read_checkpoint_quantization
-from specdeploy.planning.hf_config import architecture_from_hf_config, head_kind
-from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.hf_config import architecture_from_hf_config, head_kind, trained_block_tokens
+from specdeploy.planning.modelinfo import ModelInfo, ModelKind, drafter_kind
 from specdeploy.planning.pairing import check_head_pairing, parser_view, read_head_config
 
 __all__ = [
@@ -88,7 +88,6 @@ _FAMILY_BY_MODEL_TYPE = {
     "gpt_oss": "gpt_oss", "mistral": "mistral", "mixtral": "mistral",
 }
 _LLAMA3_VOCAB = 128256
-_HEAD_KIND_FOR_METHOD = {Method.EAGLE: ModelKind.EAGLE, Method.EAGLE3: ModelKind.EAGLE3}
 
 
 def is_hub_repo_id(name: str) -> bool:
@@ -219,8 +218,7 @@ def draft_request(spec: SpeculativeDeploymentSpec, supplied: Supplied | None = N
     draft = spec.speculation.draft
     if draft is None:
         return None
-    method = spec.speculation.method
-    kind = _HEAD_KIND_FOR_METHOD.get(method, ModelKind.BASE) if method is not None else ModelKind.BASE
+    kind = drafter_kind(spec.speculation.method)
     return ModelRequest("spec.speculation.draft", draft.name, draft.revision, draft.architecture, kind,
                         supplied or Supplied())
 
@@ -277,13 +275,14 @@ def _from_config(request: ModelRequest, config: Mapping[str, Any], origin: Origi
         if same_shapes == known.architecture:
             architecture = known.architecture  # keeps the published parameter count
         kind = declared if declared != ModelKind.BASE else known.kind
-        info = replace(known, name=request.name, architecture=architecture, kind=kind, source=where)
+        info = replace(known, name=request.name, architecture=architecture, kind=kind, source=where,
+                       trained_block_tokens=trained_block_tokens(view) or known.trained_block_tokens)
     else:
         verifier = read_head_config(config).verifier
         info = ModelInfo(
             name=request.name, architecture=architecture, kind=declared, source=where,
             family=_family(view, request.name), targets=(verifier,) if verifier else (),
-            draft_vocab_size=view.get("draft_vocab_size"),
+            draft_vocab_size=view.get("draft_vocab_size"), trained_block_tokens=trained_block_tokens(view),
         )
     info = with_stored_quantization(replace(info, checkpoint_bytes_per_param=_own_size(known, info)),
                                     read_checkpoint_quantization(config))

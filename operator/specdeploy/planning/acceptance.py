@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from specdeploy.api.spec import Method, Quantization
+from specdeploy.api.spec import NGRAM_METHODS, Method, Quantization
 from specdeploy.planning.modelinfo import ModelInfo
 
 # α assumed per method when nothing was measured (greedy or low-temperature chat; higher temperature
@@ -47,6 +47,13 @@ DEFAULT_ALPHA: dict[Method, float] = {
     Method.NGRAM: 0.4,
     # Suffix decoding (Arctic Inference) drafts from prompt and earlier outputs alike; the same prior.
     Method.SUFFIX: 0.4,
+    # The same prompt lookup, matched on the GPU (vLLM ngram_gpu): what it accepts does not change.
+    Method.NGRAM_GPU: 0.4,
+    # DFlash and DSpark drafters read target hidden states like an EAGLE-3 head and draft a block in one pass.
+    # No acceptance measurement from a source this project has read is behind these: they are the EAGLE-3
+    # prior, an assumption (docs/engines.md, "Block drafters"). A measured rate replaces them once the pods run.
+    Method.DFLASH: 0.75,
+    Method.DSPARK: 0.75,
 }
 
 # The same MTP module reused for later positions it was not trained for (vLLM warns: lower acceptance).
@@ -137,7 +144,7 @@ def default_alpha(
         alpha = MTP_REUSED_ALPHA
     if method == Method.DRAFT_MODEL and draft_size_ratio is not None:
         alpha = draft_size_alpha(draft_size_ratio)
-    if method != Method.NGRAM and method != Method.SUFFIX:
+    if method not in (*NGRAM_METHODS, Method.SUFFIX):
         alpha *= QUANTIZATION_ALPHA_FACTOR[target_quantization] * QUANTIZATION_ALPHA_FACTOR[draft_quantization]
     return alpha
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import difflib
 from dataclasses import replace
 
-from specdeploy.api.spec import Architecture, Method, Quantization, SpeculativeDeploymentSpec
+from specdeploy.api.spec import Architecture, Quantization, SpeculativeDeploymentSpec
 from specdeploy.planning.catalog_entries import ENTRIES, Entry
 from specdeploy.planning.checkpoint import CheckpointQuantization, read_checkpoint_quantization
-from specdeploy.planning.hf_config import architecture_from_hf_config
-from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.hf_config import architecture_from_hf_config, trained_block_tokens
+from specdeploy.planning.modelinfo import ModelInfo, ModelKind, drafter_kind
 from specdeploy.planning.weights import model_weight_bytes
 
 __all__ = [
@@ -50,6 +50,7 @@ def _models(entry: Entry) -> list[ModelInfo]:
         name=entry.names[0], architecture=arch, kind=entry.kind, source=entry.source, family=entry.family,
         targets=entry.targets, draft_vocab_size=entry.draft_vocab_size,
         checkpoint_bytes_per_param=entry.checkpoint_bytes_per_param, base_model=entry.base_model,
+        trained_block_tokens=trained_block_tokens(entry.config),
     )
     first = with_stored_quantization(first, read_checkpoint_quantization(entry.config))
     return [replace(first, name=name) for name in entry.names]
@@ -162,20 +163,17 @@ def resolve_target(spec: SpeculativeDeploymentSpec) -> ModelInfo:
     return replace(resolved, base_model=model.base_model) if model.base_model else resolved
 
 
-_KIND_FOR_METHOD = {Method.EAGLE: ModelKind.EAGLE, Method.EAGLE3: ModelKind.EAGLE3}
-
-
 def resolve_draft(spec: SpeculativeDeploymentSpec) -> ModelInfo | None:
     """The draft's ModelInfo, or None when the spec names no draft (ngram, suffix, mtp).
 
     A draft described only by `spec.speculation.draft.architecture` is taken for an EAGLE head when
-    the method is eagle or eagle3, and for a draft model otherwise.
+    the method is eagle or eagle3, for a DFlash or DSpark drafter with dflash or dspark, and for a draft model
+    otherwise.
     """
     draft = spec.speculation.draft
     if draft is None:
         return None
-    method = spec.speculation.method
-    kind = _KIND_FOR_METHOD.get(method, ModelKind.BASE) if method is not None else ModelKind.BASE
+    kind = drafter_kind(spec.speculation.method)
     resolved = _resolve(draft.name, draft.architecture, "spec.speculation.draft.architecture", kind)
     if resolved is None:
         raise UnknownModel(draft.name, "spec.speculation.draft.name", "spec.speculation.draft.architecture")

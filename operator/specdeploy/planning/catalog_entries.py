@@ -93,6 +93,16 @@ def _eagle3_head(hidden: int, intermediate: int, heads: int, vocab: int, max_pos
     }
 
 
+def _qwen3_8b_block_drafter(architecture: str, **extra: Any) -> dict[str, Any]:
+    """A DFlash-style drafter for Qwen3-8B: five Qwen3-8B decoder layers reading five of its layers (the layout of
+    z-lab's Qwen3 DFlash configs: num_hidden_layers 5, dflash_config.target_layer_ids [1, 9, 17, 25, 33],
+    block_size 16). The shapes are assumed from that layout and the target's, not read from these repositories."""
+    return {
+        **_qwen("qwen3", 5, 4096, 12288, 32, 8, 128, 151936, 40960, tied=False), "architectures": [architecture],
+        "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33]}, **extra,
+    }
+
+
 ENTRIES: tuple[Entry, ...] = (
     # --- Llama 3.x (family llama3: one 128,256-token vocabulary) --------------------------------------
     Entry(_meta("Llama-3.1-8B-Instruct", "Llama-3.1-8B"), "llama3",
@@ -209,4 +219,16 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(("Tengyunw/qwen3_8b_eagle3",), "qwen3", _eagle3_head(4096, 12288, 32, 151936, 40960),
           kind=ModelKind.EAGLE3, targets=("Qwen/Qwen3-8B",), draft_vocab_size=32000,
           sources=("https://github.com/sgl-project/sglang/pull/7745 (EAGLE-3 for Qwen3-8B)",)),
+    # --- DFlash and DSpark drafters (block drafters: kind dflash / dspark) ------------------------------
+    Entry(("z-lab/Qwen3-8B-DFlash-b16",), "qwen3", _qwen3_8b_block_drafter("DFlashDraftModel", block_size=16),
+          kind=ModelKind.DFLASH, targets=("Qwen/Qwen3-8B",),
+          note="shapes assumed from z-lab's Qwen3 DFlash layout and Qwen3-8B's layers, not read from the repository",
+          sources=("vLLM vllm/model_executor/models/qwen3_dflash.py (DFlash drafter: fc over target layers, no "
+                   "embed_tokens or lm_head of its own)",)),
+    Entry(("deepseek-ai/dspark_qwen3_8b_block7",), "qwen3",
+          _qwen3_8b_block_drafter("Qwen3DSparkModel", dspark_block_size=7, markov_rank=256),
+          kind=ModelKind.DSPARK, targets=("Qwen/Qwen3-8B",),
+          note="shapes assumed (five layers, Markov rank 256) from the DSpark layout, not read from the repository",
+          sources=("vLLM vllm/config/speculative.py names deepseek-ai/dspark_qwen3_8b_block7 among its DSpark "
+                   "examples; vllm/model_executor/models/qwen3_dspark.py (Markov and confidence heads)",)),
 )

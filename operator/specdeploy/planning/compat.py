@@ -22,7 +22,15 @@ import difflib
 import json
 from collections.abc import Callable, Iterable, Sequence
 
-from specdeploy.api.spec import EngineKind, Method, Quantization, ScheduleMode, SpeculativeDeploymentSpec
+from specdeploy.api.spec import (
+    BLOCK_METHODS,
+    NGRAM_METHODS,
+    EngineKind,
+    Method,
+    Quantization,
+    ScheduleMode,
+    SpeculativeDeploymentSpec,
+)
 from specdeploy.api.speculative_keys import (
     MAX_EXTRA_CONFIG_TEXT,
     TRTLLM_MANAGED_KEYS,
@@ -35,6 +43,7 @@ from specdeploy.api.speculative_keys import (
 )
 from specdeploy.api.status import Compatibility, Finding, Severity
 from specdeploy.engines.base import DEFAULT_IMAGES, explicit_quantization
+from specdeploy.engines.sglang import ADAPTIVE_METHODS as SGLANG_ADAPTIVE_METHODS
 from specdeploy.engines.trtllm import DECODING_TYPES as TRTLLM_DECODING_TYPES
 from specdeploy.engines.vllm import engine_key as vllm_key
 from specdeploy.planning.acceptance import (
@@ -46,7 +55,7 @@ from specdeploy.planning.acceptance import (
 from specdeploy.planning.catalog import quantised_checkpoints_of
 from specdeploy.planning.checkpoint import contradiction
 from specdeploy.planning.managed_flags import MANAGED_FLAGS, find_managed_flags
-from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.modelinfo import ModelInfo, ModelKind, drafter_kind
 from specdeploy.planning.schedule import LARGEST_K_FIRST, ZERO_K_SPEEDUP, ScheduleRange, SpeculationSchedule
 from specdeploy.planning.topology import GPUS_PER_NODE, tensor_parallel_fits, valid_tensor_parallel_sizes
 
@@ -56,12 +65,15 @@ __all__ = ["MANAGED_FLAGS", "SUPPORTED_METHODS", "check_compatibility", "draft_s
 SUPPORTED_METHODS: dict[EngineKind, frozenset[Method]] = {
     # vLLM --speculative-config methods (vllm/config/speculative.py SpeculativeMethod).
     EngineKind.VLLM: frozenset(Method),
-    # SGLang --speculative-algorithm STANDALONE | EAGLE | EAGLE3 | NEXTN | NGRAM (server_args.py); no suffix.
+    # SGLang --speculative-algorithm STANDALONE | EAGLE | EAGLE3 | NEXTN | NGRAM | DFLASH | DSPARK (server_args.py,
+    # tests/data/engine-flags/sglang.json); no suffix and no GPU n-gram.
     EngineKind.SGLANG: frozenset(
-        {Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.MTP, Method.NGRAM}
+        {Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.MTP, Method.NGRAM, Method.DFLASH, Method.DSPARK}
     ),
     # TensorRT-LLM decoding_type DraftTarget | Eagle3 | MTP | NGram (docs/source/features/speculative-decoding.md);
-    # "Eagle" is only an alias of Eagle3 there, so EAGLE-1/2 heads have no engine.
+    # "Eagle" is only an alias of Eagle3 there, so EAGLE-1/2 heads have no engine. The release in
+    # tests/data/engine-flags/trtllm.json has no DFlash decoding_type (newer sources name one), so dflash, dspark
+    # and ngram_gpu are refused (the CRD's CEL refuses them at apply).
     EngineKind.TRTLLM: frozenset({Method.DRAFT_MODEL, Method.EAGLE3, Method.MTP, Method.NGRAM}),
 }
 """Per engine: the speculation methods it can run."""
@@ -73,6 +85,9 @@ DRAFT_RATIO_MAX = 12.0
 _MAX_HEAD_LAYERS = 2
 
 _EAGLE_METHODS = (Method.EAGLE, Method.EAGLE3)
+# Block drafters (DFlash, DSpark) read the target's hidden states like an EAGLE head, so they too belong to one
+# target: vLLM's SpeculativeConfig treats them as EAGLE-style drafters (`use_eagle()` covers dflash and dspark).
+_BLOCK_NAME = {Method.DFLASH: "DFlash", Method.DSPARK: "DSpark"}
 _HEAD_KINDS = (ModelKind.EAGLE, ModelKind.EAGLE3)
 _HEAD_KIND_FOR_METHOD = {Method.EAGLE: ModelKind.EAGLE, Method.EAGLE3: ModelKind.EAGLE3}
 _METHOD_FOR_HEAD_KIND = {ModelKind.EAGLE: "eagle", ModelKind.EAGLE3: "eagle3"}
@@ -141,6 +156,9 @@ def draft_kind(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelI
             "not be used with `spec.speculation.method` draft_model: a head drafts from the target's hidden "
             f"states; set method {_METHOD_FOR_HEAD_KIND[draft.kind]}",
         )
+    if method in BLOCK_METHODS:
+        yield from _block_drafter_kind(method, target, draft)
+        return
     if method not in _EAGLE_METHODS:
         return
     if draft.kind == ModelKind.BASE and draft.architecture.num_layers > _MAX_HEAD_LAYERS:
@@ -161,6 +179,23 @@ def draft_kind(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelI
         )
 
 
+def _block_drafter_kind(method: Method, target: ModelInfo, draft: ModelInfo) -> Iterable[Finding]:
+    """dflash and dspark need a drafter of their own kind: vLLM builds the proposer from the method and loads the
+    checkpoint by its architectures (DFlashDraftModel, Qwen3DSparkModel, …), so another model does not load."""
+    if draft.kind == drafter_kind(method):
+        return
+    what = {ModelKind.BASE: "a full language model", ModelKind.EAGLE: "an EAGLE-1/2 head",
+            ModelKind.EAGLE3: "an EAGLE-3 head", ModelKind.DFLASH: "a DFlash drafter",
+            ModelKind.DSPARK: "a DSpark drafter"}[draft.kind]
+    # A drafter kind's method has its name (eagle, eagle3, dflash, dspark); a full model drafts as draft_model.
+    fix = "set method draft_model for a small model" if draft.kind == ModelKind.BASE else f"set method {draft.kind.value}"
+    yield _error(
+        "DraftNotABlockDrafter",
+        f"`spec.speculation.draft.name` {draft.name} is {what}, not a {_BLOCK_NAME[method]} drafter, so it must not "
+        f"be used with `spec.speculation.method` {method.value}: the engine loads a {_BLOCK_NAME[method]} drafter by "
+        f"its architecture; {fix}, or name a {_BLOCK_NAME[method]} drafter trained for {target.name}",
+    )
+
 
 # --- draft and target ------------------------------------------------------------------------------------
 
@@ -173,11 +208,15 @@ def head_belongs_to_target(
     Equivalent targets (base and Instruct, Llama-3.1-70B and 3.3-70B) count only when the head's own
     `targets` list names them: a head's card says what it was trained on, nothing else does.
     """
-    if draft is None or spec.speculation.method not in _EAGLE_METHODS or not _is_head_like(draft):
+    method = spec.speculation.method
+    if draft is None or method is None:
         return
-    names = {target.name.strip().rstrip("/").lower(), spec.model.name.strip().rstrip("/").lower()}
-    if target.base_model:   # a quantised or local copy pairs with its base model's heads
-        names.add(target.base_model.strip().rstrip("/").lower())
+    if method in BLOCK_METHODS:
+        yield from _block_drafter_belongs_to_target(spec, method, target, draft)
+        return
+    if method not in _EAGLE_METHODS or not _is_head_like(draft):
+        return
+    names = _target_names(spec, target)
     trained_on = {name.strip().rstrip("/").lower() for name in draft.targets}
     if not trained_on:
         yield _warning(
@@ -199,9 +238,43 @@ def head_belongs_to_target(
         )
 
 
+def _target_names(spec: SpeculativeDeploymentSpec, target: ModelInfo) -> set[str]:
+    """The names a drafter's list of trained-on targets may give the spec's target: its own, the catalog's, and
+    the base model a quantised or local copy holds."""
+    names = {target.name, spec.model.name, *([target.base_model] if target.base_model else [])}
+    return {name.strip().rstrip("/").lower() for name in names}
+
+
+def _block_drafter_belongs_to_target(
+    spec: SpeculativeDeploymentSpec, method: Method, target: ModelInfo, draft: ModelInfo
+) -> Iterable[Finding]:
+    """A DFlash or DSpark drafter conditions on hidden states of chosen target layers (`target_layer_ids`): it is
+    trained for one target, and the catalog or its config's verifier says which. A drafter nothing names a target
+    for is a finding (DrafterTargetUnknown), never a refusal: the spec may be right."""
+    name = _BLOCK_NAME[method]
+    trained_on = {t.strip().rstrip("/").lower() for t in draft.targets}
+    if not trained_on:
+        yield _warning(
+            "DrafterTargetUnknown",
+            f"`spec.speculation.draft.name` {draft.name} is a {name} drafter whose target is not known (the catalog "
+            "does not list it and its config names no verifier), so it cannot be checked against the target "
+            f"{target.name}: a drafter trained for another model reads the wrong hidden states and drafts tokens the "
+            "target rejects; make sure it was trained for this target, and watch `status.analysis.acceptanceRate`",
+        )
+        return
+    if _target_names(spec, target).isdisjoint(trained_on):
+        yield _error(
+            "DrafterTargetMismatch",
+            f"`spec.speculation.draft.name` {draft.name} is a {name} drafter trained for {', '.join(draft.targets)}, "
+            f"not for `spec.model.name` {spec.model.name}: it reads that model's hidden states; name a {name} "
+            "drafter trained for this target, set `spec.model.baseModel` if `spec.model.name` is a quantised or "
+            "local copy of the model it was trained for, or use method draft_model, mtp or ngram",
+        )
+
+
 def vocabulary(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
     """Draft and target must share one tokenizer: token ids are compared one for one."""
-    if draft is None or spec.speculation.method not in (Method.DRAFT_MODEL, *_EAGLE_METHODS):
+    if draft is None or spec.speculation.method not in (Method.DRAFT_MODEL, *_EAGLE_METHODS, *BLOCK_METHODS):
         return
     target_vocab, draft_vocab = target.architecture.vocab_size, draft.architecture.vocab_size
     if draft.draft_vocab_size is not None and draft.draft_vocab_size > target_vocab:
@@ -348,10 +421,17 @@ def mtp_layers(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelI
 
 def sglang_topk(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
     """SGLang's overlap scheduler (spec v2) drafts one chain; a tree (topk > 1) turns it off."""
-    topk = spec.speculation.eagle_topk
-    if topk == 1 or spec.speculation.method in (Method.NGRAM, Method.SUFFIX):
+    topk, method = spec.speculation.eagle_topk, spec.speculation.method
+    if topk == 1 or method in (*NGRAM_METHODS, Method.SUFFIX):
         return
-    if spec.engine.kind == EngineKind.SGLANG:
+    if spec.engine.kind == EngineKind.SGLANG and method in BLOCK_METHODS:
+        # sglang/srt/arg_groups/speculative_hook.py: "DFLASH only supports speculative_eagle_topk == 1; overriding".
+        yield _info(
+            "EagleTopkIgnored",
+            f"`spec.speculation.eagleTopk` {topk} is ignored with `spec.speculation.method` {method.value}: SGLang "
+            "drafts one block, not a tree, and sets eagleTopk to 1 itself; remove it",
+        )
+    elif spec.engine.kind == EngineKind.SGLANG:
         # sglang server_args.py: topk > 1 sets disable_overlap_schedule with the reason
         # "spec v2 currently only supports topk = 1" and logs that spec v1 is used.
         yield _warning(
@@ -369,6 +449,49 @@ def sglang_topk(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Model
         )
 
 
+def block_drafter_k(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
+    """A block drafter drafts the positions of the block it was trained on; k past it asks mask positions it never
+    learned (an inference from its training block, as MTPLayerReused is for MTP; the engines do not refuse it)."""
+    method, k = spec.speculation.method, spec.speculation.num_speculative_tokens
+    if method not in BLOCK_METHODS or draft is None or draft.trained_block_tokens is None:
+        return
+    trained = draft.trained_block_tokens
+    if k > trained:
+        yield _warning(
+            "BlockLongerThanTrained",
+            f"`spec.speculation.numSpeculativeTokens` {k} is more than the {trained} tokens a block of "
+            f"`spec.speculation.draft.name` {draft.name} was trained to draft: the positions past {trained} were "
+            f"never trained and are rarely accepted, while each costs verification; set it to {trained} or less",
+        )
+
+
+def sglang_block_drafter(
+    spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None
+) -> Iterable[Finding]:
+    """What SGLang changes for a block drafter. sglang/srt/arg_groups/speculative_hook.py `_handle_dflash`:
+    "Overlap scheduler is disabled when using DFLASH speculative decoding (spec v2 is not supported yet)".
+    sglang/srt/server_args.py, --speculative-dspark-sps-table-path: without a profiled cost table "the budget
+    degenerates to verify-all", so DSpark's confidence head schedules nothing and every drafted token is verified."""
+    method = spec.speculation.method
+    if spec.engine.kind != EngineKind.SGLANG:
+        return
+    if method == Method.DFLASH:
+        yield _info(
+            "DFlashDisablesOverlapScheduler",
+            "`spec.speculation.method` dflash turns SGLang's overlap scheduler off (SGLang: \"spec v2 is not "
+            "supported yet\"), so CPU scheduling no longer hides behind GPU work; the speedup estimate does not "
+            "price that, so compare with eagle3 on the same target where a head exists",
+        )
+    elif method == Method.DSPARK:
+        yield _info(
+            "DSparkVerifiesWholeBlock",
+            "`spec.speculation.method` dspark on SGLang runs without a profiled cost table "
+            "(--speculative-dspark-sps-table-path, which the operator does not render), so SGLang verifies every "
+            "drafted token and the confidence head chooses nothing: acceptance and cost are those of the whole "
+            "block, as the plan assumes",
+        )
+
+
 def quantization(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
     """A quantised target (or draft) agrees less with a drafter trained against full precision: the spec's
     quantisation, or a quantised copy of another model (its config.json's `quantization_config`)."""
@@ -380,7 +503,7 @@ def quantization(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
         said = (f"`spec.model.name` {spec.model.name} is {target.base_model} {stored.describe()}, and the memory "
                 f"plan counts it as {quant.value}")
         estimate = "the speedup estimate assumes a lower rate, as for the same `spec.model.quantization`"
-    if quant != Quantization.NONE and spec.speculation.method != Method.NGRAM:
+    if quant != Quantization.NONE and spec.speculation.method not in NGRAM_METHODS:
         strength = (
             "a little (8-bit weights stay close to the original)"
             if quant in (Quantization.FP8, Quantization.INT8)
@@ -474,6 +597,10 @@ def tensor_parallel_topology(
 
 
 # --- extraConfig ---------------------------------------------------------------------------------------
+
+# vLLM SpeculativeConfig keys that one method only accepts (vllm/config/speculative.py: "dspark_draft_topk is only
+# supported by DSpark").
+_VLLM_METHOD_KEYS = {"dspark_draft_topk": Method.DSPARK}
 
 # Keys that change what the plan assumes: (severity, code, what the plan does not model).
 _UNMODELLED_KEYS: dict[EngineKind, dict[str, tuple[Severity, str, str]]] = {
@@ -579,6 +706,14 @@ def extra_config(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
             if name in unmodelled:
                 severity, code, note = unmodelled[name]
                 yield Finding(code=code, severity=severity, message=f"{where} is passed to the engine as set, but {note}")
+            method_only = _VLLM_METHOD_KEYS.get(name) if engine == EngineKind.VLLM else None
+            if method_only is not None and spec.speculation.method != method_only:
+                yield _error(
+                    "ExtraConfigKeyNeedsMethod",
+                    f"{where} must not be set with `spec.speculation.method` {spec.speculation.enabled_method.value}: "
+                    f"vLLM refuses it for any method but {method_only.value} (\"{name} is only supported by "
+                    f"DSpark\"); remove it, or set method {method_only.value}",
+                )
             if (engine == EngineKind.VLLM and name in VLLM_KEYS_SINCE_0_33 and spec.engine.image
                     and spec.engine.image != DEFAULT_IMAGES[engine]):
                 yield _warning(
@@ -590,8 +725,6 @@ def extra_config(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
 
 # --- schedule ------------------------------------------------------------------------------------------
 
-# SGLang's adaptive speculation (--speculative-adaptive) runs these with eagleTopk 1 only (sglang server_args.py).
-_SGLANG_ADAPTIVE_METHODS = (Method.EAGLE, Method.EAGLE3)
 # The engine keys a typed schedule renders; set in extraConfig as well they would say it twice.
 _SCHEDULE_KEYS = {
     EngineKind.VLLM: ("num_speculative_tokens_per_batch_size",),
@@ -605,7 +738,7 @@ def schedule_support(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: 
     mode, engine = speculation.schedule_mode, spec.engine.kind
     if mode == ScheduleMode.FIXED:
         return
-    if engine == EngineKind.SGLANG and (speculation.method not in _SGLANG_ADAPTIVE_METHODS
+    if engine == EngineKind.SGLANG and (speculation.method not in SGLANG_ADAPTIVE_METHODS
                                         or speculation.eagle_topk != 1):
         yield _error(
             "ScheduleNotSupportedByEngine",
@@ -723,6 +856,8 @@ SPECULATION_RULES: tuple[Rule, ...] = (
     draft_tensor_parallel,
     mtp_layers,
     sglang_topk,
+    block_drafter_k,
+    sglang_block_drafter,
     quantization,
     extra_config,
     schedule_support,

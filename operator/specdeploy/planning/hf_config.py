@@ -3,7 +3,8 @@
 Handles the keys of Llama, Qwen2/Qwen3, Mistral/Mixtral (`num_local_experts`), DeepSeek-V3 (MLA:
 `kv_lora_rank`, `qk_rope_head_dim`; `num_nextn_predict_layers`), gpt-oss (`sliding_window` with
 `layer_types`), Gemma 3 (`sliding_window_pattern`, `text_config`), MiMo (`num_nextn_predict_layers`)
-and EAGLE heads (`draft_vocab_size`, `architectures: [...Eagle3...]`). The parameter count, which
+EAGLE heads (`draft_vocab_size`, `architectures: [...Eagle3...]`) and DFlash / DSpark drafters
+(`architectures: [DFlashDraftModel]`, `[Qwen3DSparkModel]`; `dflash_config.target_layer_ids`, `markov_rank`). The parameter count, which
 config.json does not carry, is estimated from the shapes. Reading a file is the one I/O in planning/.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from specdeploy.api.spec import Architecture
 from specdeploy.planning.modelinfo import ModelKind
-from specdeploy.planning.weights import head_parameters
+from specdeploy.planning.weights import block_drafter_parameters, head_parameters
 
 _SLIDING_LAYER_TYPES = ("sliding_attention", "sliding_window", "local_attention", "chunked_attention")
 
@@ -62,13 +63,51 @@ def _required(config: Mapping[str, Any], *keys: str) -> int:
 
 
 def head_kind(config: Mapping[str, Any]) -> ModelKind:
-    """EAGLE3 for an EAGLE-3 head's config, EAGLE for an EAGLE-1/2 head's, BASE otherwise."""
+    """EAGLE3 for an EAGLE-3 head's config, EAGLE for an EAGLE-1/2 head's, DFLASH / DSPARK for those drafters'
+    (by their architectures, as vLLM's SpeculativeConfig detects them: DFlashDraftModel, Qwen3DSparkModel,
+    DSparkDraftModel, …), BASE otherwise."""
     architectures = " ".join(str(a) for a in config.get("architectures") or ()).lower()
+    if "dspark" in architectures:
+        return ModelKind.DSPARK
+    if "dflash" in architectures:
+        return ModelKind.DFLASH
     if "eagle3" in architectures or "draft_vocab_size" in config:
         return ModelKind.EAGLE3
     if "eagle" in architectures:
         return ModelKind.EAGLE
     return ModelKind.BASE
+
+
+def _target_layer_ids(config: Mapping[str, Any]) -> list[Any]:
+    """The target layers a DFlash / DSpark drafter reads (`dflash_config.target_layer_ids`, or DSpark's
+    `dspark_target_layer_ids`); empty when the config names none (vLLM then reads num_hidden_layers of them)."""
+    nested = config.get("dflash_config")
+    ids = nested.get("target_layer_ids") if isinstance(nested, Mapping) else None
+    ids = ids or config.get("dspark_target_layer_ids") or config.get("target_layer_ids")
+    return list(ids) if isinstance(ids, list) else []
+
+
+def trained_block_tokens(config: Mapping[str, Any]) -> int | None:
+    """The drafted tokens per block a DFlash or DSpark drafter's config.json says it was trained for: DFlash's
+    `block_size` (top level or in `dflash_config`) is the verify window, bonus token included, so one less
+    (SGLang: "Block size (verify window length)"); DSpark's `dspark_block_size` (or `block_size`) is gamma, the
+    drafted tokens themselves (vLLM defaults num_speculative_tokens to it). None for other models."""
+    kind = head_kind(config)
+    nested = config.get("dflash_config")
+    nested = nested if isinstance(nested, Mapping) else {}
+    if kind == ModelKind.DSPARK:
+        block, bonus = config.get("dspark_block_size") or nested.get("block_size") or config.get("block_size"), 0
+    elif kind == ModelKind.DFLASH:
+        block, bonus = nested.get("block_size") or config.get("block_size"), 1
+    else:
+        return None
+    return block - bonus if isinstance(block, int) and not isinstance(block, bool) and block > bonus else None
+
+
+def _markov_rank(config: Mapping[str, Any]) -> int:
+    """A DSpark drafter's Markov-head rank (`markov_rank`, or DeepSeek's `dspark_markov_rank`); 0 when absent."""
+    rank = config.get("markov_rank") or config.get("dspark_markov_rank")
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0 else 0
 
 
 def _sliding_layers(config: Mapping[str, Any], num_layers: int) -> tuple[int | None, int | None]:
@@ -171,6 +210,10 @@ def architecture_from_hf_config(config: Mapping[str, Any] | str | Path) -> Archi
     )
     if kind == ModelKind.BASE:
         parameters = estimate_parameters(flat)
+    elif kind in (ModelKind.DFLASH, ModelKind.DSPARK):
+        parameters = block_drafter_parameters(arch, len(_target_layer_ids(flat)) or layers,
+                                              _markov_rank(flat) if kind == ModelKind.DSPARK else 0,
+                                              flat.get("draft_vocab_size"))
     else:
         parameters = head_parameters(arch, kind, flat.get("draft_vocab_size"))
     return arch.model_copy(update={"num_parameters": parameters})

@@ -12,7 +12,8 @@ config.json; a checkpoint in the EAGLE authors' format
 one, stands in. Findings: EagleHeadTargetMismatch (Error, naming both models), EagleHeadTargetUnknown
 (Warning: nothing names a target), EagleHeadHiddenSizeMismatch (Error) and DraftVocabularyMismatch
 (Error) when the head's shapes cannot fit the target's. The codes are compat.py's, so the findings
-merge into the same `Compatibility`.
+merge into the same `Compatibility`. A DFlash or DSpark drafter is held to its target the same way, with the
+codes DrafterTargetMismatch and DrafterTargetUnknown.
 
 Drafts of method draft_model are refused on vocabulary by `compat.vocabulary` from their resolved
 architecture (now read from their own config.json); MTP layers are the target's own
@@ -31,6 +32,9 @@ from specdeploy.api.status import Finding, Severity
 __all__ = ["HeadConfig", "check_head_pairing", "parser_view", "read_head_config", "same_model"]
 
 _HEAD_METHODS = (Method.EAGLE, Method.EAGLE3)
+# DFlash and DSpark drafters read target hidden states as heads do; their findings have codes of their own
+# (planning.compat's DrafterTargetUnknown / DrafterTargetMismatch), so they replace the same findings there.
+_BLOCK_DRAFTER_NAME = {Method.DFLASH: "DFlash drafter", Method.DSPARK: "DSpark drafter"}
 
 
 def _positive(value: Any) -> int | None:
@@ -113,8 +117,10 @@ def check_head_pairing(
     `catalog_targets`: the models the catalog says the head was trained for, used only when its
     config names none. Methods without a head give no findings.
     """
-    if method not in _HEAD_METHODS:
+    if method not in _HEAD_METHODS and method not in _BLOCK_DRAFTER_NAME:
         return []
+    block = _BLOCK_DRAFTER_NAME.get(method) if method is not None else None
+    prefix, what = ("Drafter", f"a {block}") if block else ("EagleHead", "an EAGLE head")
     head = read_head_config(head_config)
     draft = "`spec.speculation.draft.name`"
     findings = []
@@ -122,18 +128,18 @@ def check_head_pairing(
     trained_for = (head.verifier,) if head.verifier else tuple(catalog_targets)
     if not trained_for:
         findings.append(_finding(
-            "EagleHeadTargetUnknown", Severity.WARNING,
+            f"{prefix}TargetUnknown", Severity.WARNING,
             f"{draft} {head_name} does not name the model it was trained for (its config.json has no "
             "`speculators_config.verifier.name_or_path`, and the catalog does not know it), so it cannot be "
-            f"checked against the target {target_name}: a head trained for another model drafts tokens the "
+            f"checked against the target {target_name}: {what} trained for another model drafts tokens the "
             "target rejects; make sure it was trained on this target, and watch `status.analysis.acceptanceRate`",
         ))
     elif not any(same_model(name, target_names) for name in trained_for):
         where = "its config.json's `speculators_config.verifier.name_or_path`" if head.verifier else "the catalog"
         findings.append(_finding(
-            "EagleHeadTargetMismatch", Severity.ERROR,
+            f"{prefix}TargetMismatch", Severity.ERROR,
             f"{draft} {head_name} was trained for {', '.join(trained_for)} ({where}), not for "
-            f"`spec.model.name` {target_name}: an EAGLE head must belong to its target, because it predicts "
+            f"`spec.model.name` {target_name}: {what} must belong to its target, because it predicts "
             "from that target's hidden states; name a head trained for this target, set `spec.model.baseModel` if "
             "`spec.model.name` is a quantised or local copy of the model the head was trained for, or use method "
             "draft_model, mtp or ngram",

@@ -25,7 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specdeploy.api.spec import EngineKind, KvCacheDtype, Method, Quantization, SpeculativeDeploymentSpec
+from specdeploy.api.spec import (
+    BLOCK_METHODS,
+    NGRAM_METHODS,
+    EngineKind,
+    KvCacheDtype,
+    Method,
+    Quantization,
+    SpeculativeDeploymentSpec,
+)
 from specdeploy.planning.acceptance import (
     acceptance_quantization,
     acceptance_rate_from_alpha,
@@ -121,6 +129,8 @@ class SpeculationCost:
     verify_tokens: int | None = None        # a draft tree's tokens verified per sequence, root included; None: k + 1
     draft_width: int = 1                    # candidates per sequence each drafting pass after the first (a tree's topk)
     draft_size_ratio: float | None = None   # target ÷ draft parameters of a separate draft, for its prior acceptance
+    parallel_drafting: bool = False         # one pass over k + 1 query tokens drafts all k (DFlash, DSpark)
+    sequential_selections: bool = False     # ...then picks the k tokens one by one over the vocabulary (DSpark)
 
     def baseline_step_seconds(self, batch: int) -> float:
         """One engine step without speculation: one token per sequence."""
@@ -141,6 +151,21 @@ class SpeculationCost:
                                  context_tokens=self.context_tokens, layer_overhead_s=self.layer_overhead_s)
         return pass_s + self.draft_pass_overhead_s
 
+    def block_draft_seconds(self, batch: int, k: int) -> float:
+        """A block drafter's k tokens: one pass over k + 1 query tokens per sequence (vLLM DFlashProposer: "one
+        bonus query followed by K mask queries"; the context's hidden states enter as keys and values), then one
+        selection of all k (DFlash) or k selections left to right (DSpark's Markov head samples each token after
+        the one before, vllm/model_executor/models/qwen3_dspark.py). The pass is the one-token pass
+        (`draft_pass_seconds`, so a fitted hardware factor applies to it too) times the roofline's ratio of a
+        (k + 1)-token pass to a one-token pass."""
+        if self.draft is None:
+            return 0.0
+        one, block = (forward_seconds(self.draft, self.gpu, batch=batch, tokens_per_sequence=width,
+                                      context_tokens=self.context_tokens, layer_overhead_s=self.layer_overhead_s)
+                      for width in (1, k + 1))
+        pass_s = (self.draft_pass_seconds(batch) - self.draft_pass_overhead_s) * block / one
+        return pass_s + (k if self.sequential_selections else 1) * self.draft_pass_overhead_s
+
     def target_pass_seconds(self, batch: int, tokens_per_sequence: int) -> float:
         """The target's forward pass over `tokens_per_sequence` new tokens of each of `batch` sequences."""
         return forward_seconds(
@@ -152,7 +177,9 @@ class SpeculationCost:
         """k drafting passes (a tree's after the first `draft_width` wide), then one target pass verifying k+1
         tokens per sequence, or a tree's `verify_tokens`."""
         drafting = k * self.draft_pass_seconds(batch)
-        if self.draft_width > 1:
+        if self.parallel_drafting:
+            drafting = self.block_draft_seconds(batch, k)
+        elif self.draft_width > 1:
             drafting = self.draft_pass_seconds(batch) + (k - 1) * self.tree_draft_pass_seconds(batch)
         return drafting + self.target_pass_seconds(batch, self.verified_tokens(k)) + ENGINE_STEP_OVERHEAD_S
 
@@ -277,8 +304,16 @@ def speculation_cost(
     draft_spec = spec.speculation.draft
     draft_quantization = draft_spec.quantization if draft_spec is not None else spec.model.quantization
     drafter: ForwardCost | None
-    if method in (Method.NGRAM, Method.SUFFIX):
+    if method in (*NGRAM_METHODS, Method.SUFFIX):
         drafter = None
+    elif method in BLOCK_METHODS and draft is not None:
+        # A DFlash or DSpark drafter: its own layers (and DSpark's Markov and confidence heads, in its parameters)
+        # with the target's lm_head, which it reads each pass (vLLM shares it when the checkpoint has none).
+        draft_tp = draft_spec.tensor_parallel_size if draft_spec and draft_spec.tensor_parallel_size else tp
+        drafter = model_forward_cost(
+            draft, tensor_parallel_size=draft_tp, quantization=draft_quantization, kv_element_bytes=kv_bytes,
+            extra_parameters=target.architecture.vocab_size * target.architecture.hidden_size,
+        )
     elif method == Method.MTP or draft is None:
         drafter = mtp_forward_cost(target, tensor_parallel_size=tp, quantization=spec.model.quantization,
                                    kv_element_bytes=kv_bytes)
@@ -296,6 +331,8 @@ def speculation_cost(
         verify_tokens=verify_tokens_for(spec), draft_width=tree_width,
         draft_size_ratio=(target.architecture.num_parameters / draft.architecture.num_parameters
                           if method == Method.DRAFT_MODEL and draft is not None else None),
+        parallel_drafting=method in BLOCK_METHODS and drafter is not None,
+        sequential_selections=method == Method.DSPARK,
     )
 
 
@@ -314,7 +351,7 @@ def verify_tokens_for(spec: SpeculativeDeploymentSpec) -> int | None:
     choice) + 1 (tensorrt_llm/llmapi/llm_args.py EagleDecodingConfig). vLLM drafts chains only.
     """
     speculation = spec.speculation
-    if spec.engine.kind == EngineKind.SGLANG and speculation.method != Method.NGRAM:
+    if spec.engine.kind == EngineKind.SGLANG and speculation.method not in (Method.NGRAM, *BLOCK_METHODS):
         return speculation.tree_draft_tokens(speculation.num_speculative_tokens)
     if spec.engine.kind == EngineKind.TRTLLM and speculation.extra_config:
         total, choices = speculation.extra_config.get("max_total_draft_tokens"), speculation.extra_config.get("eagle_choices")

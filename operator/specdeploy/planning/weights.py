@@ -9,7 +9,9 @@ of 128 weights, a 16-bit scale and a packed 4-bit zero point (AutoAWQ `q_group_s
 
 EAGLE heads and MTP layers share the target's token embeddings and LM head (vLLM
 `vllm/v1/spec_decode/eagle.py` shares `embed_tokens` and `lm_head` with the target when the head's
-checkpoint has none), so a head's weights are its own layers only.
+checkpoint has none), so a head's weights are its own layers only. So do DFlash and DSpark drafters
+(vLLM `vllm/model_executor/models/qwen3_dflash.py` loads `embed_tokens` / `lm_head` only when the checkpoint
+ships them): their `numParameters` is what `block_drafter_parameters` counts.
 """
 
 from __future__ import annotations
@@ -80,6 +82,26 @@ def head_parameters(arch: Architecture, kind: ModelKind, draft_vocab_size: int |
     return fc + layers
 
 
+def block_drafter_parameters(arch: Architecture, target_layers: int, markov_rank: int = 0,
+                             draft_vocab_size: int | None = None) -> int:
+    """Parameters a DFlash drafter (or, with `markov_rank`, a DSpark drafter) adds to its target.
+
+    DFlash (vLLM `qwen3_dflash.py`): `fc` maps the hidden states of `target_layers` target layers (n·h) to h, a
+    `hidden_norm`, then its decoder layers and a final norm; embeddings and LM head are the target's. DSpark
+    (vLLM `qwen3_dspark.py`) adds a low-rank Markov head (`markov_w1`: vocabulary × r, `markov_w2`: r × draft
+    vocabulary) and a confidence head (one linear over [hidden; r] to 1, with a bias).
+    """
+    hidden = arch.hidden_size
+    norms = 2 * hidden
+    fc = target_layers * hidden * hidden
+    layers = arch.num_layers * (attention_parameters(arch) + mlp_parameters(arch) + norms)
+    parameters = fc + hidden + layers + hidden
+    if markov_rank:
+        markov = (arch.vocab_size + (draft_vocab_size or arch.vocab_size)) * markov_rank
+        parameters += markov + hidden + markov_rank + 1
+    return parameters
+
+
 def mtp_parameters(arch: Architecture) -> float:
     """Parameters of a model's multi-token-prediction layers (loaded only when method is mtp).
 
@@ -107,9 +129,14 @@ def model_weight_bytes(model: ModelInfo, quantization: Quantization, dtype_bytes
 
 
 def draft_weight_bytes(draft: ModelInfo, quantization: Quantization, dtype_bytes: float) -> float:
-    """Bytes a draft adds: a whole model for a draft_model draft, its own layers for an EAGLE head."""
+    """Bytes a draft adds: a whole model for a draft_model draft, its own layers for an EAGLE head or a DFlash or
+    DSpark drafter (whose `numParameters` already counts only its own: `block_drafter_parameters`)."""
     if draft.kind == ModelKind.BASE:
         return model_weight_bytes(draft, quantization, dtype_bytes)
+    if draft.kind in (ModelKind.DFLASH, ModelKind.DSPARK):
+        own = draft.architecture.num_parameters
+        return own * dtype_bytes if quantization == Quantization.NONE else _quantised_bytes(own, 0, quantization,
+                                                                                            dtype_bytes)
     parameters = head_parameters(draft.architecture, draft.kind, draft.draft_vocab_size)
     if quantization == Quantization.NONE:
         return parameters * dtype_bytes
