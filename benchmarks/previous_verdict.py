@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from specdeploy.api.reasons import FailureReason, InconclusiveReason
 from specdeploy.api.spec import BaselineMode, Checks
 from specdeploy.judgment import evidence
-from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
 from specdeploy.judgment.samples import DeploymentSample, Signal, SignalValues
 
 # The verdict types, their labels and messages are the same then and now: one definition.

@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from specdeploy.api.reasons import FailureReason, InconclusiveReason, RollbackReason
 from specdeploy.api.spec import Analysis, BaselineMode, Checks, Objective, SpeculativeDeploymentSpec
 from specdeploy.cli import main
-from specdeploy.judgment.reasons import FailureReason, InconclusiveReason, RollbackReason
 from specdeploy.judgment.rollback import next_analysis_state
 from specdeploy.judgment.samples import DeploymentSample, Signal, SignalValues
 from specdeploy.judgment.verdict import (

@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
+from specdeploy.api.reasons import FailureReason, InconclusiveReason
 from specdeploy.api.spec import BaselineMode, Checks, Objective
-from specdeploy.api.status import MeanLatency, PreviousBaselineStatus, VerdictKind
+from specdeploy.api.status import BaselineName, Bound, MeanLatency, PreviousBaselineStatus, VerdictKind
 from specdeploy.judgment import evidence
 from specdeploy.judgment.calibration import (
     MIN_DRAFTS,  # the drafts a window counts before its acceptance decides
@@ -63,7 +64,6 @@ from specdeploy.judgment.comparison import (
     unpaired_ratio,
 )
 from specdeploy.judgment.comparison import Estimate as _Estimate
-from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
 from specdeploy.judgment.samples import DeploymentSample, QueryErrorKind, Signal, SignalValues
 
 LOAD_TOLERANCE = 0.30
@@ -163,8 +163,8 @@ class Assessment:
 
     verdict: Verdict
     per_token: Comparison | None = None       # speculative ÷ baseline mean per-token latency
-    baseline: str | None = None               # "control" / "Previous"
-    diagnosis: dict[str, str] = field(default_factory=dict)   # variant → Queue-bound / Prefill-bound / Decode-bound
+    baseline: BaselineName | None = None
+    diagnosis: dict[str, Bound] = field(default_factory=dict)   # variant → where its time goes
     floor: Floor | None = None
     objective: Objective = Objective.LATENCY
     queue: Comparison | None = None             # speculative ÷ control mean queue time, each floored
@@ -431,7 +431,7 @@ def _mean_latency(values: SignalValues, check: _LatencyCheck) -> MeanLatency | N
 class _Baseline:
     values: SignalValues | None      # the control's signals (None: a Previous snapshot)
     snapshot: PreviousBaselineStatus | None
-    name: str                        # "control" / "Previous"
+    name: BaselineName
     whose: str                       # "the control" / "the Previous baseline"
     requests: float | None = None
 
@@ -535,7 +535,7 @@ def _baseline(sample: DeploymentSample, policy: Policy) -> _Baseline | CheckResu
                              InconclusiveReason.CONTROL_TOO_FEW_REQUESTS, Check.BASELINE)
         if isinstance(gate, CheckResult):
             return gate
-        return _Baseline(sample.control, None, "control", "the control", gate)
+        return _Baseline(sample.control, None, BaselineName.CONTROL, "the control", gate)
     previous = policy.previous
     if previous is None:
         return _undecided(Check.BASELINE, InconclusiveReason.NO_PREVIOUS_BASELINE,
@@ -547,7 +547,7 @@ def _baseline(sample: DeploymentSample, policy: Policy) -> _Baseline | CheckResu
         return _undecided(Check.BASELINE, InconclusiveReason.LOAD_DIFFERS_FROM_PREVIOUS,
                           f"{shown_now} running requests per pod differs from the Previous baseline's {shown_then} "
                           f"(taken at {previous.taken_at}) by more than {LOAD_TOLERANCE:.0%}: not matched load")
-    return _Baseline(None, previous, "Previous", "the Previous baseline")
+    return _Baseline(None, previous, BaselineName.PREVIOUS, "the Previous baseline")
 
 
 # -- acceptance ------------------------------------------------------------------------------------
@@ -755,13 +755,13 @@ def _kept_up(output: CheckResult, queue: CheckResult) -> CheckResult:
 
 # -- where the time goes ---------------------------------------------------------------------------
 
-def diagnose(values: SignalValues) -> str | None:
+def diagnose(values: SignalValues) -> Bound | None:
     """Queue-bound, Prefill-bound or Decode-bound: the largest part of a request's mean end-to-end latency."""
     ttft, e2e = _finite(values.mean_time_to_first_token_seconds), _finite(values.mean_e2e_latency_seconds)
     if ttft is None or e2e is None or e2e <= 0:
         return None
     queue = _finite(values.mean_queue_time_seconds) or 0.0
-    parts = {"Queue-bound": queue, "Prefill-bound": max(0.0, ttft - queue), "Decode-bound": max(0.0, e2e - ttft)}
+    parts = {Bound.QUEUE: queue, Bound.PREFILL: max(0.0, ttft - queue), Bound.DECODE: max(0.0, e2e - ttft)}
     return max(parts, key=lambda name: parts[name])
 
 
@@ -881,7 +881,7 @@ def assess(sample: DeploymentSample, policy: Policy) -> Assessment:
     failures = [r for r in counted if r.outcome == Outcome.FAILED]
     if failures:
         queued = ""
-        if diagnosis.get("speculative") == "Queue-bound" and objective not in THROUGHPUT_OBJECTIVES:
+        if diagnosis.get("speculative") == Bound.QUEUE and objective not in THROUGHPUT_OBJECTIVES:
             queued = _queue_note(sample.speculative)
         text = "; ".join(render(f) for f in failures) + f" {context}" + explanation + queued
         assert isinstance(failures[0].reason, FailureReason)
