@@ -213,6 +213,8 @@ STORED_STATUS_VALUES = {
     "deployRecord.target.source": {"Spec", "ConfigMap", "Path", "Hub", "Catalog"},
     "deployRecord.draft.source": {"Spec", "ConfigMap", "Path", "Hub", "Catalog"},
     "deployRecord.engine.kind": {"vllm", "sglang", "trtllm"},
+    "probe.trigger": {"Manual", "NewGeneration", "Interval"},
+    "probe.countsFrom": {"answers", "counters"},
 }
 
 

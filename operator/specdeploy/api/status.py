@@ -83,6 +83,21 @@ VERDICT_REASONS = [reason.value for reason in (*FailureReason, *InconclusiveReas
 """status.analysis.verdictReason: a FailureReason when Failing, an InconclusiveReason when Inconclusive."""
 
 
+class ProbeTrigger(StrEnum):
+    """Why a probe ran."""
+
+    MANUAL = "Manual"                 # specdeploy probe --sd
+    NEW_GENERATION = "NewGeneration"  # spec.analysis.probe.onNewGeneration: new speculative pods
+    INTERVAL = "Interval"             # spec.analysis.probe.interval
+
+
+class CountsFrom(StrEnum):
+    """Where a probe's drafted and accepted tokens were read."""
+
+    ANSWERS = "answers"      # each answer's metrics.speculative_decoding
+    COUNTERS = "counters"    # the engine's counters around each request
+
+
 class Phase(StrEnum):
     """A one-word summary for `kubectl get`; no logic reads it back."""
 
@@ -407,7 +422,7 @@ class ProbeStatus(StatusModel):
     acceptance per workload and temperature on a live pod."""
 
     taken_at: str | None = Field(None, description="When the cells were measured; unset: never yet")
-    trigger: str | None = Field(None, description="Manual (specdeploy probe --sd), NewGeneration or Interval")
+    trigger: ProbeTrigger | None = Field(None, description="Manual (specdeploy probe --sd), NewGeneration or Interval")
     url: str | None = Field(None, description="The engine the requests went to")
     pod: str | None = Field(None, description="The pod probed (the operator's probe)")
     pod_template_hash: str | None = Field(
@@ -416,7 +431,7 @@ class ProbeStatus(StatusModel):
     deployment_generation: int | None = Field(
         None, description="The speculative Deployment's generation when it was probed"
     )
-    counts_from: str | None = Field(None, description="answers (each answer's metrics.speculative_decoding) or "
+    counts_from: CountsFrom | None = Field(None, description="answers (each answer's metrics.speculative_decoding) or "
                                     "counters (the engine's counters around each request)")
     budget: str | None = Field(None, description="What the probe sent and was allowed to send")
     break_even: float | None = Field(None, description="The acceptance where the predicted speedup is 1")
