@@ -4,8 +4,11 @@
     assessment.verdict
     # Failing(InterTokenLatencyRegressed, "per-token latency +18% (95% interval +9…+27%) vs the control, …")
     assessment.speedup, assessment.diagnosis
+    assessment.check(Check.PER_TOKEN_LATENCY)   # CheckResult(outcome=Failed, reason=…, comparison=…, limit=1.10)
 
-A pure function of the measurements and the limits (as Argo Rollouts' evaluate.go): no clock, no I/O.
+A pure function of the measurements and the limits (as Argo Rollouts' evaluate.go): no clock, no I/O. Each check
+returns a typed CheckResult; the verdict and the rules between checks read its fields, and its sentence is rendered
+from it (`render`) when the verdict's message is put together — never parsed.
 
 What decides (docs/analysis.md "Verdicts"). With a baseline, the measured per-token comparison decides:
 the speculative pods' mean latency ÷ the baseline's, from the histograms' `_sum` / `_count` (exact below
@@ -569,11 +572,10 @@ def _acceptance(sample: DeploymentSample, floor: Floor | None) -> CheckResult:
     shown, limit = evidence.compared(measured, floor.rate)
     if measured < floor.rate:
         rule = f"minAcceptanceRate {limit}" if floor.fixed else f"the acceptance floor {limit} ({floor.basis})"
-        return dataclasses.replace(
-            _failed(Check.ACCEPTANCE, FailureReason.ACCEPTANCE_BELOW_MINIMUM, f"acceptance rate {shown} < {rule}",
-                    measured), limit=floor.rate)
-    return dataclasses.replace(_passed(Check.ACCEPTANCE, f"acceptance rate {shown} (floor {limit})", measured),
-                               limit=floor.rate)
+        return CheckResult(Check.ACCEPTANCE, Outcome.FAILED, FailureReason.ACCEPTANCE_BELOW_MINIMUM,
+                           f"acceptance rate {shown} < {rule}", measured, limit=floor.rate)
+    return CheckResult(Check.ACCEPTANCE, Outcome.PASSED, None, f"acceptance rate {shown} (floor {limit})", measured,
+                       limit=floor.rate)
 
 
 @dataclass(frozen=True)
@@ -609,7 +611,7 @@ def _explained_loss(sample: DeploymentSample, baseline: _Baseline, per_token: Ch
     measured, and the acceptance says why (the drafts cost more than they save), under any k: Fixed, Table or
     Auto. None where either part lacks its evidence (the interval reaches 1, the acceptance's reaches the floor,
     fewer than MIN_DRAFTS drafts, no counts), where per-token latency failed on its own, and for a Fixed floor
-    (minAcceptanceRate decides alone)."""
+    (minAcceptanceRate decides alone). The result's `value` is the acceptance and its `limit` the floor."""
     floor, found = policy.floor, per_token.comparison
     if found is None or per_token.outcome == Outcome.FAILED or floor is None or floor.fixed or found.low <= 1.0:
         return None
