@@ -1,7 +1,8 @@
 """The verdict as it was before the judgment rewrite (979bd3b): operator/specdeploy/judgment/verdict.py at 896965e
 (`git show 896965e:operator/specdeploy/judgment/verdict.py`), for `benchmarks/decisions.py --policy previous`.
 Changed: `checks.min_acceptance_rate` None (now "Auto") means the old default 0.5 (PREVIOUS_MIN_ACCEPTANCE_RATE);
-the verdict types come from today's module (they did not change); nothing else. It reads only the signals that existed then (the speculative and control pods' acceptance
+the verdict types come from today's module (they did not change), the check outcomes and the request gate are the
+old ones, here; nothing else. It reads only the signals that existed then (the speculative and control pods' acceptance
 rate, P99s and request counts), which the samples still carry.
 
 The original docstring:
@@ -31,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from specdeploy.api.reasons import FailureReason, InconclusiveReason
 from specdeploy.api.spec import BaselineMode, Checks
 from specdeploy.judgment import evidence
-from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
 from specdeploy.judgment.samples import DeploymentSample, Signal, SignalValues
 
 # The verdict types, their labels and messages are the same then and now: one definition.
@@ -43,10 +44,6 @@ from specdeploy.judgment.verdict import (  # noqa: F401 (message: for decisions.
     Healthy,
     Inconclusive,
     Verdict,
-    _Fail,
-    _Pass,
-    _request_gate,
-    _Unknown,
     message,
 )
 
@@ -99,7 +96,23 @@ def previous_baseline(sample: DeploymentSample, min_requests: int, now: datetime
 
 # -- one check's outcome ---------------------------------------------------------------------------
 
-# The check outcomes and the error reasons did not change either.
+@dataclass(frozen=True)
+class _Pass:
+    text: str
+
+
+@dataclass(frozen=True)
+class _Fail:
+    reason: FailureReason
+    text: str
+
+
+@dataclass(frozen=True)
+class _Unknown:
+    reason: InconclusiveReason
+    text: str
+
+
 _Outcome = _Pass | _Fail | _Unknown
 
 _WHAT = {
@@ -123,6 +136,17 @@ def _measured(sample: DeploymentSample, values: SignalValues, signal: Signal, wh
         return _Unknown(InconclusiveReason.NOT_A_NUMBER,
                         f"the {_WHAT[signal]} of the {whose} is {evidence.number(value)} (nothing measured)")
     return value
+
+
+def _request_gate(sample: DeploymentSample, values: SignalValues, min_requests: int, whose: str,
+                  too_few: InconclusiveReason) -> float | _Unknown:
+    requests = _measured(sample, values, Signal.REQUESTS, whose)
+    if isinstance(requests, _Unknown):
+        return requests
+    if requests < min_requests:
+        return _Unknown(too_few, f"the {whose} finished {evidence.count(requests)} requests in "
+                                 f"{evidence.window(sample.window_seconds)}, fewer than minRequests {min_requests}")
+    return requests
 
 
 def _acceptance(sample: DeploymentSample, checks: Checks) -> _Outcome:

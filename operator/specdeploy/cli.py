@@ -24,6 +24,7 @@ from specdeploy.api.crd import crd_yaml
 from specdeploy.api.reference import reference_markdown
 from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, load_resource
 from specdeploy.api.spec import SpeculativeDeploymentSpec
+from specdeploy.api.status import CountsFrom, ProbeTrigger
 from specdeploy.devcluster.cli import dev_cluster, sim_admin_cmd
 from specdeploy.judgment.verdict import objective_checks
 from specdeploy.modelsource import ModelSourceError
@@ -291,10 +292,10 @@ def probe(target: str | None, namespace: str | None, kubeconfig: str | None, con
                                             metric_names(spec.engine.kind), progress.add))
     model, outcomes, url_probed = reached
     result = probe_result(spec, the_plan, outcomes, budget, cells_count, model, url_probed,
-                          datetime.datetime.now(datetime.UTC), trigger="Manual", batch_size=batch_size)
+                          datetime.datetime.now(datetime.UTC), trigger=ProbeTrigger.MANUAL, batch_size=batch_size)
     floor = the_plan.acceptance_floor(batch_size) if the_plan is not None else None
     cells = probe_cells(outcomes, spec.speculation.num_speculative_tokens, result.break_even)
-    from_counters = result.counts_from == "counters"
+    from_counters = result.counts_from == CountsFrom.COUNTERS
     if output == "json":
         click.echo(json.dumps({**result.to_wire(), "errors": sorted({o.error for o in outcomes if o.error})},
                               indent=2))

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
+from specdeploy.api.reasons import FailureReason
 from specdeploy.api.spec import BaselineMode, Checks, EngineKind
 from specdeploy.clients.alertmanager import post_alerts
 from specdeploy.clients.prometheus import PrometheusClient, query_all
@@ -28,7 +29,6 @@ from specdeploy.controller.metrics import OperatorMetrics
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.judgment.alerts import rollback_alert
 from specdeploy.judgment.queries import queries_for
-from specdeploy.judgment.reasons import FailureReason
 from specdeploy.judgment.samples import QueryGroup, Samples, Signal
 from specdeploy.judgment.verdict import Failing, Policy, verdict
 

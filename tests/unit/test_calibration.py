@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_fixtures import LLAMA_1B, LLAMA_8B, LLAMA_70B
 
+from specdeploy.api.reasons import CalibrationReason
 from specdeploy.api.spec import Method, ScheduleMode, SpeculativeDeploymentSpec
+from specdeploy.api.status import PositionSource
 from specdeploy.judgment.calibration import (
     MAX_HALF_WIDTH,
     MIN_DRAFTS,
@@ -20,8 +22,6 @@ from specdeploy.judgment.calibration import (
     MIN_RELATIVE_GAIN,
     Z_95,
     CalibrationDecision,
-    KeepReason,
-    PositionSource,
     acceptance_per_position,
     calibrate,
     evidence_of,
@@ -117,7 +117,7 @@ def test_position_1_must_be_known_to_two_hundredths_from_a_thousand_drafts(draft
     assert evidence.half_width == pytest.approx(Z_95 * math.sqrt(rate * (1 - rate) / drafts))
     assert evidence.enough is enough
     decision = run(PositionCounts(drafts, tuple(drafts * r for r in geometric(rate))))
-    assert (decision.reason == KeepReason.TOO_FEW_DRAFTS) is not enough
+    assert (decision.reason == CalibrationReason.TOO_FEW_DRAFTS) is not enough
     if not enough:
         assert not decision.change and decision.schedule is None and decision.evidence == evidence
 
@@ -128,19 +128,19 @@ def test_too_few_drafts_keep_the_schedule_whatever_they_say(drafts: int, alpha: 
     decision = run(PositionCounts(drafts, tuple(drafts * r for r in geometric(alpha))) if drafts else None,
                    batch=batch)
     assert not decision.change
-    assert decision.reason in (KeepReason.TOO_FEW_DRAFTS, KeepReason.NO_POSITION_COUNTS)
+    assert decision.reason in (CalibrationReason.TOO_FEW_DRAFTS, CalibrationReason.NO_POSITION_COUNTS)
 
 
 def test_without_counts_per_position_there_is_nothing_to_calibrate() -> None:
     """SGLang exports an accept length only (DeploymentSample.position_counts is None)."""
-    assert run(None) == CalibrationDecision(False, KeepReason.NO_POSITION_COUNTS)
+    assert run(None) == CalibrationDecision(False, CalibrationReason.NO_POSITION_COUNTS)
 
 
 def test_fixed_and_table_schedules_are_the_users() -> None:
     fixed = dataclasses.replace(CURRENT, mode=ScheduleMode.FIXED)
     table = dataclasses.replace(CURRENT, mode=ScheduleMode.TABLE)
     for current in (fixed, table):
-        assert run(counts(geometric(0.1)), current) == CalibrationDecision(False, KeepReason.NOT_AUTO)
+        assert run(counts(geometric(0.1)), current) == CalibrationDecision(False, CalibrationReason.NOT_AUTO)
 
 
 def test_every_position_states_its_binomial_standard_error() -> None:
@@ -173,7 +173,7 @@ def test_past_the_new_break_even_a_table_that_still_loses_there_is_not_rolled() 
     """At batch 250 the derived table's k = 0 (0.8×, vLLM's cost of a step that drafts nothing) beats drafting
     k 1 (0.75×), but both lose to no speculation: the rollback's pods, not a new table, fix that load."""
     decision = run(counts(geometric(0.25)), batch=250)
-    assert not decision.change and decision.reason == KeepReason.LOSES_AT_LOAD
+    assert not decision.change and decision.reason == CalibrationReason.LOSES_AT_LOAD
     assert k_at(decision, 250) == 0
     assert decision.speedup_after == pytest.approx(0.8)             # planning.schedule.ZERO_K_SPEEDUP
     assert decision.speedup_before is not None and decision.speedup_before < 0.8 / (1 + MIN_RELATIVE_GAIN)
@@ -182,7 +182,7 @@ def test_past_the_new_break_even_a_table_that_still_loses_there_is_not_rolled() 
 
 def test_unchanged_acceptance_keeps_the_table() -> None:
     decision = run(counts(PRIOR))
-    assert not decision.change and decision.reason == KeepReason.SAME_SCHEDULE
+    assert not decision.change and decision.reason == CalibrationReason.SAME_SCHEDULE
     assert decision.schedule == CURRENT.ranges and decision.gain == 0.0
 
 
@@ -195,13 +195,13 @@ def test_the_prior_measured_within_its_uncertainty_never_churns(noise: list[floa
     rates = tuple(min(max(rate + delta, 0.0), 1.0) for rate, delta in zip(PRIOR, noise, strict=True))
     decision = run(counts(rates), batch=batch)
     assert not decision.change
-    assert decision.reason in (KeepReason.SAME_SCHEDULE, KeepReason.GAIN_BELOW_MINIMUM)
+    assert decision.reason in (CalibrationReason.SAME_SCHEDULE, CalibrationReason.GAIN_BELOW_MINIMUM)
 
 
 def test_a_new_table_that_gains_nothing_at_the_observed_batch_is_kept() -> None:
     """Both tables draft 1 at batch 100: the change would restart pods for nothing there."""
     decision = run(counts(geometric(0.25)), batch=100)
-    assert not decision.change and decision.reason == KeepReason.GAIN_BELOW_MINIMUM
+    assert not decision.change and decision.reason == CalibrationReason.GAIN_BELOW_MINIMUM
     assert decision.gain == 0.0 and decision.schedule is not None and decision.schedule != CURRENT.ranges
 
 
@@ -215,12 +215,12 @@ def test_the_gain_at_the_observed_batch_must_reach_five_percent(alpha: float, k_
     assert decision.schedule != CURRENT.ranges and k_at(decision, 1) == k_after
     assert decision.gain == pytest.approx(gain, abs=0.0005)
     assert decision.change is change
-    assert decision.reason == (None if change else KeepReason.GAIN_BELOW_MINIMUM)
+    assert decision.reason == (None if change else CalibrationReason.GAIN_BELOW_MINIMUM)
 
 
 def test_a_change_waits_out_the_minimum_period_and_says_until_when() -> None:
     early = run(counts(geometric(0.25)), batch=32, since_change=MIN_PERIOD_SECONDS - 1)
-    assert not early.change and early.reason == KeepReason.WITHIN_MINIMUM_PERIOD
+    assert not early.change and early.reason == CalibrationReason.WITHIN_MINIMUM_PERIOD
     assert early.earliest_change_at == T0 + MIN_PERIOD_SECONDS
     on_time = run(counts(geometric(0.25)), batch=32, since_change=MIN_PERIOD_SECONDS)
     assert on_time.change and on_time.earliest_change_at is None
@@ -259,7 +259,7 @@ def test_acceptance_that_pays_at_no_batch_size_is_left_to_the_rollback() -> None
     current = auto(geometric(0.95), heavy)
     assert current.largest_k > 0
     decision = run(counts(geometric(0.05)), current, plan=heavy)
-    assert not decision.change and decision.reason == KeepReason.NEVER_PAYS
+    assert not decision.change and decision.reason == CalibrationReason.NEVER_PAYS
     assert decision.schedule is not None and all(r.k == 0 for r in decision.schedule)
 
 
@@ -348,4 +348,4 @@ def test_a_small_draft_on_the_8b_target_is_calibrated_the_same_way() -> None:
     decision = run(counts(geometric(0.3)), current, batch=4, plan=small)
     assert decision.change and k_at(decision, 4) < next(r.k for r in current.ranges if r.min_batch <= 4 <= r.max_batch)
     collapsed = run(counts(geometric(0.1)), current, batch=4, plan=small)
-    assert not collapsed.change and collapsed.reason == KeepReason.LOSES_AT_LOAD
+    assert not collapsed.change and collapsed.reason == CalibrationReason.LOSES_AT_LOAD

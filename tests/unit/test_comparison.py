@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 
 from specdeploy.judgment.comparison import (
     MIN_SLICES,
+    Comparison,
+    Missing,
+    NoComparison,
     Slice,
     estimate,
     merge_counters,
@@ -58,7 +61,7 @@ def test_a_clear_slowdown_has_an_interval_around_it() -> None:
     control = [0.005 * (1 + rng.gauss(0, 0.03)) for _ in range(10)]
     speculative = [c * 1.30 * (1 + rng.gauss(0, 0.03)) for c in control]
     found = paired_ratio(variant(speculative, [40.0] * 10), variant(control, [20.0] * 10))
-    assert not isinstance(found, str)
+    assert isinstance(found, Comparison)
     assert found.low < 1.30 < found.high and found.low > 1.2 and found.high < 1.4
     assert found.slices == 10 and found.requests == 400 and found.baseline_requests == 200
 
@@ -68,15 +71,15 @@ def test_pairing_removes_what_the_traffic_did_to_both() -> None:
     control = [0.005, 0.015, 0.005, 0.010, 0.004, 0.012, 0.006, 0.009]
     speculative = [c * 0.6 * (1 + 0.01 * (-1) ** i) for i, c in enumerate(control)]
     found = paired_ratio(variant(speculative, [30.0] * 8), variant(control, [30.0] * 8))
-    assert not isinstance(found, str)
+    assert isinstance(found, Comparison)
     assert found.high / found.low < 1.05
 
 
 def test_too_few_slices_is_a_reason_not_an_interval() -> None:
     found = paired_ratio(variant([0.01, 0.01, 0.01], [5.0] * 3), variant([0.01, 0.01, 0.01], [5.0] * 3))
-    assert isinstance(found, str) and f"at least {MIN_SLICES}" in found
+    assert found == NoComparison(Missing.TOO_FEW_PAIRED_SLICES, slices=3) and found.slices < MIN_SLICES
     empty = paired_ratio(variant([0.01] * 6, [0.0] * 6), variant([0.01] * 6, [5.0] * 6))
-    assert isinstance(empty, str)
+    assert empty == NoComparison(Missing.TOO_FEW_PAIRED_SLICES, slices=0)
 
 
 def test_requests_to_decide_scales_with_the_square_of_the_interval() -> None:
@@ -84,7 +87,7 @@ def test_requests_to_decide_scales_with_the_square_of_the_interval() -> None:
     control = [0.02 * (1 + rng.gauss(0, 0.1)) for _ in range(10)]
     speculative = [c * 1.12 * (1 + rng.gauss(0, 0.1)) for c in control]
     found = paired_ratio(variant(speculative, [10.0] * 10), variant(control, [10.0] * 10))
-    assert not isinstance(found, str)
+    assert isinstance(found, Comparison)
     assert found.low < 1.10 < found.high
     needed = found.requests_to_decide(1.10)
     assert needed is not None and needed > found.requests
@@ -106,7 +109,7 @@ def test_unpaired_combines_both_errors() -> None:
 def test_the_interval_holds_the_estimate(control: list[float], noise: list[float], factor: float) -> None:
     speculative = [c * factor * math.exp(e) for c, e in zip(control, noise, strict=False)]
     found = paired_ratio(variant(speculative, [7.0] * len(control)), variant(control, [5.0] * len(control)))
-    assert not isinstance(found, str)
+    assert isinstance(found, Comparison)
     assert found.low <= found.ratio <= found.high
     assert found.low > 0
 

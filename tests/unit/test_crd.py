@@ -191,3 +191,58 @@ def test_a_valid_table_parses() -> None:
     resource = parse_resource(_document(speculation={"method": "ngram", "schedule": {"mode": "Table", "table": table}}))
     schedule = resource.spec.speculation.schedule
     assert schedule is not None and [r.k for r in schedule.table or []] == [3, 1, 0]
+
+
+# Every value an operator has written to these status fields (their writers' git history: judgment/, reconcile/status.py,
+# modelsource/): they became enums, and status stored by an older operator must stay valid after an upgrade.
+STORED_STATUS_VALUES = {
+    "speculation.lastRollback.reason": {
+        "AcceptanceBelowMinimum", "InterTokenLatencyRegressed", "E2ELatencyRegressed", "TimeToFirstTokenRegressed",
+        "E2ELatencyAboveSLO", "QueueTimeRegressed", "OutputThroughputRegressed", "NoSchedulePays",
+        "SlowerBelowAcceptanceFloor", "SpeculativePodOutOfMemory", "InconclusiveTooLong"},
+    "speculation.calibration.lastDecision.kind": {"Changed", "Kept"},
+    "speculation.calibration.lastDecision.reason": {
+        "ScheduleRecalibrated", "NotAuto", "NoPositionCounts", "TooFewDrafts", "SameSchedule", "NeverPays",
+        "LosesAtLoad", "GainBelowMinimum", "WithinMinimumPeriod", "NotExpressible"},
+    "speculation.calibration.positions[].source": {"Measured", "Extrapolated"},
+    "analysis.speedup.baseline": {"control", "Previous"},
+    "analysis.diagnosis.speculative": {"Queue-bound", "Prefill-bound", "Decode-bound"},
+    "analysis.diagnosis.control": {"Queue-bound", "Prefill-bound", "Decode-bound"},
+    "analysis.objective": {"Latency", "Throughput", "Both"},
+    "analysis.verdictReason": {
+        "AcceptanceBelowMinimum", "InterTokenLatencyRegressed", "E2ELatencyRegressed", "TimeToFirstTokenRegressed",
+        "E2ELatencyAboveSLO", "QueueTimeRegressed", "OutputThroughputRegressed", "NoSchedulePays",
+        "SlowerBelowAcceptanceFloor", "NoData", "NotANumber", "TooFewRequests", "ControlTooFewRequests",
+        "NoControlData", "NoPreviousBaseline", "LoadDiffersFromPrevious", "NotEnoughEvidence", "NotDrafting",
+        "PrometheusUnavailable", "PrometheusRefused", "PrometheusBadQuery", "PrometheusBadResponse",
+        "PrometheusUrlNotAllowed"},
+    "deployRecord.target.source": {"Spec", "ConfigMap", "Path", "Hub", "Catalog"},
+    "deployRecord.draft.source": {"Spec", "ConfigMap", "Path", "Hub", "Catalog"},
+    "deployRecord.engine.kind": {"vllm", "sglang", "trtllm"},
+    "probe.trigger": {"Manual", "NewGeneration", "Interval"},
+    "probe.countsFrom": {"answers", "counters"},
+}
+
+
+def test_status_enums_admit_every_value_written_before() -> None:
+    nodes = dict(_walk(_root()["properties"]["status"]))
+    for path, written in STORED_STATUS_VALUES.items():
+        node = nodes[f".{path}"]
+        assert written <= set(node["enum"]), (path, written - set(node["enum"]))
+
+
+def test_a_status_an_older_operator_wrote_still_parses() -> None:
+    from specdeploy.api.status import SpeculativeDeploymentStatus
+
+    stored = SpeculativeDeploymentStatus.model_validate({
+        "speculation": {"decided": False, "lastRollback": {"at": "2026-12-04T10:00:00Z", "reason": "NoSchedulePays",
+                                                           "evidence": "…"},
+                        "calibration": {"lastDecision": {"kind": "Kept", "reason": "NotExpressible"}}},
+        "analysis": {"speedup": {"value": 1.2, "low": 1.1, "high": 1.3, "baseline": "control", "requests": 400,
+                                 "baselineRequests": 200},
+                     "diagnosis": {"speculative": "Queue-bound"}, "objective": "Latency",
+                     "verdictReason": "NotEnoughEvidence"},
+        "deployRecord": {"target": {"source": "Hub", "name": "m"}, "engine": {"kind": "vllm", "image": "i"}},
+    })
+    assert stored.speculation is not None and stored.speculation.last_rollback is not None
+    assert stored.speculation.last_rollback.reason == "NoSchedulePays"

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
+from specdeploy.api.reasons import FailureReason, InconclusiveReason
 from specdeploy.controller.metrics import OperatorMetrics
-from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
 from specdeploy.judgment.verdict import Failing, Healthy, Inconclusive, kind
 
 

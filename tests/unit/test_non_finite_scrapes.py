@@ -10,7 +10,7 @@ from analysis_samples import sample
 
 from specdeploy.judgment.comparison import merge_counters
 from specdeploy.judgment.samples import DeploymentSample, Points, Signal, finite_instants
-from specdeploy.judgment.verdict import Failing, Policy, verdict
+from specdeploy.judgment.verdict import Failing, Policy, assess
 
 SUMS = Signal.INTER_TOKEN_LATENCY_SUM_SERIES
 
@@ -38,12 +38,13 @@ def _through_the_merge(measured: DeploymentSample, bad: float, index: int = 2) -
 
 def test_one_nan_scrape_leaves_a_verdict_from_the_other_slices() -> None:
     regressed = sample(0.8, itl=0.026, control_itl=0.02)
-    assert "in 10 slices" in verdict(regressed, Policy()).evidence  # type: ignore[union-attr]
+    whole = assess(regressed, Policy())
+    assert isinstance(whole.verdict, Failing) and whole.per_token is not None and whole.per_token.slices == 10
     for bad in (math.nan, math.inf, -math.inf):
         found = _through_the_merge(regressed, bad)
-        result = verdict(found, Policy())
-        assert isinstance(result, Failing), result
-        assert "in 9 slices" in result.evidence     # the instant's slice joined the next, in both variants
+        result = assess(found, Policy())
+        assert isinstance(result.verdict, Failing), result.verdict
+        assert result.per_token is not None and result.per_token.slices == 9   # the instant's slice joined the next
         assert found.dropped_instants == 1
         assert found.dropped_note == "; 1 instant of the window left out of its slices: a scrape read NaN or ±Inf"
 

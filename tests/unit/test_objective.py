@@ -21,20 +21,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from specdeploy.api.reasons import FailureReason, InconclusiveReason, RollbackReason
 from specdeploy.api.spec import Analysis, BaselineMode, Checks, Objective, SpeculativeDeploymentSpec
 from specdeploy.cli import main
-from specdeploy.judgment.reasons import FailureReason, InconclusiveReason, RollbackReason
 from specdeploy.judgment.rollback import next_analysis_state
 from specdeploy.judgment.samples import DeploymentSample, Signal, SignalValues
 from specdeploy.judgment.verdict import (
+    Assessment,
+    Check,
+    CheckResult,
     Failing,
     Healthy,
     Inconclusive,
+    Outcome,
     Policy,
     Verdict,
     assess,
     objective_checks,
     previous_baseline,
+    render,
     verdict,
 )
 from specdeploy.planning.gpus import find_gpu
@@ -67,6 +72,12 @@ def queue_first(spec_queue: float = 0.522, control_queue: float = 0.089, request
                          mean_acceptance_length=3.75, **speculative),
         control=pods(0.0129, control_queue, requests=requests / 2, pods=1, waiting=0.3, jitter=JITTER[::-1]),
     )
+
+
+def result_of(found: Assessment, which: Check) -> CheckResult:
+    result = found.check(which)
+    assert result is not None, (which, found.checks)
+    return result
 
 
 def policy(objective: Objective, mode: BaselineMode = BaselineMode.CONTROL, gpus: int = 1, **limits: Any) -> Policy:
@@ -120,10 +131,12 @@ def test_plan_prints_the_objective() -> None:
 def test_latency_is_not_failed_by_queueing_but_says_what_throughput_would_judge() -> None:
     found = assess(queue_first(), policy(LATENCY))
     assert isinstance(found.verdict, Healthy), found.verdict
-    text = found.verdict.summary
-    assert "objective Latency" in text
-    assert "per-token latency −" in text and "time to first token without the queue" in text
-    assert "not counted under objective Latency" in text and "queue time" in text
+    for check in (Check.PER_TOKEN_LATENCY, Check.E2E_LATENCY, Check.TIME_TO_FIRST_TOKEN):
+        assert (result_of(found, check).outcome, result_of(found, check).counted) == (Outcome.PASSED, True), check
+    queue = result_of(found, Check.QUEUE_TIME)
+    assert queue.outcome == Outcome.FAILED and not queue.counted          # what Throughput would fail on
+    assert f"not counted under objective Latency (queueing and throughput: objective Throughput or Both judges " \
+           f"them): {render(queue)}" in found.verdict.summary
 
 
 def test_throughput_fails_on_queueing_with_the_numbers() -> None:
@@ -132,20 +145,34 @@ def test_throughput_fails_on_queueing_with_the_numbers() -> None:
     assert isinstance(result, Failing), result
     assert result.reason == FailureReason.QUEUE_TIME_REGRESSED
     assert RollbackReason(result.reason.value) == RollbackReason.QUEUE_TIME_REGRESSED
-    assert "queue time 5.87× (95% interval" in result.evidence
-    assert "above maxQueueTimeRatio 2.00" in result.evidence
-    assert "mean 522 ms vs 89 ms" in result.evidence and "1.6 vs 0.3 requests waiting per pod" in result.evidence
-    assert "the speculative pods queue first" in result.evidence
-    # the per-token checks are computed and shown, and said not to count
-    assert "not counted under objective Throughput (latency checks): per-token latency −" in result.evidence
+    queue = result_of(found, Check.QUEUE_TIME)
+    assert queue.outcome == Outcome.FAILED and queue.counted and queue.comparison == found.queue
+    assert queue.limit == 2.0 and queue.comparison is not None and queue.comparison.low > queue.limit
+    assert queue.comparison.ratio == pytest.approx(0.522 / 0.089, rel=0.01)
+    assert (queue.comparison.requests, queue.comparison.baseline_requests) == (900, 450)
+    # the per-token checks are computed and shown, and not counted
+    per_token = result_of(found, Check.PER_TOKEN_LATENCY)
+    assert per_token.outcome == Outcome.PASSED and not per_token.counted
     assert found.per_token is not None and found.per_token.ratio < 1
-    assert found.queue is not None and found.queue.low > 2.0
+
+
+def test_golden_throughput_message() -> None:
+    result = verdict(queue_first(), policy(THROUGHPUT))
+    assert isinstance(result, Failing) and result.evidence == (
+        "queue time 5.87× (95% interval 5.79×…5.94×) the control's, above maxQueueTimeRatio 2.00; mean 522 ms vs 89 ms "
+        "(each counted as at least queueTimeFloorSeconds 50 ms), 1.6 vs 0.3 requests waiting per pod, 900 vs 450 "
+        "requests in 10 slices: the speculative pods queue first at the same load (fewer sequences fit beside the "
+        "draft, or each takes longer) over 5m (900 requests; control 450), objective Throughput; not counted under "
+        "objective Throughput (latency checks): per-token latency −9% (95% interval −10%…−7%) vs the control; "
+        "end-to-end latency without the queue −8% (95% interval −9%…−7%) vs the control; time to first token without "
+        "the queue ±0% (95% interval −1%…+1%) vs the control")
 
 
 def test_both_fails_when_either_set_fails() -> None:
-    result = verdict(queue_first(), policy(BOTH))
-    assert isinstance(result, Failing) and result.reason == FailureReason.QUEUE_TIME_REGRESSED
-    assert "objective Both" in result.evidence
+    found = assess(queue_first(), policy(BOTH))
+    assert isinstance(found.verdict, Failing) and found.verdict.reason == FailureReason.QUEUE_TIME_REGRESSED
+    assert {r.check for r in found.checks if r.counted} >= {
+        Check.PER_TOKEN_LATENCY, Check.E2E_LATENCY, Check.TIME_TO_FIRST_TOKEN, Check.QUEUE_TIME, Check.OUTPUT_PER_GPU}
     slower = queue_first(spec_queue=0.089)
     slower = dataclasses.replace(slower, speculative=pods(0.0129 * 1.4, 0.089, requests=900, pods=2,
                                                            acceptance_rate=0.55))
@@ -157,9 +184,9 @@ def test_both_fails_when_either_set_fails() -> None:
 @pytest.mark.parametrize("objective", list(Objective))
 def test_too_few_requests_is_inconclusive_under_every_objective(objective: Objective) -> None:
     few = queue_first(requests=12)
-    result = verdict(few, policy(objective))
-    assert isinstance(result, Inconclusive) and result.reason == InconclusiveReason.TOO_FEW_REQUESTS
-    assert f"objective {objective.value}" in result.message
+    found = assess(few, policy(objective))
+    assert isinstance(found.verdict, Inconclusive) and found.verdict.reason == InconclusiveReason.TOO_FEW_REQUESTS
+    assert result_of(found, Check.REQUESTS).value == 12 and found.objective == objective
     no_control = dataclasses.replace(queue_first(), control=SignalValues())
     result = verdict(no_control, policy(objective))
     assert isinstance(result, Inconclusive) and result.reason == InconclusiveReason.NO_CONTROL_DATA
@@ -170,9 +197,10 @@ def test_throughput_without_slices_is_inconclusive_never_failing() -> None:
     bare = dataclasses.replace(sample.speculative, series={
         signal: points for signal, points in sample.speculative.series.items()
         if signal not in (Signal.QUEUE_TIME_SUM_SERIES, Signal.QUEUE_TIME_COUNT_SERIES)})
-    result = verdict(dataclasses.replace(sample, speculative=bare), policy(THROUGHPUT))
-    assert isinstance(result, Inconclusive) and result.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE
-    assert "queue time vs the control" in result.message
+    found = assess(dataclasses.replace(sample, speculative=bare), policy(THROUGHPUT))
+    assert isinstance(found.verdict, Inconclusive) and found.verdict.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE
+    queue = result_of(found, Check.QUEUE_TIME)
+    assert queue.outcome == Outcome.UNDECIDED and queue.comparison is None            # no interval at all
 
 
 def test_throughput_with_baseline_none_is_inconclusive() -> None:
@@ -206,11 +234,13 @@ def test_fewer_tokens_per_gpu_at_the_same_load_fails_throughput() -> None:
     sample = dataclasses.replace(sample, control=dataclasses.replace(
         sample.control, output_tokens_per_second=970.0,
         series={**sample.control.series, Signal.OUTPUT_TOKENS_SERIES: _tokens(970.0, JITTER[::-1])}))
-    result = verdict(sample, policy(THROUGHPUT))
-    assert isinstance(result, Failing) and result.reason == FailureReason.OUTPUT_THROUGHPUT_REGRESSED
-    assert "output tokens per second per GPU 0.87×" in result.evidence
-    assert "below minOutputTokensPerGpuRatio 0.90" in result.evidence
-    assert "844 vs 970 tokens/s per GPU" in result.evidence and "2 vs 1 pods" in result.evidence
+    found = assess(sample, policy(THROUGHPUT))
+    assert isinstance(found.verdict, Failing) and found.verdict.reason == FailureReason.OUTPUT_THROUGHPUT_REGRESSED
+    tokens = result_of(found, Check.OUTPUT_PER_GPU)
+    assert tokens.outcome == Outcome.FAILED and tokens.limit == 0.90
+    assert tokens.comparison is not None and tokens.comparison.high < tokens.limit
+    assert tokens.comparison.ratio == pytest.approx(844 / 970, rel=0.01)
+    assert "844 vs 970 tokens/s per GPU, 2 vs 1 pods of 1 GPU" in found.verdict.evidence    # per GPU, as counted
     assert isinstance(verdict(sample, policy(LATENCY)), Healthy)
 
 
@@ -242,9 +272,10 @@ def test_a_slower_prefill_still_fails_latency() -> None:
     slow = pods(0.0118, 0.05, requests=900, pods=2, acceptance_rate=0.55)
     slower_prefill = {Signal.PREFILL_TIME_SUM_SERIES: _scaled(slow, Signal.PREFILL_TIME_SUM_SERIES, 2.0)}
     slow = dataclasses.replace(slow, series={**slow.series, **slower_prefill})
-    result = verdict(dataclasses.replace(sample, speculative=slow), policy(LATENCY))
-    assert isinstance(result, Failing) and result.reason == FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED
-    assert "time to first token without the queue +100%" in result.evidence
+    found = assess(dataclasses.replace(sample, speculative=slow), policy(LATENCY))
+    assert isinstance(found.verdict, Failing) and found.verdict.reason == FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED
+    prefill = result_of(found, Check.TIME_TO_FIRST_TOKEN).comparison
+    assert prefill is not None and prefill.ratio == pytest.approx(2.0, rel=0.01)
 
 
 def _scaled(values: SignalValues, signal: Signal, factor: float) -> tuple[tuple[float, float], ...]:
@@ -265,7 +296,8 @@ def test_without_engine_histograms_the_queue_is_taken_off_slice_by_slice() -> No
     derived = dataclasses.replace(sample, speculative=without(sample.speculative), control=without(sample.control))
     found = assess(derived, policy(LATENCY))
     assert isinstance(found.verdict, Healthy), found.verdict
-    assert "time to first token without the queue ±0%" in found.verdict.summary
+    prefill = result_of(found, Check.TIME_TO_FIRST_TOKEN).comparison
+    assert prefill is not None and prefill.ratio == pytest.approx(1.0, abs=0.005)       # the 1.9 s queue taken off
 
 
 def test_the_slo_counts_under_every_objective() -> None:
@@ -322,6 +354,10 @@ def test_noisy_tokens_beside_a_queue_that_keeps_up_pass() -> None:
     found = assess(with_noisy_tokens(queue_first(spec_queue=0.01, control_queue=0.01)), policy(THROUGHPUT))
     assert isinstance(found.verdict, Healthy), found.verdict
     assert found.output_per_gpu is not None and found.output_per_gpu.low < 0.9 < found.output_per_gpu.high
-    assert "undecided, but the speculative pods queue no more than the control" in found.verdict.summary
+    tokens = result_of(found, Check.OUTPUT_PER_GPU)
+    assert (tokens.outcome, tokens.reason, tokens.kept_up) == (Outcome.PASSED, None, True)
+    assert result_of(found, Check.QUEUE_TIME).outcome == Outcome.PASSED
+    assert render(tokens).endswith(", undecided, but the speculative pods queue no more than the control: they keep "
+                                   "up with the offered load")
     result = verdict(with_noisy_tokens(queue_first()), policy(THROUGHPUT))
     assert isinstance(result, Failing) and result.reason == FailureReason.QUEUE_TIME_REGRESSED

@@ -13,6 +13,7 @@ import pytest
 from analysis_samples import T0, cumulative, sample
 
 from specdeploy.api import names
+from specdeploy.api.reasons import CalibrationReason
 from specdeploy.api.resource import SpeculativeDeployment, parse_resource
 from specdeploy.api.status import SpeculativeDeploymentStatus
 from specdeploy.controller.reconciler import plan_resource
@@ -20,7 +21,6 @@ from specdeploy.judgment.calibration import (
     MIN_PERIOD_SECONDS,
     acceptance_now,
 )
-from specdeploy.judgment.recalibration import RECALIBRATED
 from specdeploy.judgment.samples import DeploymentSample, Signal
 from specdeploy.judgment.speculation import schedule_at_load, step_speculation
 from specdeploy.planning.plan import make_plan
@@ -112,7 +112,7 @@ def _table(plan_or_body: Any) -> list[tuple[int, int, int]]:
 
 
 def _recalibrated(actions: Actions) -> list[Any]:
-    return [e for e in actions.events if e.reason == RECALIBRATED]
+    return [e for e in actions.events if e.reason == CalibrationReason.SCHEDULE_RECALIBRATED]
 
 
 def test_collapsed_acceptance_writes_a_new_table_to_status_with_one_event_and_the_next_plan_renders_it() -> None:
@@ -128,7 +128,7 @@ def test_collapsed_acceptance_writes_a_new_table_to_status_with_one_event_and_th
     assert [(e.min_batch, e.max_batch, e.k) for e in calibration.schedule] == [(1, 32, 1)]
     assert calibration.last_change_at == calibration.measured_at
     decision = calibration.last_decision
-    assert decision is not None and (decision.kind, decision.reason, decision.batch) == ("Changed", RECALIBRATED, 8)
+    assert decision is not None and (decision.kind, decision.reason, decision.batch) == ("Changed", CalibrationReason.SCHEDULE_RECALIBRATED, 8)
     assert decision.speedup_after is not None and decision.speedup_before is not None
     assert decision.speedup_after >= 1.05 * decision.speedup_before
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specdeploy.api.reasons import FailureReason, InconclusiveReason, ReenableReason, RollbackReason
 from specdeploy.api.spec import Analysis, Speculation
 from specdeploy.api.status import (
     AnalysisStatus,
@@ -24,7 +25,6 @@ from specdeploy.api.status import (
 from specdeploy.api.status import Rollback as RollbackRecord
 from specdeploy.judgment.comparison import Comparison
 from specdeploy.judgment.oom import OutOfMemory, is_out_of_memory, out_of_memory
-from specdeploy.judgment.reasons import FailureReason, InconclusiveReason, ReenableReason, RollbackReason
 from specdeploy.judgment.rollback import (
     MAX_BACKOFF_DOUBLINGS,
     Keep,

@@ -12,14 +12,16 @@ import yaml
 from analysis_samples import SLICES, T0
 from analysis_samples import sample as _sample
 
+from specdeploy.api.reasons import FailureReason, RollbackReason
 from specdeploy.api.resource import SpeculativeDeployment, load_resource
-from specdeploy.api.status import AnalysisStatus, PreviousBaselineStatus, SpeculationStatus
+from specdeploy.api.status import AnalysisStatus, BaselineName, PreviousBaselineStatus, SpeculationStatus
 from specdeploy.api.status import Rollback as RollbackRecord
 from specdeploy.judgment.comparison import estimate, slices
 from specdeploy.judgment.oom import OutOfMemory
 from specdeploy.judgment.rollback import RETRY_ANNOTATION
 from specdeploy.judgment.samples import DeploymentSample, Signal
 from specdeploy.judgment.speculation import SpeculationStep, step_speculation
+from specdeploy.judgment.verdict import Failing
 from specdeploy.planning.plan import make_plan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -119,11 +121,13 @@ def test_latency_regression_against_control_rolls_back() -> None:
     steps = _run(_resource({"failureLimit": 2}), [_sample(0.8, itl=0.05, control_itl=0.02)] * 2)
     rollback = steps[-1].rollback
     assert rollback is not None
-    assert rollback.reason.value == "InterTokenLatencyRegressed"
-    assert "95% interval" in rollback.evidence and "maxPerTokenLatencyRatio 1.10" in rollback.evidence
-    assert "+150%" in rollback.evidence                 # 50 ms vs 20 ms a token
+    assert rollback.reason == RollbackReason.INTER_TOKEN_LATENCY_REGRESSED
+    failing = steps[-1].verdict
+    assert isinstance(failing, Failing) and failing.reason == FailureReason.INTER_TOKEN_LATENCY_REGRESSED
+    assert rollback.evidence == f"2 consecutive failing samples (failureLimit 2); the last: {failing.evidence}"
     state = _last(steps)
-    assert state.speedup is not None and state.speedup.high < 1 and state.speedup.baseline == "control"
+    assert state.speedup is not None and state.speedup.high < 1 and state.speedup.baseline == BaselineName.CONTROL
+    assert state.speedup.value == pytest.approx(0.02 / 0.05, abs=0.01)               # 50 ms vs 20 ms a token
     assert state.per_token_latency == "50 ms vs 20 ms"
 
 
@@ -131,9 +135,8 @@ def test_a_faster_speculative_variant_is_healthy_and_shows_its_speedup() -> None
     steps = _run(_resource({"failureLimit": 1}), [_sample(0.8, itl=0.012, control_itl=0.02)] * 4)
     assert all(s.rollback is None and s.speculation.decided for s in steps)
     state = _last(steps)
-    assert state.verdict == "Healthy"
-    assert state.message is not None and "95% interval" in state.message and "vs the control" in state.message
-    assert state.speedup is not None and state.speedup.baseline == "control"
+    assert state.verdict == "Healthy" and state.verdict_reason is None
+    assert state.speedup is not None and state.speedup.baseline == BaselineName.CONTROL
     assert state.speedup.low > 1 and state.speedup.value == pytest.approx(0.02 / 0.012, abs=0.02)
     assert state.speedup.low <= state.speedup.value <= state.speedup.high
     assert (state.speedup.requests, state.speedup.baseline_requests) == (pytest.approx(500), pytest.approx(250))
@@ -149,9 +152,7 @@ def test_a_latency_difference_the_window_cannot_resolve_is_inconclusive_not_fail
     state = _last(steps)
     assert (state.verdict, state.verdict_reason) == ("Inconclusive", "NotEnoughEvidence")
     assert (state.consecutive_failures, state.consecutive_inconclusive) == (0, 3)
-    assert state.message is not None and "95% interval" in state.message
-    assert "the interval holds maxPerTokenLatencyRatio 1.10" in state.message
-    assert "requests per variant would tell" in state.message
+    assert state.speedup is not None and state.speedup.low < 1 / 1.10 < state.speedup.high   # holds the limit
 
 
 def test_a_sample_without_slice_series_decides_no_latency() -> None:
@@ -338,8 +339,8 @@ def test_previous_baseline_compares_at_matched_load_only() -> None:
     matched = _sample(0.8, itl=0.012, running=9.0, pods=2.0)       # 4.5 vs 4.0 running per pod: within 30%
     faster = _run(annotated, [matched], back.speculation, back.analysis)
     state = _last(faster)
-    assert state.verdict == "Healthy" and state.message is not None and "vs the Previous baseline" in state.message
-    assert state.speedup is not None and state.speedup.baseline == "Previous" and state.speedup.low > 1
+    assert state.verdict == "Healthy"
+    assert state.speedup is not None and state.speedup.baseline == BaselineName.PREVIOUS and state.speedup.low > 1
     assert state.per_token_latency is not None and state.per_token_latency.startswith("12 ms vs 20")
     assert state.previous_baseline == without.analysis.previous_baseline, "the snapshot is kept"
 

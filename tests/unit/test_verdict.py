@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specdeploy.api.reasons import FailureReason, InconclusiveReason
 from specdeploy.api.spec import BaselineMode, Checks
-from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
+from specdeploy.api.status import BaselineName, Bound
 from specdeploy.judgment.samples import (
     DeploymentSample,
     QueryError,
@@ -23,10 +24,14 @@ from specdeploy.judgment.samples import (
     chain_acceptance,
 )
 from specdeploy.judgment.verdict import (
+    Assessment,
+    Check,
+    CheckResult,
     Failing,
     Floor,
     Healthy,
     Inconclusive,
+    Outcome,
     Policy,
     assess,
     change,
@@ -35,6 +40,7 @@ from specdeploy.judgment.verdict import (
     message,
     p99_shown,
     previous_baseline,
+    render,
     verdict,
     verdict_reason,
 )
@@ -98,6 +104,12 @@ def sample(speculative: SignalValues | None = None, control: SignalValues | None
     )
 
 
+def result_of(found: Assessment, which: Check) -> CheckResult:
+    result = found.check(which)
+    assert result is not None, (which, found.checks)
+    return result
+
+
 def policy(mode: BaselineMode = CONTROL, floor: Floor | None = AUTO, previous: Any = None, **limits: Any) -> Policy:
     return Policy(Checks.model_validate(limits), mode, 20, floor, previous)
 
@@ -107,8 +119,10 @@ def test_faster_speculation_is_healthy_with_its_interval() -> None:
     assert isinstance(found.verdict, Healthy), found.verdict
     assert found.per_token is not None and found.per_token.high < 1.0
     assert found.per_token.ratio == pytest.approx(0.0050 / 0.0080, rel=0.03)
-    assert "per-token latency −38% (95% interval" in found.verdict.summary
-    assert found.baseline == "control"
+    passed = result_of(found, Check.PER_TOKEN_LATENCY)
+    assert passed.outcome == Outcome.PASSED and passed.reason is None and passed.comparison == found.per_token
+    assert passed.limit == 1.10 and passed.comparison.high <= passed.limit
+    assert found.baseline == BaselineName.CONTROL
 
 
 def test_below_the_first_bucket_the_mean_still_sees_the_gain() -> None:
@@ -121,22 +135,44 @@ def test_below_the_first_bucket_the_mean_still_sees_the_gain() -> None:
 
 
 def test_a_clear_per_token_regression_fails_with_its_interval_and_counts() -> None:
+    found = assess(sample(variant(0.0080 * 1.30, seed=2)), policy())
+    assert isinstance(found.verdict, Failing)
+    assert found.verdict.reason == FailureReason.INTER_TOKEN_LATENCY_REGRESSED
+    failed = result_of(found, Check.PER_TOKEN_LATENCY)
+    assert failed.outcome == Outcome.FAILED and failed.reason == FailureReason.INTER_TOKEN_LATENCY_REGRESSED
+    assert failed.comparison is not None and failed.limit == 1.10 and failed.comparison.low > failed.limit
+    assert failed.comparison.ratio == pytest.approx(1.30, abs=0.02)
+    assert (failed.comparison.requests, failed.comparison.baseline_requests, failed.comparison.slices) == (600, 300, 10)
+
+
+def test_golden_failing_message() -> None:
+    """The sentence status, the Event and the alert carry: the numbers, the limit, the counts, the window."""
     result = verdict(sample(variant(0.0080 * 1.30, seed=2)), policy())
-    assert isinstance(result, Failing)
-    assert result.reason == FailureReason.INTER_TOKEN_LATENCY_REGRESSED
-    assert "per-token latency +30% (95% interval +" in result.evidence
-    assert "above maxPerTokenLatencyRatio 1.10" in result.evidence
-    assert "P99 < 10 ms vs < 10 ms" in result.evidence
-    assert "600 vs 300 requests in 10 slices" in result.evidence
+    assert message(result) == (
+        "per-token latency +30% (95% interval +27%…+32%) vs the control, above maxPerTokenLatencyRatio 1.10; mean "
+        "10.4 ms vs 7.98 ms, P99 < 10 ms vs < 10 ms; 600 vs 300 requests in 10 slices over 5m (600 requests; control "
+        "300), objective Latency")
 
 
 def test_a_regression_the_interval_cannot_separate_from_the_limit_is_inconclusive() -> None:
+    found = assess(sample(variant(0.0080 * 1.12, seed=3, jitter=0.15), variant(0.0080, requests=300.0, seed=4,
+                                                                               jitter=0.15)), policy())
+    assert isinstance(found.verdict, Inconclusive)
+    assert found.verdict.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE
+    undecided = result_of(found, Check.PER_TOKEN_LATENCY)
+    assert undecided.outcome == Outcome.UNDECIDED and undecided.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE
+    assert undecided.comparison is not None and undecided.limit is not None
+    assert undecided.comparison.low < undecided.limit < undecided.comparison.high
+    assert undecided.needed is not None and undecided.needed > 600          # more requests per variant would tell
+
+
+def test_golden_inconclusive_message() -> None:
     result = verdict(sample(variant(0.0080 * 1.12, seed=3, jitter=0.15), variant(0.0080, requests=300.0, seed=4,
                                                                                  jitter=0.15)), policy())
-    assert isinstance(result, Inconclusive)
-    assert result.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE
-    assert "the interval holds maxPerTokenLatencyRatio 1.10" in result.message
-    assert "requests per variant would tell" in result.message
+    assert message(result) == (
+        "per-token latency +15% (95% interval +5%…+25%) vs the control: the interval holds maxPerTokenLatencyRatio "
+        "1.10; about 2,263 requests per variant would tell; mean 9.45 ms vs 8.21 ms, P99 < 10 ms vs < 10 ms; 600 vs "
+        "300 requests in 10 slices over 5m (600 requests; control 300), objective Latency")
 
 
 def test_within_the_limit_is_healthy_only_when_the_whole_interval_is() -> None:
@@ -165,9 +201,12 @@ def test_a_failed_series_query_is_inconclusive_with_the_prometheus_reason() -> N
 
 def test_auto_floor_explains_but_the_measured_comparison_decides() -> None:
     """Acceptance 0.05 below the Auto floor while the pods are measured faster than control: Healthy, and said."""
-    result = verdict(sample(variant(0.0050, acceptance_rate=0.05)), policy())
-    assert isinstance(result, Healthy)
-    assert "acceptance rate 0.05 < the acceptance floor 0.11 (Auto: break-even" in result.summary
+    found = assess(sample(variant(0.0050, acceptance_rate=0.05)), policy())
+    assert isinstance(found.verdict, Healthy)
+    acceptance = result_of(found, Check.ACCEPTANCE)
+    assert acceptance.outcome == Outcome.FAILED and not acceptance.counted            # explains, does not decide
+    assert (acceptance.value, acceptance.limit) == (0.05, AUTO.rate)
+    assert render(acceptance) in found.verdict.summary                                  # and is said
 
 
 def test_auto_floor_decides_alone_without_a_baseline() -> None:
@@ -177,15 +216,19 @@ def test_auto_floor_decides_alone_without_a_baseline() -> None:
 
 
 def test_a_fixed_floor_is_the_users_rule_beside_a_baseline_too() -> None:
-    result = verdict(sample(variant(0.0050, acceptance_rate=0.31)), policy(floor=FIXED))
-    assert isinstance(result, Failing) and result.reason == FailureReason.ACCEPTANCE_BELOW_MINIMUM
-    assert "acceptance rate 0.31 < minAcceptanceRate 0.50 over 5m" in result.evidence
+    found = assess(sample(variant(0.0050, acceptance_rate=0.31)), policy(floor=FIXED))
+    assert isinstance(found.verdict, Failing) and found.verdict.reason == FailureReason.ACCEPTANCE_BELOW_MINIMUM
+    acceptance = result_of(found, Check.ACCEPTANCE)
+    assert acceptance.counted and (acceptance.value, acceptance.limit) == (0.31, 0.50)
+    assert result_of(found, Check.PER_TOKEN_LATENCY).outcome == Outcome.PASSED      # faster, and still failing
 
 
 def test_the_collapse_fails_on_latency_with_acceptance_as_the_explanation() -> None:
-    result = verdict(sample(variant(0.0080 * 1.27, seed=6, acceptance_rate=0.02)), policy())
-    assert isinstance(result, Failing) and result.reason == FailureReason.INTER_TOKEN_LATENCY_REGRESSED
-    assert "acceptance rate 0.02 < the acceptance floor 0.11" in result.evidence
+    found = assess(sample(variant(0.0080 * 1.27, seed=6, acceptance_rate=0.02)), policy())
+    assert isinstance(found.verdict, Failing) and found.verdict.reason == FailureReason.INTER_TOKEN_LATENCY_REGRESSED
+    acceptance = result_of(found, Check.ACCEPTANCE)
+    assert acceptance.outcome == Outcome.FAILED and not acceptance.counted and acceptance.value == 0.02
+    assert render(acceptance) in found.verdict.evidence
 
 
 # -- slower and explained: a measured loss with the acceptance surely below its floor, inside the ratio limit --------
@@ -267,29 +310,31 @@ def test_slower_and_explained_leaves_a_latency_failure_and_a_fixed_floor_their_o
 def test_slower_and_explained_against_a_previous_baseline_at_matched_load() -> None:
     before = previous_baseline(sample(control_pods(seed=9)), 20, NOW)
     assert before is not None
-    result = verdict(sample(counted(0.0080 * 1.08, 0.02, seed=21, jitter=0.005)), policy(PREVIOUS, previous=before))
+    found = assess(sample(counted(0.0080 * 1.08, 0.02, seed=21, jitter=0.005)), policy(PREVIOUS, previous=before))
+    result = found.verdict
     assert isinstance(result, Failing) and result.reason == FailureReason.SLOWER_BELOW_ACCEPTANCE_FLOOR, result
-    assert "vs the Previous baseline, slower beyond noise" in result.evidence
+    assert found.baseline == BaselineName.PREVIOUS and found.per_token is not None and found.per_token.low > 1.0
 
 
 def test_not_drafting_is_its_own_inconclusive() -> None:
-    result = verdict(sample(variant(0.0075, acceptance_rate=NAN, seed=7)), policy())
-    assert isinstance(result, Inconclusive) and result.reason == InconclusiveReason.NOT_DRAFTING
-    assert "not drafting now" in result.message
+    found = assess(sample(variant(0.0075, acceptance_rate=NAN, seed=7)), policy())
+    assert isinstance(found.verdict, Inconclusive) and found.verdict.reason == InconclusiveReason.NOT_DRAFTING
+    acceptance = result_of(found, Check.ACCEPTANCE)
+    assert acceptance.outcome == Outcome.UNDECIDED and acceptance.reason == InconclusiveReason.NOT_DRAFTING
 
 
 def test_a_regression_while_queue_bound_says_so() -> None:
     queued = variant(0.0080 * 1.4, seed=8, e2e=2.0, ttft=1.5, queue=1.4)
     result = assess(sample(queued), policy())
     assert isinstance(result.verdict, Failing)
-    assert result.diagnosis["speculative"] == "Queue-bound"
+    assert result.diagnosis["speculative"] == Bound.QUEUE
     assert "Queue-bound (waiting 70% of end-to-end latency)" in result.verdict.evidence
 
 
 @pytest.mark.parametrize(("ttft", "queue", "e2e", "expected"), [
-    (0.05, 0.005, 2.0, "Decode-bound"), (1.5, 1.4, 2.0, "Queue-bound"), (1.5, 0.0, 2.0, "Prefill-bound"),
+    (0.05, 0.005, 2.0, Bound.DECODE), (1.5, 1.4, 2.0, Bound.QUEUE), (1.5, 0.0, 2.0, Bound.PREFILL),
 ])
-def test_diagnosis(ttft: float, queue: float, e2e: float, expected: str) -> None:
+def test_diagnosis(ttft: float, queue: float, e2e: float, expected: Bound) -> None:
     values = SignalValues(mean_time_to_first_token_seconds=ttft, mean_queue_time_seconds=queue,
                           mean_e2e_latency_seconds=e2e)
     assert diagnose(values) == expected
@@ -300,12 +345,15 @@ def test_previous_baseline_at_matched_load() -> None:
     before = previous_baseline(sample(variant(0.0080, seed=9, acceptance_rate=None)), 20, NOW)
     assert before is not None and before.running_per_pod == 4.0 and before.inter_token_latency is not None
     faster = assess(sample(variant(0.0050, seed=10)), policy(PREVIOUS, previous=before))
-    assert isinstance(faster.verdict, Healthy) and faster.baseline == "Previous"
-    slower = verdict(sample(variant(0.0080 * 1.4, seed=11)), policy(PREVIOUS, previous=before))
-    assert isinstance(slower, Failing) and "vs the Previous baseline" in slower.evidence
-    busier = verdict(sample(variant(0.0050, running=16.0)), policy(PREVIOUS, previous=before))
-    assert isinstance(busier, Inconclusive) and busier.reason == InconclusiveReason.LOAD_DIFFERS_FROM_PREVIOUS
-    assert "running requests per pod" in busier.message
+    assert isinstance(faster.verdict, Healthy) and faster.baseline == BaselineName.PREVIOUS
+    slower = assess(sample(variant(0.0080 * 1.4, seed=11)), policy(PREVIOUS, previous=before))
+    assert isinstance(slower.verdict, Failing) and slower.baseline == BaselineName.PREVIOUS
+    assert result_of(slower, Check.PER_TOKEN_LATENCY).outcome == Outcome.FAILED
+    busier = assess(sample(variant(0.0050, running=16.0)), policy(PREVIOUS, previous=before))
+    assert isinstance(busier.verdict, Inconclusive)
+    assert busier.verdict.reason == InconclusiveReason.LOAD_DIFFERS_FROM_PREVIOUS
+    assert result_of(busier, Check.BASELINE).reason == InconclusiveReason.LOAD_DIFFERS_FROM_PREVIOUS
+    assert busier.baseline is None and busier.per_token is None
 
 
 def test_without_a_matched_previous_baseline_acceptance_decides_alone() -> None:

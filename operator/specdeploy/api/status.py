@@ -12,6 +12,8 @@ from typing import Any
 from pydantic import ConfigDict, Field, model_validator
 
 from specdeploy.api.base import WireModel
+from specdeploy.api.reasons import CalibrationReason, FailureReason, InconclusiveReason, RollbackReason
+from specdeploy.api.spec import EngineKind, Objective
 
 
 class StatusModel(WireModel):
@@ -38,6 +40,62 @@ class VerdictKind(StrEnum):
     HEALTHY = "Healthy"
     FAILING = "Failing"
     INCONCLUSIVE = "Inconclusive"
+
+
+class ArchitectureSource(StrEnum):
+    """Where a model's architecture came from (modelsource/resolve.py)."""
+
+    SPEC = "Spec"
+    CONFIG_MAP = "ConfigMap"
+    PATH = "Path"
+    HUB = "Hub"
+    CATALOG = "Catalog"
+
+
+class PositionSource(StrEnum):
+    """Where the acceptance used for a draft position comes from (judgment/calibration.py)."""
+
+    MEASURED = "Measured"          # its own counts, every draft counted having proposed it
+    EXTRAPOLATED = "Extrapolated"  # the last measured position's conditional acceptance, continued
+
+
+class CalibrationKind(StrEnum):
+    CHANGED = "Changed"
+    KEPT = "Kept"
+
+
+class BaselineName(StrEnum):
+    """What a speedup is measured against: the control pods in the same window, or the Previous snapshot."""
+
+    CONTROL = "control"
+    PREVIOUS = "Previous"
+
+
+class Bound(StrEnum):
+    """Where most of a request's mean end-to-end latency goes: waiting for a slot, prefill or decode."""
+
+    QUEUE = "Queue-bound"
+    PREFILL = "Prefill-bound"
+    DECODE = "Decode-bound"
+
+
+VERDICT_REASONS = [reason.value for reason in (*FailureReason, *InconclusiveReason)]
+"""status.analysis.verdictReason: a FailureReason when Failing, an InconclusiveReason when Inconclusive."""
+
+
+class ProbeTrigger(StrEnum):
+    """Why a probe ran."""
+
+    MANUAL = "Manual"                 # specdeploy probe --sd
+    NEW_GENERATION = "NewGeneration"  # spec.analysis.probe.onNewGeneration: new speculative pods
+    INTERVAL = "Interval"             # spec.analysis.probe.interval
+
+
+class CountsFrom(StrEnum):
+    """Where a probe's drafted and accepted tokens were read."""
+
+    ANSWERS = "answers"      # each answer's metrics.speculative_decoding
+    COUNTERS = "counters"    # the engine's counters around each request
 
 
 class Phase(StrEnum):
@@ -115,7 +173,7 @@ class Compatibility(StatusModel):
 
 class Rollback(StatusModel):
     at: str = Field(description="RFC 3339 time of the rollback")
-    reason: str = Field(description="CamelCase reason, e.g. AcceptanceBelowMinimum")
+    reason: RollbackReason = Field(description="CamelCase reason, e.g. AcceptanceBelowMinimum")
     evidence: str = Field(description="The numbers that decided it")
     speculation_hash: str | None = Field(
         None, description="Digest of spec.speculation at the rollback; a change re-enables speculation"
@@ -129,7 +187,7 @@ class PositionAcceptance(StatusModel):
     position: int = Field(description="The draft position, from 1")
     rate: float = Field(description="The acceptance the schedule is derived from: measured, made non-increasing "
                         "across positions, or extrapolated")
-    source: str = Field(description="Measured or Extrapolated (no draft counted proposed it)")
+    source: PositionSource = Field(description="Measured or Extrapolated (no draft counted proposed it)")
     drafted: float = Field(0.0, description="Drafts counted for the position in the window measured")
     accepted: float = Field(0.0, description="Drafts whose positions 1..position were all accepted")
     standard_error: float | None = Field(None, description="Binomial standard error of accepted ÷ drafted")
@@ -147,9 +205,9 @@ class CalibrationDecisionStatus(StatusModel):
     """The last calibration of an Auto schedule: changed, or kept and why, with the predicted speedups at the
     batch the pods ran (running requests per pod over the window)."""
 
-    kind: str = Field(description="Changed or Kept")
-    reason: str = Field(description="ScheduleRecalibrated, or why kept: TooFewDrafts, SameSchedule, NeverPays, "
-                        "LosesAtLoad, GainBelowMinimum, WithinMinimumPeriod, NoPositionCounts")
+    kind: CalibrationKind = Field(description="Changed or Kept")
+    reason: CalibrationReason = Field(description="ScheduleRecalibrated, or why kept: TooFewDrafts, SameSchedule, "
+                                      "NeverPays, LosesAtLoad, GainBelowMinimum, WithinMinimumPeriod, NoPositionCounts")
     message: str = Field("", description="The decision in a sentence, with the numbers")
     batch: int | None = Field(None, description="The observed batch the speedups are predicted at")
     speedup_before: float | None = Field(None, description="The running table's predicted speedup at batch")
@@ -239,7 +297,7 @@ class Speedup(StatusModel):
     value: float
     low: float
     high: float
-    baseline: str = Field(description="What it is measured against: control or Previous")
+    baseline: BaselineName = Field(description="What it is measured against: control or Previous")
     requests: float = Field(description="Speculative requests behind it")
     baseline_requests: float
 
@@ -247,8 +305,8 @@ class Speedup(StatusModel):
 class Diagnosis(StatusModel):
     """Where a request's time goes, per variant: Queue-bound, Prefill-bound or Decode-bound."""
 
-    speculative: str | None = None
-    control: str | None = None
+    speculative: Bound | None = None
+    control: Bound | None = None
     message: str | None = None
 
 
@@ -267,7 +325,7 @@ class AnalysisStatus(StatusModel):
     speedup: Speedup | None = None
     diagnosis: Diagnosis | None = None
     requests: float | None = None
-    objective: str | None = Field(
+    objective: Objective | None = Field(
         None, description="The spec.analysis.objective that judged the last sample: Latency, Throughput or Both")
     mean_queue_time_seconds: float | None = Field(None, description="Speculative pods' mean queue time")
     baseline_mean_queue_time_seconds: float | None = None
@@ -278,7 +336,8 @@ class AnalysisStatus(StatusModel):
     baseline_output_tokens_per_second_per_gpu: float | None = None
     verdict: VerdictKind | None = Field(None, description="Healthy, Failing or Inconclusive")
     verdict_reason: str | None = Field(
-        None, description="Why, for Failing and Inconclusive: e.g. InterTokenLatencyRegressed, NotEnoughEvidence")
+        None, description="Why, for Failing and Inconclusive: e.g. InterTokenLatencyRegressed, NotEnoughEvidence",
+        json_schema_extra={"enum": VERDICT_REASONS})
     message: str | None = Field(None, description="The verdict in a sentence, with the numbers")
     consecutive_failures: int = 0
     consecutive_inconclusive: int = 0
@@ -315,7 +374,7 @@ class Condition(StatusModel):
 class ModelRecord(StatusModel):
     """Where one model's architecture came from, and the commit the pods are pinned to."""
 
-    source: str = Field(description="Spec, ConfigMap, Path, Hub or Catalog")
+    source: ArchitectureSource = Field(description="Spec, ConfigMap, Path, Hub or Catalog")
     name: str
     revision: str | None = Field(None, description="The revision the spec asks for (a branch, tag or commit)")
     commit: str | None = Field(None, description="The Hub commit it resolved to; the rendered args pin it")
@@ -324,7 +383,7 @@ class ModelRecord(StatusModel):
 
 
 class EngineRecord(StatusModel):
-    kind: str
+    kind: EngineKind
     image: str
 
 
@@ -363,7 +422,7 @@ class ProbeStatus(StatusModel):
     acceptance per workload and temperature on a live pod."""
 
     taken_at: str | None = Field(None, description="When the cells were measured; unset: never yet")
-    trigger: str | None = Field(None, description="Manual (specdeploy probe --sd), NewGeneration or Interval")
+    trigger: ProbeTrigger | None = Field(None, description="Manual (specdeploy probe --sd), NewGeneration or Interval")
     url: str | None = Field(None, description="The engine the requests went to")
     pod: str | None = Field(None, description="The pod probed (the operator's probe)")
     pod_template_hash: str | None = Field(
@@ -372,7 +431,7 @@ class ProbeStatus(StatusModel):
     deployment_generation: int | None = Field(
         None, description="The speculative Deployment's generation when it was probed"
     )
-    counts_from: str | None = Field(None, description="answers (each answer's metrics.speculative_decoding) or "
+    counts_from: CountsFrom | None = Field(None, description="answers (each answer's metrics.speculative_decoding) or "
                                     "counters (the engine's counters around each request)")
     budget: str | None = Field(None, description="What the probe sent and was allowed to send")
     break_even: float | None = Field(None, description="The acceptance where the predicted speedup is 1")

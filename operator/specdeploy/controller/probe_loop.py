@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from specdeploy.api.resource import SpeculativeDeployment
 from specdeploy.api.spec import Probe
-from specdeploy.api.status import ProbeStatus, SpeculativeDeploymentStatus
+from specdeploy.api.status import ProbeStatus, ProbeTrigger, SpeculativeDeploymentStatus
 from specdeploy.clients import kube
 from specdeploy.clients.engine_probe import EngineUnreachable, run_probe
 from specdeploy.controller.reconciler import Reconciler
@@ -119,7 +119,7 @@ class Prober:
                            deployment_generation=state.generation)
 
     async def _probe(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus, probe: Probe,
-                     trigger: str, generation: int) -> None:
+                     trigger: ProbeTrigger, generation: int) -> None:
         namespace, name = resource.metadata.namespace or "", resource.metadata.name
         try:
             result = await self._measure(resource, previous, probe, trigger, generation)
@@ -132,7 +132,7 @@ class Prober:
             logger.exception("probing %s/%s failed", namespace, name)
 
     async def _measure(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus, probe: Probe,
-                       trigger: str, generation: int) -> ProbeStatus:
+                       trigger: ProbeTrigger, generation: int) -> ProbeStatus:
         """The probe's result for status.probe, or the reason it measured nothing; `generation`: the speculative
         Deployment's, as the watch showed it when the probe became due. The break-even is the plan's, with the
         models resolved as the pass resolves them."""

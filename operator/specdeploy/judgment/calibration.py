@@ -3,7 +3,7 @@
     decision = calibrate(sample.position_counts, current, plan, max_k=5, max_num_seqs=256,
                          batch=sample.speculative.running_per_pod, last_change_at=rolled_at, now=now)
     decision.change                 # True: roll decision.schedule
-    decision.reason                 # why not (KeepReason) when not
+    decision.reason                 # why not (CalibrationReason) when not
     decision.gain                   # predicted speedup after ÷ before − 1 at the observed batch
 
 `Auto` derives k per batch range from the roofline and an acceptance per draft position (planning/schedule.py, asked
@@ -37,9 +37,10 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
+from specdeploy.api.reasons import CalibrationReason
 from specdeploy.api.spec import ScheduleMode
+from specdeploy.api.status import PositionSource
 from specdeploy.judgment.plan_view import PlanView, Schedule, ScheduleRange
 from specdeploy.judgment.samples import PositionCounts
 
@@ -68,26 +69,6 @@ MIN_PERIOD_SECONDS = 1800.0
 """At most one change per 30 minutes. Each change restarts the speculative pods (minutes of lost capacity while a
 model loads, cold prefix caches after), and acceptance follows the workload's mix through the day: a shorter
 period would chase the mix minute by minute. Thirty minutes is six 5-minute analysis windows of fresh evidence."""
-
-
-class KeepReason(StrEnum):
-    """Why the schedule running stays."""
-
-    NOT_AUTO = "NotAuto"                          # Fixed and Table schedules are the user's
-    NO_POSITION_COUNTS = "NoPositionCounts"       # SGLang, or no drafts in the window
-    TOO_FEW_DRAFTS = "TooFewDrafts"               # position 1's interval is wider than MAX_HALF_WIDTH
-    SAME_SCHEDULE = "SameSchedule"                # the measurement derives the table running
-    NEVER_PAYS = "NeverPays"                      # the measurement derives k = 0 at every batch size
-    LOSES_AT_LOAD = "LosesAtLoad"                 # the derived table is predicted below 1× at the observed batch
-    GAIN_BELOW_MINIMUM = "GainBelowMinimum"       # under MIN_RELATIVE_GAIN at the observed batch
-    WITHIN_MINIMUM_PERIOD = "WithinMinimumPeriod"  # the last change is less than MIN_PERIOD_SECONDS ago
-
-
-class PositionSource(StrEnum):
-    """Where the acceptance used for a position comes from."""
-
-    MEASURED = "Measured"          # its own counts, every draft counted having proposed it
-    EXTRAPOLATED = "Extrapolated"  # the last measured position's conditional acceptance, continued
 
 
 @dataclass(frozen=True)
@@ -154,7 +135,7 @@ class CalibrationDecision:
     """
 
     change: bool
-    reason: KeepReason | None
+    reason: CalibrationReason | None
     evidence: Evidence | None = None
     positions: tuple[PositionEstimate, ...] = ()
     acceptance: tuple[float, ...] = ()
@@ -355,14 +336,14 @@ def calibrate(
     last_change_at, now: Unix times of the last schedule change (the rollout of the schedule running) and of now.
     """
     if current.mode != ScheduleMode.AUTO:
-        return CalibrationDecision(False, KeepReason.NOT_AUTO)
+        return CalibrationDecision(False, CalibrationReason.NOT_AUTO)
     if counts is None or not counts.accepted:
-        return CalibrationDecision(False, KeepReason.NO_POSITION_COUNTS)
+        return CalibrationDecision(False, CalibrationReason.NO_POSITION_COUNTS)
     evidence = evidence_of(counts)
     if not evidence.enough:
-        return CalibrationDecision(False, KeepReason.TOO_FEW_DRAFTS, evidence)
+        return CalibrationDecision(False, CalibrationReason.TOO_FEW_DRAFTS, evidence)
     if _exactly_counted(counts, current) == 0:     # vLLM counting drafts of a schedule that drafts nothing
-        return CalibrationDecision(False, KeepReason.TOO_FEW_DRAFTS, evidence)
+        return CalibrationDecision(False, CalibrationReason.TOO_FEW_DRAFTS, evidence)
     positions = acceptance_per_position(counts, current, max_k)
     acceptance = tuple(p.rate for p in positions)
     derived = plan.derive_schedule(acceptance)
@@ -376,18 +357,18 @@ def calibrate(
         speedup_before=before, speedup_after=after, gain=gain,
     )
     if _same(current.ranges, derived.ranges):
-        return _keep(decision, KeepReason.SAME_SCHEDULE)
+        return _keep(decision, CalibrationReason.SAME_SCHEDULE)
     if all(r.k == 0 for r in derived.ranges):
-        return _keep(decision, KeepReason.NEVER_PAYS)
+        return _keep(decision, CalibrationReason.NEVER_PAYS)
     if gain < MIN_RELATIVE_GAIN:
-        return _keep(decision, KeepReason.GAIN_BELOW_MINIMUM)
+        return _keep(decision, CalibrationReason.GAIN_BELOW_MINIMUM)
     if after < 1.0:
-        return _keep(decision, KeepReason.LOSES_AT_LOAD)
+        return _keep(decision, CalibrationReason.LOSES_AT_LOAD)
     if now - last_change_at < MIN_PERIOD_SECONDS:
-        return _keep(decision, KeepReason.WITHIN_MINIMUM_PERIOD, earliest_change_at=last_change_at + MIN_PERIOD_SECONDS)
+        return _keep(decision, CalibrationReason.WITHIN_MINIMUM_PERIOD, earliest_change_at=last_change_at + MIN_PERIOD_SECONDS)
     return dataclasses.replace(decision, change=True)
 
 
-def _keep(decision: CalibrationDecision, reason: KeepReason, earliest_change_at: float | None = None
+def _keep(decision: CalibrationDecision, reason: CalibrationReason, earliest_change_at: float | None = None
           ) -> CalibrationDecision:
     return dataclasses.replace(decision, reason=reason, earliest_change_at=earliest_change_at)

@@ -29,6 +29,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from specdeploy.judgment.samples import Points
 
@@ -84,6 +85,23 @@ class Comparison:
         return max(self.requests, self.baseline_requests) * (half / distance) ** 2
 
 
+class Missing(StrEnum):
+    """Why two variants have no comparison."""
+
+    TOO_FEW_PAIRED_SLICES = "TooFewPairedSlices"   # fewer than MIN_SLICES slices hold both variants
+    TOO_FEW_SLICES = "TooFewSlices"                 # the current window alone (unpaired) has too few
+    NO_BASELINE_MEAN = "NoBaselineMean"             # the Previous snapshot has no mean of this latency
+    ZERO_MEAN = "ZeroMean"                          # a variant's mean is 0: no ratio
+
+
+@dataclass(frozen=True)
+class NoComparison:
+    """No interval, and why; `slices`: the slices that held both variants (TooFewPairedSlices)."""
+
+    why: Missing
+    slices: int = 0
+
+
 @dataclass(frozen=True)
 class Slice:
     """One slice of the window: a variant's summed latency and its request count."""
@@ -134,19 +152,18 @@ def _mean(parts: list[Slice]) -> tuple[float, float]:
     return (total / count if count > 0 else math.nan), count
 
 
-def paired_ratio(speculative: list[Slice], baseline: list[Slice]) -> Comparison | str:
-    """The comparison of two variants' slices over the same window, or why there is none (a sentence)."""
+def paired_ratio(speculative: list[Slice], baseline: list[Slice]) -> Comparison | NoComparison:
+    """The comparison of two variants' slices over the same window, or why there is none."""
     base_at = {s.end: s for s in baseline}
     pairs = [(s, base_at[s.end]) for s in speculative if s.end in base_at
              and s.count >= MIN_SLICE_REQUESTS and base_at[s.end].count >= MIN_SLICE_REQUESTS
              and s.total > 0 and base_at[s.end].total > 0]
     if len(pairs) < MIN_SLICES:
-        return (f"only {len(pairs)} of the window's slices hold requests of both variants "
-                f"(at least {MIN_SLICES} are needed for an interval)")
+        return NoComparison(Missing.TOO_FEW_PAIRED_SLICES, len(pairs))
     spec_mean, spec_n = _mean([p for p, _ in pairs])
     base_mean, base_n = _mean([b for _, b in pairs])
     if not (spec_mean > 0 and base_mean > 0):
-        return "a variant's mean latency is 0"
+        return NoComparison(Missing.ZERO_MEAN)
     logs = [math.log((p.total / p.count) / (b.total / b.count)) for p, b in pairs]
     center = math.log(spec_mean / base_mean)
     half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))

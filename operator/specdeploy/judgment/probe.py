@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from specdeploy.api.spec import Probe, SpeculativeDeploymentSpec
-from specdeploy.api.status import ProbeCellStatus, ProbeFailure, ProbeStatus
+from specdeploy.api.status import CountsFrom, ProbeCellStatus, ProbeFailure, ProbeStatus, ProbeTrigger
 from specdeploy.judgment import evidence
 from specdeploy.judgment.plan_view import PlanView
 
@@ -214,7 +214,7 @@ def workloads_from_config_map(data: Mapping[str, str], where: str) -> dict[str, 
 
 
 def probe_result(spec: SpeculativeDeploymentSpec, plan: PlanView | None, outcomes: Sequence[ProbeOutcome],
-                 budget: ProbeBudget, cells_count: int, model: str, url: str, taken_at: datetime, trigger: str,
+                 budget: ProbeBudget, cells_count: int, model: str, url: str, taken_at: datetime, trigger: ProbeTrigger,
                  batch_size: int = 1) -> ProbeStatus:
     """status.probe for a probe's outcomes: the cells, the break-even they are judged by (the plan's cost model's
     at `batch_size` running sequences; none without a plan), and what was sent against what the budget allowed."""
@@ -227,7 +227,8 @@ def probe_result(spec: SpeculativeDeploymentSpec, plan: PlanView | None, outcome
                  f"≤ {budget.requests_per_second:g}/s)")
     return ProbeStatus(
         taken_at=evidence.rfc3339(taken_at), trigger=trigger, url=url,
-        counts_from="counters" if any(o.from_counters for o in outcomes) else "answers", budget=described,
+        counts_from=CountsFrom.COUNTERS if any(o.from_counters for o in outcomes) else CountsFrom.ANSWERS,
+        budget=described,
         break_even=break_even, break_even_basis=floor.describe() if floor is not None else None,
         cells=[ProbeCellStatus(workload=c.workload, temperature=c.temperature, requests=c.requests, failed=c.failed,
                                acceptance_rate=c.acceptance_rate, mean_acceptance_length=c.mean_acceptance_length,
@@ -249,7 +250,8 @@ class ProbeTarget:
     deployment_generation: int
 
 
-def probe_due(probe: Probe, last: ProbeStatus | None, target: ProbeTarget | None, now: datetime) -> str | None:
+def probe_due(probe: Probe, last: ProbeStatus | None, target: ProbeTarget | None,
+              now: datetime) -> ProbeTrigger | None:
     """Why the operator probes now (NewGeneration or Interval), or None. Only a speculating, rolled-out
     speculative Deployment is probed: a rollout in progress mixes generations, and a rolled-back one has
     nothing to measure."""
@@ -260,12 +262,12 @@ def probe_due(probe: Probe, last: ProbeStatus | None, target: ProbeTarget | None
             and (now - evidence.parse_rfc3339(failure.at)).total_seconds() < RETRY_AFTER_FAILURE_SECONDS):
         return None   # the same pods again in a few minutes; new pods at once
     if probe.on_new_generation and (last is None or last.deployment_generation != target.deployment_generation):
-        return "NewGeneration"
+        return ProbeTrigger.NEW_GENERATION
     if probe.interval is not None:
         if last is None or last.taken_at is None:
-            return "Interval"
+            return ProbeTrigger.INTERVAL
         if (now - evidence.parse_rfc3339(last.taken_at)).total_seconds() >= probe.interval:
-            return "Interval"
+            return ProbeTrigger.INTERVAL
     return None
 
 

@@ -23,9 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from specdeploy.api.reasons import CalibrationReason
 from specdeploy.api.spec import ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import (
     CalibrationDecisionStatus,
+    CalibrationKind,
     PositionAcceptance,
     ScheduleCalibration,
     ScheduleEntry,
@@ -36,16 +38,12 @@ from specdeploy.judgment.calibration import (
     AcceptanceNow,
     AcceptanceShift,
     CalibrationDecision,
-    KeepReason,
     acceptance_now,
     calibrate,
 )
 from specdeploy.judgment.plan_view import PlanView, ScheduleRange
 from specdeploy.judgment.queries import latest_seconds
 from specdeploy.judgment.samples import DeploymentSample
-
-RECALIBRATED = "ScheduleRecalibrated"
-"""The reason of a change: the Event's and `lastDecision.reason`."""
 
 
 @dataclass(frozen=True)
@@ -110,9 +108,10 @@ def _decision_text(decision: CalibrationDecision, before: Sequence[ScheduleRange
 
 
 def _decision_status(decision: CalibrationDecision, message: str) -> CalibrationDecisionStatus:
-    reason = RECALIBRATED if decision.change else (decision.reason or KeepReason.SAME_SCHEDULE).value
+    reason = (CalibrationReason.SCHEDULE_RECALIBRATED if decision.change
+              else decision.reason or CalibrationReason.SAME_SCHEDULE)
     return CalibrationDecisionStatus(
-        kind="Changed" if decision.change else "Kept", reason=reason, message=message, batch=decision.batch,
+        kind=CalibrationKind.CHANGED if decision.change else CalibrationKind.KEPT, reason=reason, message=message, batch=decision.batch,
         speedup_before=round(decision.speedup_before, 3) if decision.speedup_before is not None else None,
         speedup_after=round(decision.speedup_after, 3) if decision.speedup_after is not None else None,
         earliest_change_at=(evidence.rfc3339(datetime.fromtimestamp(decision.earliest_change_at, tz=UTC))
@@ -150,7 +149,7 @@ def recalibrate(
     if decision.change and decision.schedule is not None:
         at = evidence.rfc3339(now)
         update |= {
-            "positions": [PositionAcceptance(position=p.position, rate=p.rate, source=p.source.value,
+            "positions": [PositionAcceptance(position=p.position, rate=p.rate, source=p.source,
                                              drafted=p.drafted, accepted=p.accepted, standard_error=p.standard_error)
                           for p in decision.positions],
             "schedule": _entries(decision.schedule), "measured_at": at, "changes": record.changes + 1,

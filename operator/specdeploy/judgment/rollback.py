@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from specdeploy.api.reasons import InconclusiveReason, ReenableReason, RollbackReason
 from specdeploy.api.spec import Analysis, OnInconclusive, Reenable, Speculation
-from specdeploy.api.status import AnalysisStatus, Diagnosis, SpeculationStatus, Speedup
+from specdeploy.api.status import AnalysisStatus, BaselineName, Diagnosis, SpeculationStatus, Speedup
 from specdeploy.api.status import Rollback as RollbackRecord
 from specdeploy.judgment import evidence
 from specdeploy.judgment.oom import OutOfMemory
-from specdeploy.judgment.reasons import InconclusiveReason, ReenableReason, RollbackReason
 from specdeploy.judgment.samples import DeploymentSample, SignalValues
 from specdeploy.judgment.verdict import (
     Assessment,
@@ -117,8 +117,8 @@ def next_analysis_state(previous: AnalysisStatus | None, sample: DeploymentSampl
         case Inconclusive():
             failures, inconclusive = before.consecutive_failures, before.consecutive_inconclusive + 1
     values = sample.speculative
-    baseline_values = sample.control if assessment.baseline == "control" else None
-    snapshot = before.previous_baseline if assessment.baseline == "Previous" else None
+    baseline_values = sample.control if assessment.baseline == BaselineName.CONTROL else None
+    snapshot = before.previous_baseline if assessment.baseline == BaselineName.PREVIOUS else None
     baseline_mean = _finite(baseline_values.mean_inter_token_latency_seconds) if baseline_values else (
         snapshot.inter_token_latency.mean_seconds if snapshot and snapshot.inter_token_latency else None)
     baseline_p99 = p99_shown(baseline_values.p99_inter_token_latency_seconds) if baseline_values else (
@@ -135,7 +135,7 @@ def next_analysis_state(previous: AnalysisStatus | None, sample: DeploymentSampl
         per_pod = variant.per_pod(variant.output_tokens_per_second)
         return None if per_pod is None else round(per_pod / gpus, 1)
 
-    control = sample.control if assessment.baseline == "control" else None
+    control = sample.control if assessment.baseline == BaselineName.CONTROL else None
     return AnalysisStatus(
         last_sample_at=evidence.rfc3339(now),
         acceptance_rate=_round(_finite(values.acceptance_rate), 3),
@@ -150,7 +150,7 @@ def next_analysis_state(previous: AnalysisStatus | None, sample: DeploymentSampl
         speedup=_speedup(assessment),
         diagnosis=_diagnosis(assessment, sample),
         requests=_round(_finite(values.requests), 1),
-        objective=assessment.objective.value,
+        objective=assessment.objective,
         mean_queue_time_seconds=_round(_finite(values.mean_queue_time_seconds), 6),
         baseline_mean_queue_time_seconds=_round(_finite(control.mean_queue_time_seconds), 6) if control else None,
         queue_time_ratio=round(assessment.queue.ratio, 2) if assessment.queue else None,
@@ -208,7 +208,7 @@ def rolled_back(speculation: SpeculationStatus | None, decision: Rollback, now: 
     table last calibrated, not the prior."""
     at = evidence.rfc3339(now)
     rollbacks = (speculation.rollbacks if speculation else 0) + 1
-    record = RollbackRecord(at=at, reason=decision.reason.value, evidence=decision.evidence)
+    record = RollbackRecord(at=at, reason=decision.reason, evidence=decision.evidence)
     kept = {"active": speculation.active, "speculating_pods": speculation.speculating_pods,
             "calibration": speculation.calibration} if speculation else {}
     return SpeculationStatus(decided=False, since=at, rollbacks=rollbacks, last_rollback=record, **kept)

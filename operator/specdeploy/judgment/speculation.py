@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
+from specdeploy.api.reasons import FailureReason, InconclusiveReason
 from specdeploy.api.resource import SpeculativeDeployment
 from specdeploy.api.spec import EngineKind, Objective, ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import AnalysisStatus, SpeculationStatus
@@ -24,7 +25,6 @@ from specdeploy.judgment.hardware import fit_hardware
 from specdeploy.judgment.oom import OutOfMemory
 from specdeploy.judgment.plan_view import PlanView, Schedule
 from specdeploy.judgment.queries import latest_seconds
-from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
 from specdeploy.judgment.recalibration import Recalibration, best_at_load, recalibrate, shift_text, table_text
 from specdeploy.judgment.rollback import (
     RETRY_ANNOTATION,

@@ -4,8 +4,11 @@
     assessment.verdict
     # Failing(InterTokenLatencyRegressed, "per-token latency +18% (95% interval +9…+27%) vs the control, …")
     assessment.speedup, assessment.diagnosis
+    assessment.check(Check.PER_TOKEN_LATENCY)   # CheckResult(outcome=Failed, reason=…, comparison=…, limit=1.10)
 
-A pure function of the measurements and the limits (as Argo Rollouts' evaluate.go): no clock, no I/O.
+A pure function of the measurements and the limits (as Argo Rollouts' evaluate.go): no clock, no I/O. Each check
+returns a typed CheckResult; the verdict and the rules between checks read its fields, and its sentence is rendered
+from it (`render`) when the verdict's message is put together — never parsed.
 
 What decides (docs/analysis.md "Verdicts"). With a baseline, the measured per-token comparison decides:
 the speculative pods' mean latency ÷ the baseline's, from the histograms' `_sum` / `_count` (exact below
@@ -42,15 +45,20 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 
+from specdeploy.api.reasons import FailureReason, InconclusiveReason
 from specdeploy.api.spec import BaselineMode, Checks, Objective
-from specdeploy.api.status import MeanLatency, PreviousBaselineStatus, VerdictKind
+from specdeploy.api.status import BaselineName, Bound, MeanLatency, PreviousBaselineStatus, VerdictKind
 from specdeploy.judgment import evidence
 from specdeploy.judgment.calibration import (
     MIN_DRAFTS,  # the drafts a window counts before its acceptance decides
 )
 from specdeploy.judgment.comparison import (
+    MIN_SLICES,
     Comparison,
+    Missing,
+    NoComparison,
     Slice,
     estimate,
     paired_ratio,
@@ -59,7 +67,6 @@ from specdeploy.judgment.comparison import (
     unpaired_ratio,
 )
 from specdeploy.judgment.comparison import Estimate as _Estimate
-from specdeploy.judgment.reasons import FailureReason, InconclusiveReason
 from specdeploy.judgment.samples import DeploymentSample, QueryErrorKind, Signal, SignalValues
 
 LOAD_TOLERANCE = 0.30
@@ -159,35 +166,106 @@ class Assessment:
 
     verdict: Verdict
     per_token: Comparison | None = None       # speculative ÷ baseline mean per-token latency
-    baseline: str | None = None               # "control" / "Previous"
-    diagnosis: dict[str, str] = field(default_factory=dict)   # variant → Queue-bound / Prefill-bound / Decode-bound
+    baseline: BaselineName | None = None
+    diagnosis: dict[str, Bound] = field(default_factory=dict)   # variant → where its time goes
     floor: Floor | None = None
     objective: Objective = Objective.LATENCY
     queue: Comparison | None = None             # speculative ÷ control mean queue time, each floored
     output_per_gpu: Comparison | None = None    # speculative ÷ control output tokens per second per GPU
     gpus_per_pod: int = 1
+    checks: tuple[CheckResult, ...] = ()          # every check computed, counted or only shown
+
+    def check(self, which: Check) -> CheckResult | None:
+        """The outcome of `which` (the counted one where a check was also shown), None when not computed."""
+        return next((r for r in sorted(self.checks, key=lambda r: not r.counted) if r.check == which), None)
 
 
 # -- one check's outcome ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Pass:
-    text: str
+class Outcome(StrEnum):
+    PASSED = "Passed"
+    FAILED = "Failed"
+    UNDECIDED = "Undecided"      # too little evidence, or nothing measured: the reason says which
+
+
+class Check(StrEnum):
+    """What a check judges (docs/analysis.md "Verdicts")."""
+
+    REQUESTS = "Requests"                  # minRequests, of the speculative pods
+    BASELINE = "Baseline"                  # whether there is a baseline to compare with
+    ACCEPTANCE = "Acceptance"              # the acceptance floor
+    PER_TOKEN_LATENCY = "PerTokenLatency"
+    E2E_LATENCY = "E2ELatency"             # without the queue where it is judged
+    TIME_TO_FIRST_TOKEN = "TimeToFirstToken"
+    QUEUE_TIME = "QueueTime"
+    OUTPUT_PER_GPU = "OutputTokensPerGpu"
+    SLO = "P99E2ELatencySLO"               # maxP99E2ELatencySeconds
 
 
 @dataclass(frozen=True)
-class _Fail:
-    reason: FailureReason
-    text: str
+class Wording:
+    """How an interval check is put in words: `subject` ("per-token latency +30% (95% interval …) vs the
+    control"), the limit's spec name, the side a failure lies on, `detail` (the means and counts, from "; "),
+    whether a pass shows the detail, and `note` (what a failure means, appended)."""
+
+    subject: str
+    limit_name: str
+    side: str = "above"
+    detail: str = ""
+    detail_on_pass: bool = False
+    note: str = ""
 
 
 @dataclass(frozen=True)
-class _Unknown:
-    reason: InconclusiveReason
-    text: str
+class CheckResult:
+    """One check's outcome and the numbers it rests on; `render` makes its sentence, which nothing reads back.
+
+    `reason`: a FailureReason when Failed, an InconclusiveReason when Undecided, None when Passed. Interval checks
+    carry their `comparison`, `limit`, the requests per variant that would decide (`needed`) and their `wording`;
+    the others their sentence (`text`) and the measured `value`. `kept_up`: an undecided tokens-per-GPU interval
+    passed because the queue check passed. `counted`: false for a check the objective shows but does not judge."""
+
+    check: Check
+    outcome: Outcome
+    reason: FailureReason | InconclusiveReason | None = None
+    text: str = ""
+    value: float | None = None
+    comparison: Comparison | None = None
+    limit: float | None = None
+    needed: float | None = None
+    wording: Wording | None = None
+    kept_up: bool = False
+    counted: bool = True
 
 
-_Outcome = _Pass | _Fail | _Unknown
+def _passed(check: Check, text: str, value: float | None = None) -> CheckResult:
+    return CheckResult(check, Outcome.PASSED, text=text, value=value)
+
+
+def _failed(check: Check, reason: FailureReason, text: str, value: float | None = None) -> CheckResult:
+    return CheckResult(check, Outcome.FAILED, reason, text=text, value=value)
+
+
+def _undecided(check: Check, reason: InconclusiveReason, text: str) -> CheckResult:
+    return CheckResult(check, Outcome.UNDECIDED, reason, text=text)
+
+
+def render(result: CheckResult) -> str:
+    """The check's sentence, from its outcome and numbers."""
+    words, limit = result.wording, result.limit
+    if words is None or limit is None:
+        return result.text
+    bound = f"{words.limit_name} {evidence.number(limit)}"
+    if result.outcome == Outcome.FAILED:
+        return f"{words.subject}, {words.side} {bound}{words.detail}{words.note}"
+    if result.outcome == Outcome.UNDECIDED:
+        more = f"; about {evidence.count(result.needed)} requests per variant would tell" if result.needed else ""
+        return f"{words.subject}: the interval holds {bound}{more}{words.detail}"
+    if result.kept_up:
+        return (f"{words.subject}, undecided, but the speculative pods queue no more than the control: they keep up "
+                "with the offered load")
+    return words.subject + (words.detail if words.detail_on_pass else "")
+
 
 _ERROR_REASONS = {
     QueryErrorKind.UNAVAILABLE: InconclusiveReason.PROMETHEUS_UNAVAILABLE,
@@ -212,28 +290,30 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _measured(sample: DeploymentSample, values: SignalValues, signal: Signal, whose: str) -> float | _Unknown:
-    """The value of `signal`, or why there is none (a query error, no series, NaN)."""
+def _measured(sample: DeploymentSample, values: SignalValues, signal: Signal, whose: str,
+              check: Check) -> float | CheckResult:
+    """The value of `signal`, or why there is none (a query error, no series, NaN) as `check` undecided."""
     error = sample.errors.get(signal)
     if error is not None:
-        return _Unknown(_ERROR_REASONS[error.kind], f"the {_WHAT[signal]} query failed: {error.message}")
+        return _undecided(check, _ERROR_REASONS[error.kind], f"the {_WHAT[signal]} query failed: {error.message}")
     value = values.get(signal)
     if value is None:
-        return _Unknown(InconclusiveReason.NO_DATA, f"Prometheus has no {_WHAT[signal]} of the {whose}")
+        return _undecided(check, InconclusiveReason.NO_DATA, f"Prometheus has no {_WHAT[signal]} of the {whose}")
     if not math.isfinite(value):
-        return _Unknown(InconclusiveReason.NOT_A_NUMBER,
-                        f"the {_WHAT[signal]} of the {whose} is {evidence.number(value)} (nothing measured)")
+        return _undecided(check, InconclusiveReason.NOT_A_NUMBER,
+                          f"the {_WHAT[signal]} of the {whose} is {evidence.number(value)} (nothing measured)")
     return value
 
 
 def _request_gate(sample: DeploymentSample, values: SignalValues, min_requests: int, whose: str,
-                  too_few: InconclusiveReason) -> float | _Unknown:
-    requests = _measured(sample, values, Signal.REQUESTS, whose)
-    if isinstance(requests, _Unknown):
+                  too_few: InconclusiveReason, check: Check) -> float | CheckResult:
+    requests = _measured(sample, values, Signal.REQUESTS, whose, check)
+    if isinstance(requests, CheckResult):
         return requests
     if requests < min_requests:
-        return _Unknown(too_few, f"the {whose} finished {evidence.count(requests)} requests in "
-                                 f"{evidence.window(sample.window_seconds)}, fewer than minRequests {min_requests}")
+        return CheckResult(check, Outcome.UNDECIDED, too_few, value=requests,
+                           text=f"the {whose} finished {evidence.count(requests)} requests in "
+                                f"{evidence.window(sample.window_seconds)}, fewer than minRequests {min_requests}")
     return requests
 
 
@@ -241,6 +321,7 @@ def _request_gate(sample: DeploymentSample, values: SignalValues, min_requests: 
 
 @dataclass(frozen=True)
 class _LatencyCheck:
+    check: Check
     what: str
     mean: Signal | None      # the query's mean, for display; None: the mean of the check's slices
     p99: Signal | None       # for display only
@@ -256,16 +337,16 @@ class _LatencyCheck:
 
 
 _PER_TOKEN = _LatencyCheck(
-    "per-token latency", Signal.MEAN_INTER_TOKEN_LATENCY, Signal.P99_INTER_TOKEN_LATENCY,
+    Check.PER_TOKEN_LATENCY, "per-token latency", Signal.MEAN_INTER_TOKEN_LATENCY, Signal.P99_INTER_TOKEN_LATENCY,
     Signal.INTER_TOKEN_LATENCY_SUM_SERIES, Signal.INTER_TOKEN_LATENCY_COUNT_SERIES,
     lambda c: c.per_token_latency_ratio, "maxPerTokenLatencyRatio",
     FailureReason.INTER_TOKEN_LATENCY_REGRESSED, "inter_token_latency")
 _E2E = _LatencyCheck(
-    "end-to-end latency", Signal.MEAN_E2E_LATENCY, Signal.P99_E2E_LATENCY, Signal.E2E_LATENCY_SUM_SERIES,
+    Check.E2E_LATENCY, "end-to-end latency", Signal.MEAN_E2E_LATENCY, Signal.P99_E2E_LATENCY, Signal.E2E_LATENCY_SUM_SERIES,
     Signal.E2E_LATENCY_COUNT_SERIES, lambda c: c.inference_time_ratio, "maxInferenceTimeRatio",
     FailureReason.E2E_LATENCY_REGRESSED, "e2e_latency")
 _TTFT = _LatencyCheck(
-    "time to first token", Signal.MEAN_TIME_TO_FIRST_TOKEN, Signal.P99_TIME_TO_FIRST_TOKEN,
+    Check.TIME_TO_FIRST_TOKEN, "time to first token", Signal.MEAN_TIME_TO_FIRST_TOKEN, Signal.P99_TIME_TO_FIRST_TOKEN,
     Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES, Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES,
     lambda c: c.prefill_time_ratio, "maxPrefillTimeRatio",
     FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED, "time_to_first_token")
@@ -275,12 +356,12 @@ _TTFT = _LatencyCheck(
 # queue: vllm:request_prefill_time_seconds (scheduled → first token) and vllm:request_inference_time_seconds
 # (scheduled → last token) (vllm/v1/metrics/stats.py).
 _ENGINE_E2E = _LatencyCheck(
-    "end-to-end latency without the queue", None, None, Signal.INFERENCE_TIME_SUM_SERIES,
+    Check.E2E_LATENCY, "end-to-end latency without the queue", None, None, Signal.INFERENCE_TIME_SUM_SERIES,
     Signal.INFERENCE_TIME_COUNT_SERIES, lambda c: c.inference_time_ratio, "maxInferenceTimeRatio",
     FailureReason.E2E_LATENCY_REGRESSED, "inference_time",
     (Signal.E2E_LATENCY_SUM_SERIES, Signal.E2E_LATENCY_COUNT_SERIES))
 _ENGINE_TTFT = _LatencyCheck(
-    "time to first token without the queue", None, None, Signal.PREFILL_TIME_SUM_SERIES,
+    Check.TIME_TO_FIRST_TOKEN, "time to first token without the queue", None, None, Signal.PREFILL_TIME_SUM_SERIES,
     Signal.PREFILL_TIME_COUNT_SERIES, lambda c: c.prefill_time_ratio, "maxPrefillTimeRatio",
     FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED, "prefill_time",
     (Signal.TIME_TO_FIRST_TOKEN_SUM_SERIES, Signal.TIME_TO_FIRST_TOKEN_COUNT_SERIES))
@@ -312,7 +393,7 @@ def _slices_mean(parts: list[Slice]) -> float | None:
 
 
 def _check_signals(check: _LatencyCheck, sample: DeploymentSample) -> tuple[Signal, ...]:
-    """The queries a check's slices come from in this sample (a failed one makes it Unknown)."""
+    """The queries a check's slices come from in this sample (a failed one leaves it undecided)."""
     if check.with_queue is None or sample.speculative.points(check.sums) or sample.errors.get(check.sums):
         return check.sums, check.counts
     return check.sums, check.counts, *check.with_queue, *_QUEUE_SERIES
@@ -353,46 +434,65 @@ def _mean_latency(values: SignalValues, check: _LatencyCheck) -> MeanLatency | N
 class _Baseline:
     values: SignalValues | None      # the control's signals (None: a Previous snapshot)
     snapshot: PreviousBaselineStatus | None
-    name: str                        # "control" / "Previous"
+    name: BaselineName
     whose: str                       # "the control" / "the Previous baseline"
     requests: float | None = None
 
 
-def _compare(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline) -> Comparison | str:
+def _compare(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline) -> Comparison | NoComparison:
     spec = sample.speculative
     if baseline.values is not None:
         return paired_ratio(_check_slices(spec, check), _check_slices(baseline.values, check))
     stored: MeanLatency | None = getattr(baseline.snapshot, check.stored, None)
     if stored is None:
-        return "the Previous baseline has no mean of it"
+        return NoComparison(Missing.NO_BASELINE_MEAN)
     now = estimate(_check_slices(spec, check))
     if now is None:
-        return "too few of the window's slices hold requests"
+        return NoComparison(Missing.TOO_FEW_SLICES)
     then = _Estimate(stored.mean_seconds, stored.log_standard_error, stored.slices, stored.requests)
     return unpaired_ratio(now, then)
 
 
-def _latency(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline,
-             checks: Checks) -> tuple[_Outcome, Comparison | None]:
+def _no_comparison(missing: NoComparison, counted: str = "requests") -> str:
+    """Why there is no interval, in words; `counted`: what a slice holds (requests, output tokens)."""
+    match missing.why:
+        case Missing.TOO_FEW_PAIRED_SLICES:
+            return (f"only {missing.slices} of the window's slices hold {counted} of both variants "
+                    f"(at least {MIN_SLICES} are needed for an interval)")
+        case Missing.TOO_FEW_SLICES:
+            return f"too few of the window's slices hold {counted}"
+        case Missing.NO_BASELINE_MEAN:
+            return "the Previous baseline has no mean of it"
+        case Missing.ZERO_MEAN:
+            return "a variant's mean latency is 0"
+
+
+def _interval_check(check: Check, found: Comparison, limit: float, reason: FailureReason, wording: Wording,
+                    higher_is_better: bool = False) -> CheckResult:
+    """Failed when the whole interval is on the wrong side of `limit`, passed when it is wholly on the right side,
+    else undecided with the requests per variant that would tell."""
+    wrong = found.high < limit if higher_is_better else found.low > limit
+    right = found.low >= limit if higher_is_better else found.high <= limit
+    if wrong:
+        return CheckResult(check, Outcome.FAILED, reason, comparison=found, limit=limit, wording=wording)
+    if right:
+        return CheckResult(check, Outcome.PASSED, comparison=found, limit=limit, wording=wording)
+    return CheckResult(check, Outcome.UNDECIDED, InconclusiveReason.NOT_ENOUGH_EVIDENCE, comparison=found,
+                       limit=limit, needed=found.requests_to_decide(limit), wording=wording)
+
+
+def _latency(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline, checks: Checks) -> CheckResult:
     what = check.what
     error = next((failed for signal in _check_signals(check, sample) if (failed := sample.errors.get(signal))), None)
     if error is not None:
-        return _Unknown(_ERROR_REASONS[error.kind], f"the {what} query failed: {error.message}"), None
+        return _undecided(check.check, _ERROR_REASONS[error.kind], f"the {what} query failed: {error.message}")
     found = _compare(sample, check, baseline)
-    limit = check.limit(checks)
-    if isinstance(found, str):
-        return _Unknown(InconclusiveReason.NOT_ENOUGH_EVIDENCE, f"{what} vs {baseline.whose}: {found}"), None
-    detail = _detail(sample, check, baseline, found)
-    if found.low > limit:
-        return _Fail(check.reason, f"{what} {interval(found)} vs {baseline.whose}, above {check.limit_name} "
-                                   f"{evidence.number(limit)}{detail}"), found
-    if found.high <= limit:
-        return _Pass(f"{what} {interval(found)} vs {baseline.whose}"), found
-    needed = found.requests_to_decide(limit)
-    more = f"; about {evidence.count(needed)} requests per variant would tell" if needed else ""
-    return _Unknown(InconclusiveReason.NOT_ENOUGH_EVIDENCE,
-                    f"{what} {interval(found)} vs {baseline.whose}: the interval holds {check.limit_name} "
-                    f"{evidence.number(limit)}{more}{detail}"), found
+    if isinstance(found, NoComparison):
+        return _undecided(check.check, InconclusiveReason.NOT_ENOUGH_EVIDENCE,
+                          f"{what} vs {baseline.whose}: {_no_comparison(found)}")
+    wording = Wording(f"{what} {interval(found)} vs {baseline.whose}", check.limit_name,
+                      detail=_detail(sample, check, baseline, found))
+    return _interval_check(check.check, found, check.limit(checks), check.reason, wording)
 
 
 def _detail(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline, found: Comparison) -> str:
@@ -424,7 +524,7 @@ def _detail(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline,
     return "; " + ", ".join(parts) + "; " + counts if parts else "; " + counts
 
 
-def _baseline(sample: DeploymentSample, policy: Policy) -> _Baseline | _Unknown | None:
+def _baseline(sample: DeploymentSample, policy: Policy) -> _Baseline | CheckResult | None:
     """What the latency checks compare with, why there is nothing to compare with, or None (mode None)."""
     mode = policy.baseline_mode
     if mode == BaselineMode.NONE:
@@ -432,50 +532,50 @@ def _baseline(sample: DeploymentSample, policy: Policy) -> _Baseline | _Unknown 
     if mode == BaselineMode.CONTROL:
         requests = sample.control.requests
         if requests is None and not sample.errors.get(Signal.REQUESTS):
-            return _Unknown(InconclusiveReason.NO_CONTROL_DATA,
-                            "Prometheus has no series of the control pods (specdeploy_io_variant=\"control\")")
+            return _undecided(Check.BASELINE, InconclusiveReason.NO_CONTROL_DATA,
+                              "Prometheus has no series of the control pods (specdeploy_io_variant=\"control\")")
         gate = _request_gate(sample, sample.control, policy.min_requests, "control pods",
-                             InconclusiveReason.CONTROL_TOO_FEW_REQUESTS)
-        if isinstance(gate, _Unknown):
+                             InconclusiveReason.CONTROL_TOO_FEW_REQUESTS, Check.BASELINE)
+        if isinstance(gate, CheckResult):
             return gate
-        return _Baseline(sample.control, None, "control", "the control", gate)
+        return _Baseline(sample.control, None, BaselineName.CONTROL, "the control", gate)
     previous = policy.previous
     if previous is None:
-        return _Unknown(InconclusiveReason.NO_PREVIOUS_BASELINE,
-                        "no Previous baseline yet: the pods have not been measured without speculation")
+        return _undecided(Check.BASELINE, InconclusiveReason.NO_PREVIOUS_BASELINE,
+                          "no Previous baseline yet: the pods have not been measured without speculation")
     now, then = sample.speculative.running_per_pod, previous.running_per_pod
     if now is None or then is None or then <= 0 or abs(now / then - 1.0) > LOAD_TOLERANCE:
         shown_now = "unknown" if now is None else f"{now:.1f}"
         shown_then = "unknown" if then is None else f"{then:.1f}"
-        return _Unknown(InconclusiveReason.LOAD_DIFFERS_FROM_PREVIOUS,
-                        f"{shown_now} running requests per pod differs from the Previous baseline's {shown_then} "
-                        f"(taken at {previous.taken_at}) by more than {LOAD_TOLERANCE:.0%}: not matched load")
-    return _Baseline(None, previous, "Previous", "the Previous baseline")
+        return _undecided(Check.BASELINE, InconclusiveReason.LOAD_DIFFERS_FROM_PREVIOUS,
+                          f"{shown_now} running requests per pod differs from the Previous baseline's {shown_then} "
+                          f"(taken at {previous.taken_at}) by more than {LOAD_TOLERANCE:.0%}: not matched load")
+    return _Baseline(None, previous, BaselineName.PREVIOUS, "the Previous baseline")
 
 
 # -- acceptance ------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _NotDrafting:
-    text: str
-
-
-def _acceptance(sample: DeploymentSample, floor: Floor | None) -> _Outcome | _NotDrafting | None:
+def _acceptance(sample: DeploymentSample, floor: Floor | None) -> CheckResult:
+    """The acceptance against the floor; undecided NotDrafting when the draft counters did not move."""
     error = sample.errors.get(Signal.ACCEPTANCE_RATE)
     value = sample.speculative.acceptance_rate
     if error is None and value is not None and math.isnan(value):
-        return _NotDrafting("not drafting now: the draft counters did not move in the window (the engine drafts "
-                            "nothing at this batch size)")
-    measured = _measured(sample, sample.speculative, Signal.ACCEPTANCE_RATE, "speculative pods")
-    if isinstance(measured, _Unknown):
+        return _undecided(Check.ACCEPTANCE, InconclusiveReason.NOT_DRAFTING,
+                          "not drafting now: the draft counters did not move in the window (the engine drafts "
+                          "nothing at this batch size)")
+    measured = _measured(sample, sample.speculative, Signal.ACCEPTANCE_RATE, "speculative pods", Check.ACCEPTANCE)
+    if isinstance(measured, CheckResult):
         return measured
     if floor is None:
-        return _Pass(f"acceptance rate {evidence.number(measured)} (no floor: set minAcceptanceRate)")
+        return _passed(Check.ACCEPTANCE, f"acceptance rate {evidence.number(measured)} (no floor: set "
+                                         "minAcceptanceRate)", measured)
     shown, limit = evidence.compared(measured, floor.rate)
     if measured < floor.rate:
         rule = f"minAcceptanceRate {limit}" if floor.fixed else f"the acceptance floor {limit} ({floor.basis})"
-        return _Fail(FailureReason.ACCEPTANCE_BELOW_MINIMUM, f"acceptance rate {shown} < {rule}")
-    return _Pass(f"acceptance rate {shown} (floor {limit})")
+        return CheckResult(Check.ACCEPTANCE, Outcome.FAILED, FailureReason.ACCEPTANCE_BELOW_MINIMUM,
+                           f"acceptance rate {shown} < {rule}", measured, limit=floor.rate)
+    return CheckResult(Check.ACCEPTANCE, Outcome.PASSED, None, f"acceptance rate {shown} (floor {limit})", measured,
+                       limit=floor.rate)
 
 
 @dataclass(frozen=True)
@@ -503,17 +603,17 @@ def acceptance_interval(values: SignalValues) -> AcceptanceInterval | None:
     return AcceptanceInterval(rate, low, high, counts.drafts)
 
 
-def _explained_loss(sample: DeploymentSample, baseline: _Baseline, found: Comparison | None, per_token: _Outcome,
-                    policy: Policy) -> _Fail | None:
+def _explained_loss(sample: DeploymentSample, baseline: _Baseline, per_token: CheckResult,
+                    policy: Policy) -> CheckResult | None:
     """Slower, and explained: the per-token comparison's whole interval above 1 while the acceptance's whole interval
     lies below the Auto floor — Failing SlowerBelowAcceptanceFloor, though the interval may hold or pass
     maxPerTokenLatencyRatio. The limit tolerates changes the operator cannot tell from noise; this one is
     measured, and the acceptance says why (the drafts cost more than they save), under any k: Fixed, Table or
     Auto. None where either part lacks its evidence (the interval reaches 1, the acceptance's reaches the floor,
     fewer than MIN_DRAFTS drafts, no counts), where per-token latency failed on its own, and for a Fixed floor
-    (minAcceptanceRate decides alone)."""
-    floor = policy.floor
-    if found is None or isinstance(per_token, _Fail) or floor is None or floor.fixed or found.low <= 1.0:
+    (minAcceptanceRate decides alone). The result's `value` is the acceptance and its `limit` the floor."""
+    floor, found = policy.floor, per_token.comparison
+    if found is None or per_token.outcome == Outcome.FAILED or floor is None or floor.fixed or found.low <= 1.0:
         return None
     acceptance = acceptance_interval(sample.speculative)
     if acceptance is None or acceptance.drafts < MIN_DRAFTS or acceptance.high >= floor.rate:
@@ -521,25 +621,26 @@ def _explained_loss(sample: DeploymentSample, baseline: _Baseline, found: Compar
     limit = evidence.compared(acceptance.high, floor.rate)[1]
     rate, low, high = (evidence.number(value, 3) for value in (acceptance.rate, acceptance.low, acceptance.high))
     tolerance = evidence.number(_PER_TOKEN.limit(policy.checks))
-    return _Fail(FailureReason.SLOWER_BELOW_ACCEPTANCE_FLOOR, (
+    return CheckResult(Check.PER_TOKEN_LATENCY, Outcome.FAILED, FailureReason.SLOWER_BELOW_ACCEPTANCE_FLOOR,
+                       comparison=found, limit=floor.rate, value=acceptance.rate, text=(
         f"per-token latency {interval(found)} vs {baseline.whose}, slower beyond noise (the ratio limit "
         f"{_PER_TOKEN.limit_name} {tolerance} tolerates noise, not a loss), and the acceptance rate {rate} (95% "
         f"interval {low}…{high}, {evidence.count(acceptance.drafts)} drafts) is below the acceptance floor {limit} "
         f"({floor.basis}): the drafts cost more than they save{_detail(sample, _PER_TOKEN, baseline, found)}"))
 
 
-def _slo(sample: DeploymentSample, checks: Checks) -> _Outcome | None:
+def _slo(sample: DeploymentSample, checks: Checks) -> CheckResult | None:
     limit = checks.max_p99_e2e_latency_seconds
     if limit is None:
         return None
-    value = _measured(sample, sample.speculative, Signal.P99_E2E_LATENCY, "speculative pods")
-    if isinstance(value, _Unknown):
+    value = _measured(sample, sample.speculative, Signal.P99_E2E_LATENCY, "speculative pods", Check.SLO)
+    if isinstance(value, CheckResult):
         return value
     if value > limit:
-        return _Fail(FailureReason.E2E_LATENCY_ABOVE_SLO,
-                     f"P99 end-to-end latency {evidence.seconds(value)} > maxP99E2ELatencySeconds "
-                     f"{evidence.seconds(limit)}")
-    return _Pass(f"P99 end-to-end latency {evidence.seconds(value)} within the SLO")
+        return _failed(Check.SLO, FailureReason.E2E_LATENCY_ABOVE_SLO,
+                       f"P99 end-to-end latency {evidence.seconds(value)} > maxP99E2ELatencySeconds "
+                       f"{evidence.seconds(limit)}", value)
+    return _passed(Check.SLO, f"P99 end-to-end latency {evidence.seconds(value)} within the SLO", value)
 
 
 # -- the throughput checks (objectives Throughput and Both) ------------------------------------------
@@ -557,29 +658,11 @@ def _floored(parts: list[Slice], floor: float) -> list[Slice]:
     return [Slice(part.end, max(part.total, floor * part.count), part.count) for part in parts]
 
 
-def _series_error(sample: DeploymentSample, signals: tuple[Signal, ...], what: str) -> _Unknown | None:
+def _series_error(sample: DeploymentSample, signals: tuple[Signal, ...], what: str, check: Check) -> CheckResult | None:
     error = next((failed for signal in signals if (failed := sample.errors.get(signal))), None)
     if error is None:
         return None
-    return _Unknown(_ERROR_REASONS[error.kind], f"the {what} query failed: {error.message}")
-
-
-def _decided(what: str, found: Comparison, limit: float, limit_name: str, reason: FailureReason, detail: str,
-             higher_is_better: bool = False) -> _Outcome:
-    """Fail when the whole interval is on the wrong side of `limit`, pass when it is wholly on the right side,
-    else say how many requests would tell."""
-    shown = f"{what} {times(found)} the control's"
-    wrong = found.high < limit if higher_is_better else found.low > limit
-    right = found.low >= limit if higher_is_better else found.high <= limit
-    side = "below" if higher_is_better else "above"
-    if wrong:
-        return _Fail(reason, f"{shown}, {side} {limit_name} {evidence.number(limit)}{detail}")
-    if right:
-        return _Pass(f"{shown}{detail}")
-    needed = found.requests_to_decide(limit)
-    more = f"; about {evidence.count(needed)} requests per variant would tell" if needed else ""
-    return _Unknown(InconclusiveReason.NOT_ENOUGH_EVIDENCE,
-                    f"{shown}: the interval holds {limit_name} {evidence.number(limit)}{more}{detail}")
+    return _undecided(check, _ERROR_REASONS[error.kind], f"the {what} query failed: {error.message}")
 
 
 def _per_pod_text(values: SignalValues, value: float | None, digits: int) -> str | None:
@@ -587,18 +670,19 @@ def _per_pod_text(values: SignalValues, value: float | None, digits: int) -> str
     return None if shown is None else f"{shown:.{digits}f}"
 
 
-def _queue_check(sample: DeploymentSample, control: SignalValues, checks: Checks) -> tuple[_Outcome, Comparison | None]:
+def _queue_check(sample: DeploymentSample, control: SignalValues, checks: Checks) -> CheckResult:
     """Speculative ÷ control mean queue time over the window's slices, each variant at least the floor."""
     what = "queue time"
-    failed = _series_error(sample, _QUEUE_SERIES, what)
+    failed = _series_error(sample, _QUEUE_SERIES, what, Check.QUEUE_TIME)
     if failed is not None:
-        return failed, None
+        return failed
     floor = checks.queue_time_floor_seconds
     spec_parts = slices(sample.speculative.points(_QUEUE_SERIES[0]), sample.speculative.points(_QUEUE_SERIES[1]))
     base_parts = slices(control.points(_QUEUE_SERIES[0]), control.points(_QUEUE_SERIES[1]))
     found = paired_ratio(_floored(spec_parts, floor), _floored(base_parts, floor))
-    if isinstance(found, str):
-        return _Unknown(InconclusiveReason.NOT_ENOUGH_EVIDENCE, f"{what} vs the control: {found}"), None
+    if isinstance(found, NoComparison):
+        return _undecided(Check.QUEUE_TIME, InconclusiveReason.NOT_ENOUGH_EVIDENCE,
+                          f"{what} vs the control: {_no_comparison(found)}")
     spec_mean = _finite(sample.speculative.mean_queue_time_seconds) or _slices_mean(spec_parts)
     base_mean = _finite(control.mean_queue_time_seconds) or _slices_mean(base_parts)
     parts = []
@@ -611,13 +695,12 @@ def _queue_check(sample: DeploymentSample, control: SignalValues, checks: Checks
         parts.append(f"{waiting[0]} vs {waiting[1]} requests waiting per pod")
     counts = f"{evidence.count(found.requests)} vs {evidence.count(found.baseline_requests)} requests in " \
              f"{found.slices} slices"
-    detail = "; " + ", ".join([*parts, counts])
-    outcome = _decided(what, found, checks.max_queue_time_ratio, "maxQueueTimeRatio",
-                       FailureReason.QUEUE_TIME_REGRESSED, detail)
-    if isinstance(outcome, _Fail):
-        outcome = _Fail(outcome.reason, outcome.text + ": the speculative pods queue first at the same load "
-                        "(fewer sequences fit beside the draft, or each takes longer)")
-    return outcome, found
+    wording = Wording(f"{what} {times(found)} the control's", "maxQueueTimeRatio",
+                      detail="; " + ", ".join([*parts, counts]), detail_on_pass=True,
+                      note=": the speculative pods queue first at the same load (fewer sequences fit beside the "
+                           "draft, or each takes longer)")
+    return _interval_check(Check.QUEUE_TIME, found, checks.max_queue_time_ratio, FailureReason.QUEUE_TIME_REGRESSED,
+                           wording)
 
 
 def _gpu_seconds(points: tuple[tuple[float, float], ...], gpus: float) -> tuple[tuple[float, float], ...]:
@@ -627,25 +710,26 @@ def _gpu_seconds(points: tuple[tuple[float, float], ...], gpus: float) -> tuple[
 
 
 def _output_check(sample: DeploymentSample, control: SignalValues, checks: Checks,
-                  gpus_per_pod: int) -> tuple[_Outcome, Comparison | None]:
+                  gpus_per_pod: int) -> CheckResult:
     """Speculative ÷ control output tokens per second per GPU, paired by slice (generation tokens ÷ pods ÷ GPUs
     per pod): at the same offered load a variant that sustains it serves the same tokens per GPU."""
     what = "output tokens per second per GPU"
-    failed = _series_error(sample, (Signal.OUTPUT_TOKENS_SERIES, Signal.PODS), what)
+    failed = _series_error(sample, (Signal.OUTPUT_TOKENS_SERIES, Signal.PODS), what, Check.OUTPUT_PER_GPU)
     if failed is not None:
-        return failed, None
+        return failed
     spec, gpus = sample.speculative, max(gpus_per_pod, 1)
     for values, whose in ((spec, "speculative pods"), (control, "control pods")):
         pods = _finite(values.pods)
         if not pods:
-            return _Unknown(InconclusiveReason.NO_DATA, f"Prometheus has no pod count of the {whose}"), None
+            return _undecided(Check.OUTPUT_PER_GPU, InconclusiveReason.NO_DATA,
+                              f"Prometheus has no pod count of the {whose}")
     assert spec.pods and control.pods
     spec_points, base_points = spec.points(Signal.OUTPUT_TOKENS_SERIES), control.points(Signal.OUTPUT_TOKENS_SERIES)
     found = paired_ratio(slices(spec_points, _gpu_seconds(spec_points, spec.pods * gpus)),
                          slices(base_points, _gpu_seconds(base_points, control.pods * gpus)))
-    if isinstance(found, str):
-        return _Unknown(InconclusiveReason.NOT_ENOUGH_EVIDENCE,
-                        f"{what} vs the control: {found.replace('hold requests', 'hold output tokens')}"), None
+    if isinstance(found, NoComparison):
+        return _undecided(Check.OUTPUT_PER_GPU, InconclusiveReason.NOT_ENOUGH_EVIDENCE,
+                          f"{what} vs the control: {_no_comparison(found, 'output tokens')}")
     found = dataclasses.replace(found, requests=_finite(spec.requests) or 0.0,
                                 baseline_requests=_finite(control.requests) or 0.0)
     rates = (spec.per_pod(spec.output_tokens_per_second), control.per_pod(control.output_tokens_per_second))
@@ -654,33 +738,32 @@ def _output_check(sample: DeploymentSample, control: SignalValues, checks: Check
         parts.append(f"{rates[0] / gpus:,.0f} vs {rates[1] / gpus:,.0f} tokens/s per GPU")
     parts.append(f"{evidence.count(spec.pods)} vs {evidence.count(control.pods)} pods of {gpus} GPU"
                  f"{'s' if gpus > 1 else ''}")
-    detail = "; " + ", ".join(parts)
-    return _decided(what, found, checks.min_output_tokens_per_gpu_ratio, "minOutputTokensPerGpuRatio",
-                    FailureReason.OUTPUT_THROUGHPUT_REGRESSED, detail, higher_is_better=True), found
+    wording = Wording(f"{what} {times(found)} the control's", "minOutputTokensPerGpuRatio", side="below",
+                      detail="; " + ", ".join(parts), detail_on_pass=True)
+    return _interval_check(Check.OUTPUT_PER_GPU, found, checks.min_output_tokens_per_gpu_ratio,
+                           FailureReason.OUTPUT_THROUGHPUT_REGRESSED, wording, higher_is_better=True)
 
 
-def _kept_up(output: _Outcome, queue: _Outcome) -> _Outcome:
+def _kept_up(output: CheckResult, queue: CheckResult) -> CheckResult:
     """An undecided tokens-per-GPU interval beside a passed queue check passes. Below saturation both variants
     serve what arrives, so their token rates differ only by the arrival noise of each pod's share (at low load
     the interval stays wide however long one waits); a variant that does not queue more than the control keeps
     up with the offered load, which is what the tokens check asks."""
-    if (isinstance(output, _Unknown) and output.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE
-            and isinstance(queue, _Pass) and "interval holds" in output.text):
-        undecided = output.text.split(": the interval holds", 1)[0]
-        return _Pass(f"{undecided}, undecided, but the speculative pods queue no more than the control: they keep "
-                     "up with the offered load")
+    if (output.outcome == Outcome.UNDECIDED and output.comparison is not None
+            and output.reason == InconclusiveReason.NOT_ENOUGH_EVIDENCE and queue.outcome == Outcome.PASSED):
+        return dataclasses.replace(output, outcome=Outcome.PASSED, reason=None, needed=None, kept_up=True)
     return output
 
 
 # -- where the time goes ---------------------------------------------------------------------------
 
-def diagnose(values: SignalValues) -> str | None:
+def diagnose(values: SignalValues) -> Bound | None:
     """Queue-bound, Prefill-bound or Decode-bound: the largest part of a request's mean end-to-end latency."""
     ttft, e2e = _finite(values.mean_time_to_first_token_seconds), _finite(values.mean_e2e_latency_seconds)
     if ttft is None or e2e is None or e2e <= 0:
         return None
     queue = _finite(values.mean_queue_time_seconds) or 0.0
-    parts = {"Queue-bound": queue, "Prefill-bound": max(0.0, ttft - queue), "Decode-bound": max(0.0, e2e - ttft)}
+    parts = {Bound.QUEUE: queue, Bound.PREFILL: max(0.0, ttft - queue), Bound.DECODE: max(0.0, e2e - ttft)}
     return max(parts, key=lambda name: parts[name])
 
 
@@ -704,12 +787,16 @@ LATENCY_OBJECTIVES = (Objective.LATENCY, Objective.BOTH)
 THROUGHPUT_OBJECTIVES = (Objective.THROUGHPUT, Objective.BOTH)
 
 
-def _not_counted(outcomes: list[_Outcome], objective: Objective, what: str) -> str:
+def _not_counted(results: list[CheckResult], objective: Objective, what: str) -> str:
     """The checks another objective would judge, shown as information: "; not counted under objective …: …"."""
-    texts = [o.text for o in outcomes if not isinstance(o, _Unknown)]
+    texts = [render(r) for r in results if r.outcome != Outcome.UNDECIDED]
     if not texts:
         return ""
     return f"; not counted under objective {objective.value} ({what}): " + "; ".join(texts)
+
+
+def _uncounted(results: list[CheckResult]) -> list[CheckResult]:
+    return [dataclasses.replace(r, counted=False) for r in results]
 
 
 def assess(sample: DeploymentSample, policy: Policy) -> Assessment:
@@ -718,85 +805,97 @@ def assess(sample: DeploymentSample, policy: Policy) -> Assessment:
     diagnosis = {name: bound for name, values in (("speculative", sample.speculative), ("control", sample.control))
                  if (bound := diagnose(values)) is not None}
     requests = _request_gate(sample, sample.speculative, policy.min_requests, "speculative pods",
-                             InconclusiveReason.TOO_FEW_REQUESTS)
-    if isinstance(requests, _Unknown):
-        return Assessment(Inconclusive(requests.reason, requests.text + f", objective {objective.value}"),
+                             InconclusiveReason.TOO_FEW_REQUESTS, Check.REQUESTS)
+    if isinstance(requests, CheckResult):
+        assert isinstance(requests.reason, InconclusiveReason)
+        return Assessment(Inconclusive(requests.reason, render(requests) + f", objective {objective.value}"),
                           diagnosis=diagnosis, floor=policy.floor, objective=objective,
-                          gpus_per_pod=policy.gpus_per_pod)
-    outcomes: list[_Outcome] = []
-    informative: list[_Outcome] = []     # computed, shown, not counted under this objective
+                          gpus_per_pod=policy.gpus_per_pod, checks=(requests,))
+    counted: list[CheckResult] = []
+    shown: list[CheckResult] = []        # computed, shown, not counted under this objective
+    not_counted = ""
     baseline = _baseline(sample, policy)
     per_token: Comparison | None = None
     queue: Comparison | None = None
     output: Comparison | None = None
-    explained: _Fail | None = None
+    explained: CheckResult | None = None
     if isinstance(baseline, _Baseline):
-        latency: list[_Outcome] = []
+        latency: list[CheckResult] = []
         for check in _LATENCY_CHECKS:
-            outcome, found = _latency(sample, check, baseline, policy.checks)
+            result = _latency(sample, check, baseline, policy.checks)
             if check is _PER_TOKEN:
-                per_token = found
-                explained = _explained_loss(sample, baseline, found, outcome, policy)
-                outcome = explained or outcome
-            latency.append(outcome)
-        throughput: list[_Outcome] = []
+                per_token = result.comparison
+                explained = _explained_loss(sample, baseline, result, policy)
+                result = explained or result
+            latency.append(result)
+        throughput: list[CheckResult] = []
         if baseline.values is not None:
-            queue_outcome, queue = _queue_check(sample, baseline.values, policy.checks)
-            output_outcome, output = _output_check(sample, baseline.values, policy.checks, policy.gpus_per_pod)
-            throughput = [queue_outcome, _kept_up(output_outcome, queue_outcome)]
+            queue_result = _queue_check(sample, baseline.values, policy.checks)
+            output_result = _output_check(sample, baseline.values, policy.checks, policy.gpus_per_pod)
+            queue, output = queue_result.comparison, output_result.comparison
+            throughput = [queue_result, _kept_up(output_result, queue_result)]
         elif objective in THROUGHPUT_OBJECTIVES:
-            throughput = [_Unknown(InconclusiveReason.NO_CONTROL_DATA,
-                                   f"objective {objective.value} compares queueing and tokens per GPU with the "
-                                   "control pods; the Previous baseline has none (set baseline mode Control)")]
-        outcomes += latency if objective in LATENCY_OBJECTIVES else []
-        outcomes += throughput if objective in THROUGHPUT_OBJECTIVES else []
-        if objective not in LATENCY_OBJECTIVES:
-            informative.append(_Pass(_not_counted(latency, objective, "latency checks")))
-        if objective not in THROUGHPUT_OBJECTIVES:
-            informative.append(_Pass(_not_counted([o for o in throughput if isinstance(o, _Fail)], objective,
-                                                  "queueing and throughput: objective Throughput or Both judges them")))
+            throughput = [_undecided(Check.BASELINE, InconclusiveReason.NO_CONTROL_DATA,
+                                     f"objective {objective.value} compares queueing and tokens per GPU with the "
+                                     "control pods; the Previous baseline has none (set baseline mode Control)")]
+        if objective in LATENCY_OBJECTIVES:
+            counted += latency
+        else:
+            shown += _uncounted(latency)
+            not_counted += _not_counted(latency, objective, "latency checks")
+        if objective in THROUGHPUT_OBJECTIVES:
+            counted += throughput
+        else:
+            shown += _uncounted(throughput)
+            not_counted += _not_counted([r for r in throughput if r.outcome == Outcome.FAILED], objective,
+                                        "queueing and throughput: objective Throughput or Both judges them")
     elif baseline is not None:
-        outcomes.append(baseline)
+        counted.append(baseline)
     elif objective in THROUGHPUT_OBJECTIVES:
-        outcomes.append(_Unknown(InconclusiveReason.NO_CONTROL_DATA,
-                                 f"objective {objective.value} compares queueing and tokens per GPU with the control "
-                                 "pods; baseline mode None has none (set baseline mode Control)"))
+        counted.append(_undecided(Check.BASELINE, InconclusiveReason.NO_CONTROL_DATA,
+                                  f"objective {objective.value} compares queueing and tokens per GPU with the control "
+                                  "pods; baseline mode None has none (set baseline mode Control)"))
     acceptance = _acceptance(sample, policy.floor)
+    not_drafting = acceptance.reason == InconclusiveReason.NOT_DRAFTING
     compared = isinstance(baseline, _Baseline) or (
-        isinstance(baseline, _Unknown) and baseline.reason in (InconclusiveReason.NO_CONTROL_DATA,
-                                                                InconclusiveReason.CONTROL_TOO_FEW_REQUESTS))
+        isinstance(baseline, CheckResult) and baseline.reason in (InconclusiveReason.NO_CONTROL_DATA,
+                                                                  InconclusiveReason.CONTROL_TOO_FEW_REQUESTS))
     explanation = ""
-    if isinstance(acceptance, _Fail) and compared and not (policy.floor and policy.floor.fixed):
+    if acceptance.outcome == Outcome.FAILED and compared and not (policy.floor and policy.floor.fixed):
         # With a baseline the measured comparison decides; acceptance below the Auto floor explains it (a loss it
         # explains with certainty has said so already).
-        explanation = "" if explained is not None and objective in LATENCY_OBJECTIVES else f"; {acceptance.text}"
-    elif acceptance is not None and not isinstance(acceptance, _NotDrafting):
-        outcomes.insert(0, acceptance)
+        explanation = "" if explained is not None and objective in LATENCY_OBJECTIVES else f"; {render(acceptance)}"
+        shown.append(dataclasses.replace(acceptance, counted=False))
+    elif not not_drafting:
+        counted.insert(0, acceptance)
     slo = _slo(sample, policy.checks)
     if slo is not None:
-        outcomes.append(slo)
+        counted.append(slo)
     context = _context(sample, requests, baseline if isinstance(baseline, _Baseline) else None, objective)
-    explanation += "".join(o.text for o in informative)
+    explanation += not_counted
     name = baseline.name if isinstance(baseline, _Baseline) else None
+    checks = tuple(counted + shown + ([acceptance] if not_drafting else []))
 
     def assessment(result: Verdict) -> Assessment:
         return Assessment(result, per_token, name, diagnosis, policy.floor, objective, queue, output,
-                          policy.gpus_per_pod)
+                          policy.gpus_per_pod, checks)
 
-    failures = [o for o in outcomes if isinstance(o, _Fail)]
+    failures = [r for r in counted if r.outcome == Outcome.FAILED]
     if failures:
         queued = ""
-        if diagnosis.get("speculative") == "Queue-bound" and objective not in THROUGHPUT_OBJECTIVES:
+        if diagnosis.get("speculative") == Bound.QUEUE and objective not in THROUGHPUT_OBJECTIVES:
             queued = _queue_note(sample.speculative)
-        text = "; ".join(f.text for f in failures) + f" {context}" + explanation + queued
+        text = "; ".join(render(f) for f in failures) + f" {context}" + explanation + queued
+        assert isinstance(failures[0].reason, FailureReason)
         return assessment(Failing(failures[0].reason, text))
-    unknowns = [o for o in outcomes if isinstance(o, _Unknown)]
-    if unknowns:
-        text = "; ".join(u.text for u in unknowns) + f" {context}" + explanation
-        return assessment(Inconclusive(unknowns[0].reason, text))
-    passed = "; ".join(o.text for o in outcomes if isinstance(o, _Pass))
-    if isinstance(acceptance, _NotDrafting):
-        text = acceptance.text + (f"; {passed}" if passed else "") + f" {context}"
+    undecided = [r for r in counted if r.outcome == Outcome.UNDECIDED]
+    if undecided:
+        text = "; ".join(render(u) for u in undecided) + f" {context}" + explanation
+        assert isinstance(undecided[0].reason, InconclusiveReason)
+        return assessment(Inconclusive(undecided[0].reason, text))
+    passed = "; ".join(render(r) for r in counted)
+    if not_drafting:
+        text = render(acceptance) + (f"; {passed}" if passed else "") + f" {context}"
         return assessment(Inconclusive(InconclusiveReason.NOT_DRAFTING, text))
     return assessment(Healthy(passed + f" {context}" + explanation))
 

@@ -45,14 +45,13 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from specdeploy.api.spec import Architecture, SpeculativeDeploymentSpec
-from specdeploy.api.status import Finding
+from specdeploy.api.status import ArchitectureSource, Finding
 from specdeploy.modelsource import (
     ConfigNotUnderstood,
     ConfigUnreadable,
@@ -129,14 +128,6 @@ class HubConfig:
     @property
     def url(self) -> str:
         return f"{self.endpoint}/{self.repo_id}/blob/{self.commit_sha}/config.json"
-
-
-class ArchitectureSource(StrEnum):
-    SPEC = "Spec"
-    CONFIG_MAP = "ConfigMap"
-    PATH = "Path"
-    HUB = "Hub"
-    CATALOG = "Catalog"
 
 
 @dataclass(frozen=True)

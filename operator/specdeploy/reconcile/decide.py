@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from specdeploy.api.reasons import CalibrationReason
 from specdeploy.api.resource import SpeculativeDeployment
 from specdeploy.api.spec import AnalysisMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import Condition, ProbeStatus, SpeculativeDeploymentStatus
 from specdeploy.judgment import evidence
 from specdeploy.judgment.alerts import rollback_alert
 from specdeploy.judgment.oom import out_of_memory
-from specdeploy.judgment.recalibration import RECALIBRATED
 from specdeploy.judgment.rollback import Rollback
 from specdeploy.judgment.samples import DeploymentSample
 from specdeploy.judgment.speculation import SpeculationStep, step_speculation
@@ -222,7 +222,7 @@ def decide(observed: Observed, now: datetime) -> Actions:
         alert = _would_roll_back_alert(observed, would_roll_back, now)
     reenabled = (Event.normal("SpeculationReenabled", step.reenabled.message),) if step.reenabled else ()
     # The new table is rendered by the next pass, whose plan reads the positions this status records.
-    recalibrated = (Event.normal(RECALIBRATED, step.recalibrated.message),) if step.recalibrated else ()
+    recalibrated = (Event.normal(CalibrationReason.SCHEDULE_RECALIBRATED, step.recalibrated.message),) if step.recalibrated else ()
     return Actions(status, tuple(previous.conditions), write_first=step.rollback is not None, children=children,
                    own_events=reenabled + recalibrated + _probe_events(observed.probe, status), notice=notice,
                    alert=alert,

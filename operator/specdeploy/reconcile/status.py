@@ -11,6 +11,7 @@ from typing import Any
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import (
     AnalysisStatus,
+    ArchitectureSource,
     Condition,
     ConditionStatus,
     DeployRecord,
@@ -86,15 +87,15 @@ def deploy_record(spec: SpeculativeDeploymentSpec, plan: Plan) -> DeployRecord:
     revision is the one the spec asks for, not the pin), the engine and its image."""
     def model(origin: Origin | None, name: str, revision: str | None) -> ModelRecord:
         if origin is None:
-            return ModelRecord(source="Spec", name=name, revision=revision)
-        return ModelRecord(source=origin.source.value, name=origin.name, revision=revision, commit=origin.commit_sha,
+            return ModelRecord(source=ArchitectureSource.SPEC, name=name, revision=revision)
+        return ModelRecord(source=origin.source, name=origin.name, revision=revision, commit=origin.commit_sha,
                            location=origin.location or None, warnings=list(origin.warnings))
 
     draft = spec.speculation.draft
     return DeployRecord(
         target=model(plan.target_origin, spec.model.name, spec.model.revision),
         draft=model(plan.draft_origin, draft.name, draft.revision) if draft is not None else None,
-        engine=EngineRecord(kind=spec.engine.kind.value, image=image_for(spec)),
+        engine=EngineRecord(kind=spec.engine.kind, image=image_for(spec)),
     )
 
 

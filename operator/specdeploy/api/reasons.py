@@ -1,5 +1,6 @@
 """Every reason the analysis gives, in one place: why a sample fails, why it says nothing, why speculation
-was rolled back or comes back.
+was rolled back or comes back, why an Auto schedule changed or stayed. In api/ because status carries them: the CRD
+lists each as an enum.
 
 Reasons are one CamelCase word and stable: status, Events, alert labels and the operator's metrics carry
 them, and dashboards and alert routes match on them. Add new ones; never rename one.
@@ -66,3 +67,20 @@ class ReenableReason(StrEnum):
     SPECULATION_SPEC_CHANGED = "SpeculationSpecChanged"
     RETRY_REQUESTED = "RetryRequested"
     COOLDOWN_ELAPSED = "CooldownElapsed"
+
+
+class CalibrationReason(StrEnum):
+    """Why the last calibration of an Auto schedule changed it, or kept the one running (judgment/calibration.py)."""
+
+    SCHEDULE_RECALIBRATED = "ScheduleRecalibrated"   # changed: the Event's reason too
+    NOT_AUTO = "NotAuto"                          # Fixed and Table schedules are the user's
+    NO_POSITION_COUNTS = "NoPositionCounts"       # SGLang, or no drafts in the window
+    TOO_FEW_DRAFTS = "TooFewDrafts"               # position 1's interval is wider than MAX_HALF_WIDTH
+    SAME_SCHEDULE = "SameSchedule"                # the measurement derives the table running
+    NEVER_PAYS = "NeverPays"                      # the measurement derives k = 0 at every batch size
+    LOSES_AT_LOAD = "LosesAtLoad"                 # the derived table is predicted below 1× at the observed batch
+    GAIN_BELOW_MINIMUM = "GainBelowMinimum"       # under MIN_RELATIVE_GAIN at the observed batch
+    WITHIN_MINIMUM_PERIOD = "WithinMinimumPeriod"  # the last change is less than MIN_PERIOD_SECONDS ago
+    NOT_EXPRESSIBLE = "NotExpressible"
+    """No longer given (since 104d3b3 the derived table is always one the engine can run); status written before
+    may hold it, and must stay valid."""
