@@ -100,12 +100,9 @@ def _status_patches(writes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_acceptance_collapse_under_load_rolls_back_with_evidence(
     dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
 ) -> None:
-    operator = analysing_operator(metrics=True)
+    scraped_from = time.time()
+    operator = analysing_operator(scraped=True)   # the dashboard's queries read it from the dev Prometheus
     serving = serve_scenario(dev_cluster, namespace)
-    # The dev cluster's Prometheus scrapes the operator as the chart's ServiceMonitor has it scraped: the
-    # dashboard's queries are then checked against the real thing, during this scenario's traffic.
-    target, scraped_from = f"operator-{namespace}", time.time()
-    dev_cluster.add_scrape_target(target, operator.metrics_url.removeprefix("http://").removesuffix("/metrics"))
     traffic = Traffic(dev_cluster, serving, qps=4, duration=240).start()
     try:
         wait_for_object(dev_cluster, ["sd", NAME], lambda o: _analysis(o).get("verdict") == "Healthy", 90,
@@ -134,7 +131,6 @@ def test_acceptance_collapse_under_load_rolls_back_with_evidence(
                      dev_cluster, queries, scraped_from)))
     finally:
         traffic.stop()
-        dev_cluster.remove_scrape_target(target)
     record = obj["status"]["speculation"]["lastRollback"]
     assert record["reason"] == "AcceptanceBelowMinimum"
     assert "minAcceptanceRate 0.5" in record["evidence"]
