@@ -156,3 +156,27 @@ def test_batch_and_k_and_a_deleted_sd_leaves_no_gauge() -> None:
     metrics.forget("prod", "llama")
     gauges = [line for line in metrics.render().splitlines() if not line.startswith("#") and 'name="llama"' in line]
     assert gauges == []
+
+
+def test_k_in_use_is_the_rendered_schedules_k_at_the_measured_batch() -> None:
+    from specdeploy.api.resource import parse_resource
+    from specdeploy.api.status import SpeculationStatus, SpeculativeDeploymentStatus
+    from specdeploy.controller.reconciler import _k_in_use, plan_resource
+    from specdeploy.reconcile.decide import Observed
+
+    body = {"apiVersion": "specdeploy.io/v1alpha1", "kind": "SpeculativeDeployment",
+            "metadata": {"name": "llama", "namespace": "prod", "generation": 1},
+            "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                     "speculation": {"method": "draft_model", "draft": {"name": "meta-llama/Llama-3.2-1B-Instruct"},
+                                     "numSpeculativeTokens": 4, "schedule": {"mode": "Table", "table": [
+                                         {"minBatch": 1, "maxBatch": 8, "k": 4}, {"minBatch": 9, "maxBatch": 32, "k": 1}]}},
+                     "resources": {"gpu": {"product": "H100-80GB", "count": 1}},
+                     "serving": {"maxModelLen": 8192, "maxNumSeqs": 32}}}
+    resource = parse_resource(body)
+    observed = Observed(body, SpeculativeDeploymentStatus(), resource, planned=plan_resource(resource))
+    speculating = SpeculativeDeploymentStatus(speculation=SpeculationStatus(decided=True, active=True))
+    assert _k_in_use(observed, speculating, 4.4) == 4
+    assert _k_in_use(observed, speculating, 8.6) == 1      # a mean of 8.6 running: the 9-32 range
+    assert _k_in_use(observed, speculating, None) is None
+    rolled_back = SpeculativeDeploymentStatus(speculation=SpeculationStatus(decided=False, active=False))
+    assert _k_in_use(observed, rolled_back, 4.4) == 0
