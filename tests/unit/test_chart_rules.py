@@ -261,16 +261,22 @@ PROMTOOL_TESTS: list[dict[str, Any]] = [
          _fires("9m", "SpeculationFailing"),
          _fires("12m", "SpeculationFailing", (_llama("warning", observe="true"), FAILING))]},
     # The case: acceptance 0.3 against the EAGLE-3 SD's floor 0.11 is healthy (a fixed 0.5 paged on it);
-    # below the floor for 15 minutes fires, with the verdict's observe label.
+    # below the floor for 15 minutes fires, with the verdict's observe label; mistral's is as low, rolled back.
     {"interval": "1m",
      "input_series": [
          _series("specdeploy_acceptance_rate", "0.3x10 0.08x30", namespace="prod", name="llama"),
          _series("specdeploy_acceptance_floor", "0.11x40", namespace="prod", name="llama"),
          _verdict("llama", "Healthy", "", "false", "1x10 stale"),
          _verdict("llama", "Failing", "AcceptanceBelowMinimum", "false", "_x11 1x30"),
+         _series("specdeploy_speculation_active", "1x40", namespace="prod", name="llama"),
          _series("specdeploy_acceptance_rate", "0.3x40", namespace="prod", name="qwen"),
          _series("specdeploy_acceptance_floor", "0.11x40", namespace="prod", name="qwen"),
-         _verdict("qwen", "Healthy", "", "false", "1x40")],
+         _verdict("qwen", "Healthy", "", "false", "1x40"),
+         _series("specdeploy_speculation_active", "1x40", namespace="prod", name="qwen"),
+         _series("specdeploy_acceptance_rate", "0.02x40", namespace="prod", name="mistral"),
+         _series("specdeploy_acceptance_floor", "0.11x40", namespace="prod", name="mistral"),
+         _verdict("mistral", "Failing", "AcceptanceBelowMinimum", "false", "1x40"),
+         _series("specdeploy_speculation_active", "1x3 0x40", namespace="prod", name="mistral")],
      "alert_rule_test": [
          _fires("20m", "AcceptanceBelowFloor"),
          _fires("27m", "AcceptanceBelowFloor", (_llama("warning", observe="false"), BELOW_FLOOR))]},

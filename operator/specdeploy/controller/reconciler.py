@@ -494,11 +494,15 @@ class Reconciler:
             if analysis is not None and analysis.verdict is not None:
                 self.metrics.judged(namespace, name, analysis.verdict.value, analysis.verdict_reason or "",
                                     observing(observed), analysis.acceptance_floor, analysis.consecutive_inconclusive)
-            if observed.sample is not None:
-                batch = observed.sample.speculative.running_per_pod
-                self.metrics.batch_and_k(namespace, name, {
-                    "speculative": batch, "control": observed.sample.control.running_per_pod},
-                    _k_in_use(observed, status, batch))
+        elif observed.sample is not None:
+            # Sampled with no speculation to judge (rolled back, or off): no acceptance or speedup of it any more.
+            self.metrics.acceptance_rate(namespace, name, None)
+            self.metrics.speedup_interval(namespace, name, None)
+        if observed.sample is not None:
+            batch = observed.sample.speculative.running_per_pod
+            self.metrics.batch_and_k(namespace, name, {
+                "speculative": batch, "control": observed.sample.control.running_per_pod},
+                _k_in_use(observed, status, batch))
 
     async def _post_notice(self, observed: Observed, notice: Notice) -> bool:
         """The rollback's Event and alert; True when both went out (the Event found there counts)."""
