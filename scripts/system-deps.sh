@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# System packages the dev cluster needs: the real Prometheus and Alertmanager servers from Debian.
+# System packages the dev cluster needs: the real Prometheus and Alertmanager servers from Debian, and
+# promtool (in the prometheus package), which evaluates the chart's alerts (tests/unit/test_chart_rules.py).
 # Idempotent and quiet when everything is present; `apt-get update` runs only when a package is missing.
 set -euo pipefail
 
 declare -A wanted=(
   [/usr/bin/prometheus]=prometheus
+  [/usr/bin/promtool]=prometheus
   [/usr/bin/prometheus-alertmanager]=prometheus-alertmanager
 )
 

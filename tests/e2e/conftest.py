@@ -157,21 +157,29 @@ def operator_processes(dev_cluster: DevCluster, crds: None, namespace: str,
 
 
 @pytest.fixture
-def analysing_operator(dev_cluster: DevCluster,
-                       operator_processes: Callable[..., OperatorProcess]) -> Callable[..., OperatorProcess]:
+def analysing_operator(dev_cluster: DevCluster, namespace: str,
+                       operator_processes: Callable[..., OperatorProcess]) -> Iterator[Callable[..., OperatorProcess]]:
     """Start an operator that samples the dev Prometheus every second and alerts the dev Alertmanager.
     `metrics=True` serves its /metrics at `process.metrics_url` — only for tests that read it: a port
-    probed free here can be taken before the operator binds it, and the operator then stops."""
+    probed free here can be taken before the operator binds it, and the operator then stops. `scraped=True`
+    also has the dev Prometheus scrape it, as the chart's ServiceMonitor has it scraped (until the test ends)."""
+    targets: list[str] = []
 
-    def start(label: str = "operator", env: dict[str, str] | None = None, metrics: bool = False) -> OperatorProcess:
-        port = free_port() if metrics else 0
+    def start(label: str = "operator", env: dict[str, str] | None = None, metrics: bool = False,
+              scraped: bool = False) -> OperatorProcess:
+        port = free_port() if metrics or scraped else 0
         process = operator_processes(
             label, "--prometheus-url", dev_cluster.prometheus_url, "--alertmanager-url",
             dev_cluster.alertmanager_url, "--analysis-tick-seconds", "1", "--metrics-port", str(port), env=env)
         process.metrics_url = f"http://127.0.0.1:{port}/metrics"
+        if scraped:
+            targets.append(f"operator-{namespace}-{label}")
+            dev_cluster.add_scrape_target(targets[-1], f"127.0.0.1:{port}")
         return process
 
-    return start
+    yield start
+    for target in targets:
+        dev_cluster.remove_scrape_target(target)
 
 
 # --- the operator as the Helm chart's ServiceAccount ---------------------------------------------------

@@ -11,10 +11,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from e2e_resources import serve_scenario
 
 from specdeploy.devcluster import DevCluster, wait_for
@@ -177,6 +179,19 @@ OBSERVED_SD = FAST_SD.replace("llama-fast", OBSERVED_NAME).replace("    failureL
                                                                      "    failureLimit: 2\n    mode: Observe\n")
 
 
+def _chart_alert(cluster: DevCluster, alert: str, namespace: str) -> list[dict[str, str]]:
+    """The labels of what the chart's `alert` expression (before its `for:`) finds in the dev Prometheus for
+    `namespace`'s SDs."""
+    rendered = subprocess.run(
+        [str(cluster.helm_path), "template", "sd", str(Path(__file__).resolve().parents[2] / "charts" / "specdeploy"),
+         "--set", "prometheusRule.enabled=true", "--show-only", "templates/prometheusrule.yaml"],
+        check=True, capture_output=True, text=True, timeout=60).stdout
+    [expr] = [r["expr"] for g in yaml.safe_load(rendered)["spec"]["groups"] for r in g["rules"] if r["alert"] == alert]
+    response = httpx.get(f"{cluster.prometheus_url}/api/v1/query", params={"query": expr}, timeout=10)
+    response.raise_for_status()
+    return [s["metric"] for s in response.json()["data"]["result"] if s["metric"].get("namespace") == namespace]
+
+
 def _held_message(obj: dict[str, Any], holder: str) -> str | None:
     """The SpeculationHealthy message when it says the judgment would roll back, held by `holder`."""
     condition = next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "SpeculationHealthy"), {})
@@ -189,7 +204,7 @@ def test_a_slowdown_under_observe_rolls_nothing_back_says_so_and_alerts_then_act
 ) -> None:
     """Observe → would roll back (status, an alert labelled observe="true"), nothing rolled back; Act while paused
     (`specdeploy pause`) → still held; `specdeploy resume` → the next failing sample rolls back."""
-    analysing_operator()
+    analysing_operator(scraped=True)
     assert "mode: Observe" in OBSERVED_SD
     sd = serve_scenario(dev_cluster, namespace, OBSERVED_SD, OBSERVED_NAME)
     env = {**os.environ, "KUBECONFIG": str(dev_cluster.kubeconfig), "HF_HUB_OFFLINE": "1"}
@@ -207,6 +222,15 @@ def test_a_slowdown_under_observe_rolls_nothing_back_says_so_and_alerts_then_act
             f"{dev_cluster.alertmanager_url}/api/v2/alerts", params={"filter": f'namespace="{namespace}"'},
             timeout=5).json() if a["labels"].get("observe") == "true"], 30, "the observe alert")
         assert alerts[0]["labels"]["alertname"] == "SpeculationRolledBack", alerts
+        # The chart's alerts on this operator's series, scraped by the dev Prometheus: Failing while speculation
+        # runs, and would roll back, both with observe="true"; no rollback.
+        failing = wait_for(lambda: _chart_alert(dev_cluster, "SpeculationFailing", namespace), 30,
+                           "the chart's SpeculationFailing expression")
+        assert [labels["observe"] for labels in failing] == ["true"], failing
+        would = wait_for(lambda: _chart_alert(dev_cluster, "SpeculationWouldRollBack", namespace), 30,
+                         "the chart's SpeculationWouldRollBack expression")
+        assert would[0]["name"] == OBSERVED_NAME and would[0]["reason"] in LATENCY_REASONS, would
+        assert _chart_alert(dev_cluster, "SpeculationRolledBack", namespace) == []
         # Paused, then switched to Act: the pause still holds it.
         paused = subprocess.run([sys.executable, "-m", "specdeploy.cli", "pause", OBSERVED_NAME, "-n", namespace],
                                 env=env, capture_output=True, text=True, timeout=60)

@@ -1,7 +1,7 @@
 """charts/specdeploy with the real helm (built by the dev-cluster harness): lint, render, RBAC, schema.
 
-No cluster: `helm lint` and `helm template` only. The PrometheusRule's alerts and the dashboard's
-queries go through promtool when it is installed.
+No cluster: `helm lint` and `helm template` only. The PrometheusRule's alerts and the dashboard's queries:
+tests/unit/test_chart_rules.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -18,11 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from specdeploy.api.spec import EngineKind
 from specdeploy.cli import run as run_command
-from specdeploy.controller.metrics import OperatorMetrics
 from specdeploy.devcluster import build
-from specdeploy.engines import metric_names
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "specdeploy"
@@ -330,9 +326,9 @@ BAD_VALUES = [
     ("prometheusUrI: http://prometheus:9090", "additional properties 'prometheusUrI' not allowed"),
     ("image: {repository: ''}", "at '/image/repository'"),
     ("dashboard: {labels: {grafana_dashboard: 1}}", "at '/dashboard/labels/grafana_dashboard': got number, want string"),
-    ("prometheusRule: {acceptanceLow: {threshold: 1.5}}", "at '/prometheusRule/acceptanceLow/threshold': maximum"),
+    ("prometheusRule: {acceptanceBelowFloor: {threshold: 0.5}}", "at '/prometheusRule/acceptanceBelowFloor'"),
     ("prometheusRule: {speculationRolledBack: {window: 10 minutes}}", "at '/prometheusRule/speculationRolledBack/window'"),
-    ("prometheusRule: {speculativeP99Regression: {ratio: 0.9}}", "at '/prometheusRule/speculativeP99Regression/ratio'"),
+    ("prometheusRule: {speculationInconclusive: {for: 30 minutes}}", "at '/prometheusRule/speculationInconclusive/for'"),
 ]
 
 
@@ -358,7 +354,7 @@ priorityClassName: system-cluster-critical
 extraEnv: [{name: TZ, value: UTC}]
 metrics: {serviceMonitor: {enabled: true, interval: 15s, labels: {release: prom}}}
 engineMonitoring: {podMonitor: {enabled: true, labels: {release: prom}}}
-prometheusRule: {enabled: true, labels: {release: prom}, acceptanceLow: {threshold: 0.4, for: 30m}}
+prometheusRule: {enabled: true, labels: {release: prom}, speculationInconclusive: {for: 1h}}
 dashboard: {namespace: monitoring, annotations: {grafana_folder: LLM}}
 """
     docs = _render(values=values)
@@ -402,160 +398,6 @@ def test_engine_pod_monitor_matches_the_pods_the_operator_renders() -> None:
         assert monitor["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
         assert all(label in pod["metadata"]["labels"] for label in monitor["podTargetLabels"])
         assert "http" in [p["name"] for p in pod["spec"]["containers"][0]["ports"]]
-
-
-def _rule_groups(*sets: str) -> list[dict[str, Any]]:
-    return list(_one(_render("prometheusRule.enabled=true", *sets), "PrometheusRule")["spec"]["groups"])
-
-
-def test_prometheus_rule_has_the_four_alerts_and_the_stack_label() -> None:
-    rule = _one(_render("prometheusRule.enabled=true"), "PrometheusRule")
-    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
-    assert alerts == ["SpeculationRolledBack", "AcceptanceLow", "SpeculativeP99Regression", "OperatorDown"]
-    relabelled = _one(_render("prometheusRule.enabled=true", "prometheusRule.labels.release=prom"), "PrometheusRule")
-    assert relabelled["metadata"]["labels"]["release"] == "prom"
-
-
-promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed")
-
-PROMTOOL_TESTS = """
-rule_files: [rules.yml]
-evaluation_interval: 1m
-tests:
-  # A first rollback: the counter appears at 1, increase() alone would never see it.
-  - interval: 1m
-    input_series:
-      - series: 'specdeploy_rollbacks_total{namespace="prod", name="llama", reason="AcceptanceBelowMinimum", job="j", instance="i"}'
-        values: '_x5 1x30 2x30'
-    alert_rule_test:
-      - {eval_time: 4m, alertname: SpeculationRolledBack, exp_alerts: []}
-      - eval_time: 6m
-        alertname: SpeculationRolledBack
-        exp_alerts:
-          - exp_labels: {severity: warning, namespace: prod, name: llama, reason: AcceptanceBelowMinimum}
-            exp_annotations:
-              summary: "Speculation rolled back for prod/llama (AcceptanceBelowMinimum)"
-              description: "The operator took speculative decoding away from SpeculativeDeployment prod/llama: AcceptanceBelowMinimum. The evidence is in status.speculation.lastRollback and the SpeculationRolledBack Event (kubectl describe sd -n prod llama)."
-      - {eval_time: 30m, alertname: SpeculationRolledBack, exp_alerts: []}
-      - eval_time: 40m
-        alertname: SpeculationRolledBack
-        exp_alerts:
-          - exp_labels: {severity: warning, namespace: prod, name: llama, reason: AcceptanceBelowMinimum}
-            exp_annotations:
-              summary: "Speculation rolled back for prod/llama (AcceptanceBelowMinimum)"
-              description: "The operator took speculative decoding away from SpeculativeDeployment prod/llama: AcceptanceBelowMinimum. The evidence is in status.speculation.lastRollback and the SpeculationRolledBack Event (kubectl describe sd -n prod llama)."
-  - interval: 1m
-    input_series:
-      - series: 'specdeploy_acceptance_rate{namespace="prod", name="llama", job="j", instance="i"}'
-        values: '0.8x10 0.3x30'
-    alert_rule_test:
-      - {eval_time: 20m, alertname: AcceptanceLow, exp_alerts: []}
-      - eval_time: 35m
-        alertname: AcceptanceLow
-        exp_alerts:
-          - exp_labels: {severity: warning, namespace: prod, name: llama}
-            exp_annotations:
-              summary: "Draft acceptance rate of prod/llama is 30%"
-              description: "The share of drafted tokens the target accepts has stayed below 0.5 for 15m; speculation may cost more than it saves (a workload change, or a draft that does not match the target)."
-  # Speculative ITLs all land in the (30, 40] ms bucket, the control's in (0, 30]: P99s 39.9 and 29.7 ms.
-  - interval: 1m
-    input_series:
-      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="speculative", le="0.03"}', values: '0+0x40'}
-      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="speculative", le="0.04"}', values: '0+100x40'}
-      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="speculative", le="+Inf"}', values: '0+100x40'}
-      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="control", le="0.03"}', values: '0+100x40'}
-      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="control", le="0.04"}', values: '0+100x40'}
-      - {series: 'vllm:inter_token_latency_seconds_bucket{namespace="prod", specdeploy_io_name="llama", specdeploy_io_variant="control", le="+Inf"}', values: '0+100x40'}
-    alert_rule_test:
-      - {eval_time: 10m, alertname: SpeculativeP99Regression, exp_alerts: []}
-      - eval_time: 30m
-        alertname: SpeculativeP99Regression
-        exp_alerts:
-          - exp_labels: {severity: warning, namespace: prod, name: llama, specdeploy_io_name: llama}
-            exp_annotations:
-              summary: "P99 inter-token latency of prod/llama is 1.34× the control's"
-              description: "The speculative pods' P99 inter-token latency has been above 1.1× the control pods' for 15m: speculation is slowing decoding down at this load."
-  - interval: 1m
-    input_series:
-      - series: 'up{job="sd-specdeploy-metrics", namespace="specdeploy-system", instance="10.0.0.1:8081"}'
-        values: '1x10 0x20'
-    alert_rule_test:
-      - {eval_time: 10m, alertname: OperatorDown, exp_alerts: []}
-      - eval_time: 20m
-        alertname: OperatorDown
-        exp_alerts:
-          - exp_labels: {severity: critical, job: sd-specdeploy-metrics}
-            exp_annotations:
-              summary: "The specdeploy operator is down"
-              description: "Prometheus has not scraped the operator (job sd-specdeploy-metrics) for 5m: nothing reconciles SpeculativeDeployments or rolls speculation back."
-"""
-
-
-@promtool
-def test_alerts_fire_as_promtool_evaluates_them(tmp_path: Path) -> None:
-    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": _rule_groups()}))
-    (tmp_path / "tests.yml").write_text(PROMTOOL_TESTS)
-    checked = subprocess.run(["promtool", "check", "rules", "rules.yml"], cwd=tmp_path, capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    tested = subprocess.run(["promtool", "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True)
-    assert tested.returncode == 0, tested.stdout + tested.stderr
-
-
-# --- the Grafana dashboard ---------------------------------------------------------------------------
-
-def _dashboard() -> dict[str, Any]:
-    config_map = _one(_render(), "ConfigMap")
-    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
-    return dict(json.loads(config_map["data"]["specdeploy.json"]))
-
-
-def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in dashboard["panels"] if p["type"] != "row"]
-
-
-def _exprs(dashboard: dict[str, Any]) -> list[str]:
-    return [t["expr"] for p in _panels(dashboard) for t in p["targets"]]
-
-
-def test_dashboard_has_the_panels_a_platform_team_asks_for() -> None:
-    titles = [p["title"] for p in _panels(_dashboard())]
-    for wanted in ("Acceptance rate", "Mean acceptance length", "P99 inter-token latency", "P99 time to first token",
-                   "P99 end-to-end latency", "Rollbacks"):
-        assert wanted in titles
-    by_title = {p["title"]: p for p in _panels(_dashboard())}
-    for latency in ("P99 inter-token latency", "P99 time to first token", "P99 end-to-end latency"):
-        [target] = by_title[latency]["targets"]
-        assert "specdeploy_io_variant" in target["expr"] and "{{specdeploy_io_variant}}" in target["legendFormat"]
-    assert _kinds(_render("dashboard.enabled=false"), "ConfigMap") == []
-
-
-def test_dashboard_names_only_metrics_that_exist() -> None:
-    engine = {name for kind in EngineKind for name in vars(metric_names(kind)).values()
-              if isinstance(name, str) and re.match(r"^(vllm:|sglang:|trtllm_)", name)}
-    operator = set(re.findall(r"^# TYPE (\S+)", OperatorMetrics().render(), re.MULTILINE))
-
-    def base(series: str) -> str:
-        """A histogram's `_bucket`, `_sum` and `_count` series are named by the histogram in the engines' tables."""
-        trimmed = re.sub(r"_(bucket|sum|count)$", "", series)
-        return trimmed if trimmed in engine else series
-
-    named = {base(n) for expr in _exprs(_dashboard())
-             for n in re.findall(r"\b(?:vllm:|sglang:|trtllm_|specdeploy_)[a-zA-Z0-9_:]+", expr)
-             if not n.startswith("specdeploy_io_")}   # the pod labels, not metrics
-    assert named
-    assert named - engine - operator == set()
-
-
-@promtool
-def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
-    def concrete(expr: str) -> str:
-        return expr.replace("$__rate_interval", "5m").replace("$namespace", ".*").replace("$sd", ".*")
-
-    rules = [{"record": f"specdeploy:dashboard_query_{i}", "expr": concrete(e)} for i, e in enumerate(_exprs(_dashboard()))]
-    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    checked = subprocess.run(["promtool", "check", "rules", "rules.yml"], cwd=tmp_path, capture_output=True, text=True)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 # --- the GitOps examples -----------------------------------------------------------------------------

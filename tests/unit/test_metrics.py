@@ -122,3 +122,61 @@ def test_the_last_probe_is_one_series_per_cell_and_cells_it_lost_go() -> None:
     metrics.probe("prod", "chat", [code])
     metrics.forget("prod", "chat")
     assert metrics.value("specdeploy_probe_acceptance_rate", **labels) is None
+
+
+def test_the_verdict_is_one_series_per_sd_that_the_next_verdict_replaces() -> None:
+    """What the alerts read: the last verdict and reason (one series, 1), the floor, the Observe label."""
+    metrics = OperatorMetrics()
+    metrics.judged("prod", "llama", "Inconclusive", "NotEnoughEvidence", observe=False, floor=0.11,
+                   inconclusive_samples=3)
+    assert metrics.value("specdeploy_verdict", namespace="prod", name="llama", verdict="Inconclusive",
+                         reason="NotEnoughEvidence", observe="false") == 1
+    assert metrics.value("specdeploy_acceptance_floor", namespace="prod", name="llama") == 0.11
+    assert metrics.value("specdeploy_consecutive_inconclusive_samples", namespace="prod", name="llama") == 3
+    metrics.judged("prod", "llama", "Failing", "AcceptanceBelowMinimum", observe=True, floor=None,
+                   inconclusive_samples=0)
+    lines = [line for line in metrics.render().splitlines() if line.startswith("specdeploy_verdict{")]
+    assert lines == ['specdeploy_verdict{name="llama",namespace="prod",observe="true",reason="AcceptanceBelowMinimum",'
+                     'verdict="Failing"} 1.0']
+    assert metrics.value("specdeploy_acceptance_floor", namespace="prod", name="llama") is None   # none in force
+
+
+def test_batch_and_k_and_a_deleted_sd_leaves_no_gauge() -> None:
+    metrics = OperatorMetrics()
+    metrics.batch_and_k("prod", "llama", {"speculative": 12.5, "control": 12.0}, 3)
+    assert metrics.value("specdeploy_running_batch", namespace="prod", name="llama", variant="speculative") == 12.5
+    assert metrics.value("specdeploy_k_in_use", namespace="prod", name="llama") == 3
+    metrics.batch_and_k("prod", "llama", {"speculative": None, "control": 12.0}, None)
+    assert metrics.value("specdeploy_running_batch", namespace="prod", name="llama", variant="speculative") is None
+    assert metrics.value("specdeploy_k_in_use", namespace="prod", name="llama") is None
+    metrics.batch_and_k("prod", "llama", {"speculative": 300.0, "control": 300.0}, 0)
+    metrics.judged("prod", "llama", "Healthy", "", observe=False, floor=0.11, inconclusive_samples=0)
+    metrics.speculation_active("prod", "llama", True)
+    metrics.acceptance_rate("prod", "llama", 0.6)
+    metrics.forget("prod", "llama")
+    gauges = [line for line in metrics.render().splitlines() if not line.startswith("#") and 'name="llama"' in line]
+    assert gauges == []
+
+
+def test_k_in_use_is_the_rendered_schedules_k_at_the_measured_batch() -> None:
+    from specdeploy.api.resource import parse_resource
+    from specdeploy.api.status import SpeculationStatus, SpeculativeDeploymentStatus
+    from specdeploy.controller.reconciler import _k_in_use, plan_resource
+    from specdeploy.reconcile.decide import Observed
+
+    body = {"apiVersion": "specdeploy.io/v1alpha1", "kind": "SpeculativeDeployment",
+            "metadata": {"name": "llama", "namespace": "prod", "generation": 1},
+            "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                     "speculation": {"method": "draft_model", "draft": {"name": "meta-llama/Llama-3.2-1B-Instruct"},
+                                     "numSpeculativeTokens": 4, "schedule": {"mode": "Table", "table": [
+                                         {"minBatch": 1, "maxBatch": 8, "k": 4}, {"minBatch": 9, "maxBatch": 32, "k": 1}]}},
+                     "resources": {"gpu": {"product": "H100-80GB", "count": 1}},
+                     "serving": {"maxModelLen": 8192, "maxNumSeqs": 32}}}
+    resource = parse_resource(body)
+    observed = Observed(body, SpeculativeDeploymentStatus(), resource, planned=plan_resource(resource))
+    speculating = SpeculativeDeploymentStatus(speculation=SpeculationStatus(decided=True, active=True))
+    assert _k_in_use(observed, speculating, 4.4) == 4
+    assert _k_in_use(observed, speculating, 8.6) == 1      # a mean of 8.6 running: the 9-32 range
+    assert _k_in_use(observed, speculating, None) is None
+    rolled_back = SpeculativeDeploymentStatus(speculation=SpeculationStatus(decided=False, active=False))
+    assert _k_in_use(observed, rolled_back, 4.4) == 0

@@ -3,6 +3,8 @@
     metrics = OperatorMetrics()
     metrics.rollback("prod", "llama", "AcceptanceBelowMinimum")
     metrics.speculation_active("prod", "llama", False)
+    metrics.judged("prod", "llama", "Failing", "AcceptanceBelowMinimum", observe=False, floor=0.11,
+                   inconclusive_samples=0)
     body = metrics.render()            # serve with Content-Type CONTENT_TYPE on the operator's /metrics
 
 A registry of its own, not prometheus_client's global one: two operators in one test process (and the
@@ -35,6 +37,7 @@ SOURCE_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 RESYNC_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """A resync of a few SDs takes a fraction of a second; of a thousand, about a minute (docs/performance.md)."""
 SPEEDUP_BOUNDS = ("estimate", "low", "high")
+VARIANTS = ("speculative", "control")
 
 
 class OperatorMetrics:
@@ -62,6 +65,28 @@ class OperatorMetrics:
             "specdeploy_speedup",
             "Baseline / speculative mean per-token latency in the last window (bound: estimate, low, high of its "
             "95% interval); above 1 speculation helps.", ("namespace", "name", "bound"), registry=self.registry)
+        self.acceptance_floor = Gauge(
+            "specdeploy_acceptance_floor",
+            "The acceptance floor the judgment holds specdeploy_acceptance_rate against (minAcceptanceRate; Auto: "
+            "from the cost model).", ("namespace", "name"), registry=self.registry)
+        self.current_verdict = Gauge(
+            "specdeploy_verdict",
+            "1 for the SD's last verdict (Healthy, Failing, Inconclusive) and its reason (empty for Healthy); "
+            "observe is \"true\" while the judgment may not act (spec.analysis.mode Observe, or paused).",
+            ("namespace", "name", "verdict", "reason", "observe"), registry=self.registry)
+        self._verdict_labels: dict[tuple[str, str], tuple[str, str, str]] = {}
+        self.inconclusive_samples = Gauge(
+            "specdeploy_consecutive_inconclusive_samples",
+            "Analysis samples in a row that were Inconclusive (status.analysis.consecutiveInconclusive).",
+            ("namespace", "name"), registry=self.registry)
+        self.k_in_use = Gauge(
+            "specdeploy_k_in_use",
+            "Draft tokens per step the speculative pods' schedule gives at their mean running batch (0 without "
+            "speculation).", ("namespace", "name"), registry=self.registry)
+        self.running_batch = Gauge(
+            "specdeploy_running_batch",
+            "Requests in one pod's batch, averaged over the analysis window, by variant (speculative, control).",
+            ("namespace", "name", "variant"), registry=self.registry)
         self.verdicts = Counter(
             "specdeploy_analysis_verdicts", "Analysis verdicts (Healthy, Failing, Inconclusive).",
             ("verdict",), registry=self.registry)
@@ -135,6 +160,24 @@ class OperatorMetrics:
             else:
                 self.speedup.labels(namespace=namespace, name=name, bound=bound).set(value)
 
+    def judged(self, namespace: str, name: str, verdict: str, reason: str, observe: bool,
+               floor: float | None, inconclusive_samples: int) -> None:
+        """The verdict of the SD's last sample as the judgment gave it: its series replaces the previous one."""
+        labels = (verdict, reason, "true" if observe else "false")
+        previous = self._verdict_labels.pop((namespace, name), None)
+        if previous is not None and previous != labels:
+            _remove(self.current_verdict, namespace, name, *previous)
+        self.current_verdict.labels(namespace, name, *labels).set(1.0)
+        self._verdict_labels[(namespace, name)] = labels
+        _set(self.acceptance_floor, floor, namespace, name)
+        self.inconclusive_samples.labels(namespace=namespace, name=name).set(inconclusive_samples)
+
+    def batch_and_k(self, namespace: str, name: str, batches: dict[str, float | None], k: int | None) -> None:
+        """The running batch per variant and the k drafted at the speculative one; None removes the series."""
+        for variant, batch in batches.items():
+            _set(self.running_batch, batch, namespace, name, variant)
+        _set(self.k_in_use, k, namespace, name)
+
     def probe(self, namespace: str, name: str, cells: Sequence[ProbeCellStatus]) -> None:
         """The last probe's cells (status.probe); cells it no longer has, and figures it did not measure, removed."""
         now = {(cell.workload, f"{cell.temperature:g}") for cell in cells}
@@ -191,11 +234,27 @@ class OperatorMetrics:
         """Drop the gauges of a deleted SD (counters stay: a rate() over them must not see a reset)."""
         _remove(self.active, namespace, name)
         _remove(self.acceptance, namespace, name)
+        _remove(self.acceptance_floor, namespace, name)
+        _remove(self.inconclusive_samples, namespace, name)
+        _remove(self.k_in_use, namespace, name)
+        for variant in VARIANTS:
+            _remove(self.running_batch, namespace, name, variant)
+        verdict = self._verdict_labels.pop((namespace, name), None)
+        if verdict is not None:
+            _remove(self.current_verdict, namespace, name, *verdict)
         self.speedup_interval(namespace, name, None)
         self.probe(namespace, name, ())
 
     def render(self) -> str:
         return generate_latest(self.registry).decode()
+
+
+def _set(gauge: Gauge, value: float | None, *label_values: str) -> None:
+    """Set one series, or drop it when there is no finite value: a missing series, not a made-up number."""
+    if value is None or not math.isfinite(value):
+        _remove(gauge, *label_values)
+    else:
+        gauge.labels(*label_values).set(value)
 
 
 def _remove(gauge: Gauge, *label_values: str) -> None:

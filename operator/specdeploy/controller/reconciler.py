@@ -70,7 +70,7 @@ from specdeploy.reconcile.children import (
     variants,
 )
 from specdeploy.reconcile.conditions import Event, Reason
-from specdeploy.reconcile.decide import Actions, Notice, Observed, decide, noticed, refused
+from specdeploy.reconcile.decide import Actions, Notice, Observed, decide, noticed, observing, refused
 from specdeploy.reconcile.observed import PodsObserved, observe_pods
 from specdeploy.reconcile.status import (
     Planned,
@@ -114,6 +114,17 @@ class Trigger(enum.Enum):
     def merged(self, other: Trigger | None) -> Trigger:
         """The trigger of one pass that does what both would have."""
         return other if other is not None and other.reads_everything and not self.reads_everything else self
+
+
+def _k_in_use(observed: Observed, status: SpeculativeDeploymentStatus, batch: float | None) -> int | None:
+    """The k the rendered schedule drafts at the speculative pods' mean running batch: 0 while speculation is
+    rolled back, None when the batch is not known (no series rather than a guess)."""
+    if status.speculation is not None and not status.speculation.active:
+        return 0
+    plan = observed.planned.plan if observed.planned is not None else None
+    if plan is None or plan.schedule is None or batch is None:
+        return None
+    return plan.schedule.k_at(max(1, round(batch)))
 
 
 def _watched_sd(trigger: Trigger | None) -> bool:
@@ -363,7 +374,7 @@ class Reconciler:
             await kube.post_event(self.client, observed.body, event)
         if actions.alert is not None:
             await self._send_alert(observed, actions.alert)
-        self._record_metrics(namespace, name, actions)
+        self._record_metrics(observed, actions)
 
     async def _write_status(self, observed: Observed, written: dict[str, Any],
                             status: SpeculativeDeploymentStatus, may_wait: bool = False) -> dict[str, Any]:
@@ -466,8 +477,9 @@ class Reconciler:
         replica_sets = await kube.speculative_replica_sets(self.client, namespace, name) if pods else []
         return observe_pods(pods, replica_sets, LABEL_VARIANT, Variant.SPECULATIVE.value)
 
-    def _record_metrics(self, namespace: str, name: str, actions: Actions) -> None:
-        status = actions.status
+    def _record_metrics(self, observed: Observed, actions: Actions) -> None:
+        """The gauges of what this pass decided, from the decision itself (the judgment's verdict, its floor)."""
+        namespace, name, status = observed.namespace, observed.name, actions.status
         if status.speculation is not None:
             self.metrics.speculation_active(namespace, name, status.speculation.active)
         self.metrics.probe(namespace, name, status.probe.cells if status.probe is not None else ())
@@ -479,6 +491,18 @@ class Reconciler:
             self.metrics.acceptance_rate(namespace, name, analysis.acceptance_rate if analysis else None)
             speedup = analysis.speedup if analysis else None
             self.metrics.speedup_interval(namespace, name, (speedup.value, speedup.low, speedup.high) if speedup else None)
+            if analysis is not None and analysis.verdict is not None:
+                self.metrics.judged(namespace, name, analysis.verdict.value, analysis.verdict_reason or "",
+                                    observing(observed), analysis.acceptance_floor, analysis.consecutive_inconclusive)
+        elif observed.sample is not None:
+            # Sampled with no speculation to judge (rolled back, or off): no acceptance or speedup of it any more.
+            self.metrics.acceptance_rate(namespace, name, None)
+            self.metrics.speedup_interval(namespace, name, None)
+        if observed.sample is not None:
+            batch = observed.sample.speculative.running_per_pod
+            self.metrics.batch_and_k(namespace, name, {
+                "speculative": batch, "control": observed.sample.control.running_per_pod},
+                _k_in_use(observed, status, batch))
 
     async def _post_notice(self, observed: Observed, notice: Notice) -> bool:
         """The rollback's Event and alert; True when both went out (the Event found there counts)."""

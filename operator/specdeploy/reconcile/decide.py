@@ -236,6 +236,11 @@ def paused(body: Mapping[str, Any]) -> bool:
     return bool(value) and str(value).lower() != "false"
 
 
+def observing(observed: Observed) -> bool:
+    """Whether the judgment only says what it would do (Observe, or paused): the metrics' `observe` label."""
+    return observed.resource is not None and _holder(observed, observed.resource) is not None
+
+
 def _holder(observed: Observed, resource: SpeculativeDeployment) -> str | None:
     """Why the judgment may not act on this SD now, in words; None: it acts."""
     if paused(observed.body):
