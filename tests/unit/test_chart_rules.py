@@ -325,3 +325,13 @@ def test_alerts_fire_as_promtool_evaluates_them(tmp_path: Path) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
     tested = subprocess.run([_promtool(), "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_the_removed_alerts_values_are_accepted_and_ignored() -> None:
+    """A release upgraded with the old AcceptanceLow / SpeculativeP99Regression settings still upgrades (the schema
+    accepts the keys) and gets only the judgment's alerts; NOTES.txt says they are ignored."""
+    sets = ("prometheusRule.acceptanceLow.threshold=0.5", "prometheusRule.speculativeP99Regression.ratio=1.2")
+    alerts = [rule["alert"] for group in _rule_groups(*sets) for rule in group["rules"]]
+    assert alerts == ALERTS
+    notes = Path(__file__).parents[2] / "charts/specdeploy/templates/NOTES.txt"
+    assert "prometheusRule.acceptanceLow" in notes.read_text()

@@ -761,8 +761,8 @@ class Analysis(WireModel):
     mode: AnalysisMode = Field(
         AnalysisMode.ACT,
         description="Act: the judgment rolls speculation back. Observe: it judges and says what it would do "
-        "(status, the specdeploy_would_roll_back metric, the rollback alert labelled observe=\"true\") and rolls "
-        "nothing back; failures counted under Observe count when it becomes Act",
+        "(status, the specdeploy_would_rollbacks_total metric, specdeploy_verdict and the alerts labelled "
+        "observe=\"true\") and rolls nothing back; failures counted under Observe count when it becomes Act",
     )
 
     cel_rules = (
