@@ -1,5 +1,6 @@
 """The operator learns its hardware: the control pods' per-token latency at their batch fits one factor on the cost
-model's GPU time, which the plan takes once its interval is narrower than the prior's stated error (issue 28 point 4)."""
+model's GPU time, which the judgment takes once its interval is narrower than the prior's stated error (issue 28 point 4):
+its floor and predictions from then on, the pods' table at calibration's next change (tests/unit/test_recalibration.py)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,8 @@ def test_the_first_fit_better_than_the_prior_is_kept_and_later_fits_are_shown_no
 
 
 def test_the_fitted_plan_derives_its_schedule_and_floor_from_the_slower_gpu() -> None:
+    """make_plan under a factor (calibration's, planning.schedule.calibrated_hardware_factor) renders that model's
+    table; `with_hardware_factor` prices the floor and predictions and keeps the table the pods run."""
     prior = make_plan(_spec())
     fitted = make_plan(_spec(), hardware_factor=1.4)
     assert fitted.prediction_source == "fitted" and prior.prediction_source == "prior"
@@ -92,8 +95,12 @@ def test_the_fitted_plan_derives_its_schedule_and_floor_from_the_slower_gpu() ->
     assert fitted.schedule is not None and prior.schedule is not None
     # A slower GPU makes the engine's fixed CPU overhead a smaller share of a step: the k steps move.
     assert fitted.schedule.ranges != prior.schedule.ranges
-    assert fitted.with_hardware_factor(None).schedule == prior.schedule
-    assert prior.with_hardware_factor(1.4).schedule == fitted.schedule
+    # Priced on another GPU time, a plan keeps the table its pods run; what that model derives is asked apart.
+    assert prior.with_hardware_factor(1.4).schedule == prior.schedule
+    assert prior.with_hardware_factor(1.4).derived_schedule() == fitted.schedule
+    assert fitted.with_hardware_factor(None).derived_schedule() == prior.schedule
+    floor_prior, floor_fitted = prior.acceptance_floor(BATCH), prior.with_hardware_factor(1.4).acceptance_floor(BATCH)
+    assert floor_prior is not None and floor_fitted is not None and floor_fitted.rate != floor_prior.rate
     assert fitted.base_step_seconds(BATCH) == prior.base_step_seconds(BATCH)          # always against the prior
 
 

@@ -451,3 +451,48 @@ def test_a_latest_slice_too_thin_to_calibrate_from_leaves_the_window() -> None:
     found = _shifted(0.6, 0.1, latest_drafts=500)
     measured = acceptance_now(found.position_counts, found.latest_position_counts)
     assert measured.shift is None and measured.counts == found.position_counts
+
+
+def test_a_change_under_an_applied_hardware_fit_records_its_factor_and_the_next_plan_renders_that_models_table() -> None:
+    """The hardware fit prices what calibration derives (judgment/hardware.py): the table a change writes is the fitted
+    model's, the factor is recorded beside the positions, and the next plan renders that table, not the prior's."""
+    from specdeploy.api.status import AnalysisStatus, HardwareFit
+
+    body = _speculating()
+    body["spec"]["serving"]["maxNumSeqs"] = 256
+    fit = HardwareFit(factor=1.4, factor_half_width=0.02, prior_error=0.09, applied_factor=1.4, batch=8.0,
+                      measured_step_seconds=0.01, prior_step_seconds=0.007, fitted_step_seconds=0.01, slices=6,
+                      message="fitted")
+    status = _previous(body)
+    body["status"] = status.model_copy(update={"analysis": AnalysisStatus(hardware_fit=fit)}).to_wire()
+    assert _table(body) == [(1, 39, 2), (40, 256, 1)]          # the prior's table, as rendered
+    actions = decide(_observed(body, _measured(0.9, positions=1)), LATER)
+    calibration = actions.status.speculation.calibration if actions.status.speculation else None
+    assert calibration is not None and calibration.changes == 1 and calibration.hardware_factor == 1.4
+    recorded = [(e.min_batch, e.max_batch, e.k) for e in calibration.schedule]
+    after = _after(body, actions)
+    assert _table(after) == recorded
+    prior_model = make_plan(_resource(after).spec, calibration=calibration.model_copy(update={"hardware_factor": None}))
+    assert _table(prior_model) != recorded       # the same positions under the prior cost model: another table
+
+
+def test_an_applied_hardware_fit_prices_the_acceptance_floor_from_the_next_sample() -> None:
+    from specdeploy.api.status import AnalysisStatus, HardwareFit
+
+    body = _speculating()
+    fit = HardwareFit(factor=2.0, factor_half_width=0.02, prior_error=0.09, applied_factor=2.0, batch=8.0,
+                      measured_step_seconds=0.014, prior_step_seconds=0.007, fitted_step_seconds=0.014, slices=6,
+                      message="fitted")
+    fitted_body = {**body, "status": _previous(body).model_copy(
+        update={"analysis": AnalysisStatus(hardware_fit=fit)}).to_wire()}
+    floors = []
+    for judged in (body, fitted_body):
+        analysis = decide(_observed(judged, _measured(0.6)), LATER).status.analysis
+        assert analysis is not None and analysis.acceptance_floor is not None
+        floors.append(analysis.acceptance_floor)
+    plan = _planned(body).plan
+    assert plan is not None and plan.schedule is not None
+    k = plan.schedule.k_at(8)
+    expected = [plan.with_hardware_factor(factor).acceptance_floor(8.0, k) for factor in (None, 2.0)]
+    assert floors == [round(found.rate, 3) for found in expected if found is not None]
+    assert floors[0] != floors[1]

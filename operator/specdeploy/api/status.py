@@ -226,6 +226,9 @@ class ScheduleCalibration(StatusModel):
                                                 description="Empty: the method's prior is in force")
     schedule: list[ScheduleEntry] = Field(default_factory=list, max_length=256,
                                           description="The table derived from positions")
+    hardware_factor: float | None = Field(
+        None, description="The GPU time, × the prior cost model's, the table was derived under: the control pods' "
+        "fit (analysis.hardwareFit.appliedFactor) when calibration changed the schedule; unset: the prior's")
     measured_at: str | None = Field(None, description="The end of the window the positions were measured over")
     changes: int = Field(0, description="Schedule changes made by calibration")
     last_change_at: str | None = Field(None, description="When calibration last changed the schedule")

@@ -61,6 +61,7 @@ from specdeploy.modelsource.resolve import (
 )
 from specdeploy.planning.catalog import UnknownModel
 from specdeploy.planning.plan import make_plan
+from specdeploy.planning.schedule import calibrated_hardware_factor
 from specdeploy.reconcile.children import (
     LABEL_VARIANT,
     PodMonitoring,
@@ -160,11 +161,12 @@ def plan_resource(resource: SpeculativeDeployment, models: ResolvedModels | None
     render it is an outcome (with a finding), not an exception. `previous`: the status as read, whose
     measured acceptance per draft position an Auto schedule follows (status.speculation.calibration)."""
     speculation = previous.speculation if previous is not None else None
-    # The hardware fit (status.analysis.hardwareFit) says what the fitted model would change; the pods keep the
-    # prior's plan until rolling them on a fit is shown not to fight load swings (docs/decisions.md).
+    calibration = speculation.calibration if speculation is not None else None
+    # The table follows the hardware fit only through calibration (judgment/recalibration.py records the GPU time it
+    # derived a table under), so a fit moves the pods' schedule only where that pays at the running load.
     try:
-        plan = make_plan(spec or resource.spec, models,
-                         calibration=speculation.calibration if speculation is not None else None)
+        plan = make_plan(spec or resource.spec, models, calibration=calibration,
+                         hardware_factor=calibrated_hardware_factor(spec or resource.spec, calibration))
     except UnknownModel as error:
         return Planned(None, Finding(code=Reason.UNKNOWN_MODEL, severity=Severity.ERROR, message=str(error)))
     if plan.accepted:

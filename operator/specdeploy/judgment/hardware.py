@@ -8,10 +8,11 @@ that batch (`plan.base_step_seconds`), each slice gives a factor on the GPU time
 overhead) ÷ the prior's forward pass; their mean with a 95% interval is the fit. One factor is all a window at one
 load can identify (docs/analysis.md); it stands for bandwidth and compute together.
 
-The plan takes the factor (status.analysis.hardwareFit.appliedFactor, planning/plan.py `make_plan`) once its
-interval is narrower than the prior's stated error, and keeps it: the Auto schedule and the acceptance floor then
-come from the fitted model, a schedule the fit moves rolls the pods once, and later fits are shown, not applied
-(a load swing does not roll the pods).
+The judgment takes the factor (status.analysis.hardwareFit.appliedFactor) once its interval is narrower than the
+prior's stated error, and keeps it: from the next sample the acceptance floor and every prediction are the fitted
+model's (judgment/speculation.py `_under_fit`), and calibration derives its tables from it, so the pods' Auto table
+moves to the fitted one at the first calibration change that pays at the running load (judgment/calibration.py's
+gain and minimum period) — not on the fit alone. Later fits are shown, not applied (a load swing does not move it).
 """
 
 from __future__ import annotations
@@ -62,19 +63,23 @@ def _applied(factor: float, half_width: float, prior_error: float, previous: Har
 
 
 def _changed(plan: PlanView, applied: float | None, batch: int) -> str:
-    """What the applied factor changes against the plan under the prior: the Auto table and the floor at `batch`."""
+    """What the applied factor changes against the prior: the floor at `batch` (now) and the Auto table the pods run
+    (at calibration's next change that pays at the running load)."""
     if applied is None:
-        return "the plan keeps the prior"
+        return "the judgment keeps the prior"
     prior, fitted = plan.with_hardware_factor(None), plan.with_hardware_factor(applied)
     changes = []
-    if prior.schedule is not None and fitted.schedule is not None:
-        before, after = table_text(prior.schedule.ranges), table_text(fitted.schedule.ranges)
-        changes.append(f"schedule [{before}] → [{after}]" if before != after else f"schedule [{after}] unchanged")
     floor_before, floor_after = prior.acceptance_floor(batch), fitted.acceptance_floor(batch)
     if floor_before is not None and floor_after is not None and not floor_after.fixed:
         changes.append(f"acceptance floor at batch {batch} {evidence.number(floor_before.rate)} → "
                        f"{evidence.number(floor_after.rate)}")
-    return f"the fitted model (factor {applied:g}, shown, not yet applied to the pods) would change: " + ", ".join(changes or ["nothing it derives changes"])
+    derived = fitted.derived_schedule()
+    if plan.schedule is not None and derived is not None:
+        running, after = table_text(plan.schedule.ranges), table_text(derived.ranges)
+        changes.append(f"schedule [{running}] → [{after}], for the pods when calibration finds it pays at the "
+                       "running load" if running != after else f"schedule [{after}] unchanged")
+    return f"the judgment prices with the fitted model (factor {applied:g}): " + ", ".join(
+        changes or ["nothing it derives changes"])
 
 
 def fit_hardware(sample: DeploymentSample, plan: PlanView | None, previous: HardwareFit | None) -> HardwareFit | None:

@@ -5,7 +5,8 @@
     plan.predicted_speedup(acceptance, batch, k)   # tokens per second ÷ without speculation
     plan.derive_schedule(acceptance)               # Auto's table under a measured acceptance per position
     plan.base_step_seconds(batch, factor)          # a step without speculation on GPUs factor × the prior's
-    plan.with_hardware_factor(factor)              # the plan under a fitted GPU time (judgment/hardware.py)
+    plan.with_hardware_factor(factor)              # priced on a fitted GPU time, the pods' schedule kept
+    plan.derived_schedule()                        # the table its cost model derives (judgment/hardware.py)
 
 The Plan (planning/plan.py) is built once per pass from the models as they were resolved — catalog, Hub,
 ConfigMap or spec — and holds the one cost model; it implements these protocols. The judgment names only them,
@@ -107,5 +108,10 @@ class PlanView(Protocol):
         ...
 
     def with_hardware_factor(self, factor: float | None) -> PlanView:
-        """The plan with the Auto schedule and acceptance floor of GPUs `factor` × the prior's time."""
+        """The plan priced on GPUs `factor` × the prior's time (None: the prior's): its floor and predictions; the
+        schedule stays the one the pods run."""
+        ...
+
+    def derived_schedule(self) -> Schedule | None:
+        """The Auto table this plan's cost model derives under the acceptance in force; None without speculation."""
         ...

@@ -152,7 +152,8 @@ def recalibrate(
             "positions": [PositionAcceptance(position=p.position, rate=p.rate, source=p.source,
                                              drafted=p.drafted, accepted=p.accepted, standard_error=p.standard_error)
                           for p in decision.positions],
-            "schedule": _entries(decision.schedule), "measured_at": at, "changes": record.changes + 1,
+            "schedule": _entries(decision.schedule), "hardware_factor": plan.hardware_factor,
+            "measured_at": at, "changes": record.changes + 1,
             "last_change_at": at,
         }
         change = Recalibration(message, decision)

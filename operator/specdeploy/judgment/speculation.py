@@ -94,6 +94,16 @@ def _drafted_k(plan: PlanView | None, batch: float | None) -> int | None:
     return drafting[-1] if drafting else None
 
 
+def _under_fit(plan: PlanView | None, analysis: AnalysisStatus | None) -> PlanView | None:
+    """The plan the judgment prices with: the schedule the pods run, and the cost model at the hardware fit's
+    applied factor once there is one (judgment/hardware.py), so the floor, the predictions and calibration's
+    derivations are the fitted model's (the prior's until then)."""
+    fit = analysis.hardware_fit if analysis is not None else None
+    if plan is None or fit is None or fit.applied_factor is None or plan.hardware_factor == fit.applied_factor:
+        return plan
+    return plan.with_hardware_factor(fit.applied_factor)
+
+
 def schedule_at_load(plan: PlanView | None, sample: DeploymentSample | None) -> str | None:
     """Where on its schedule the speculative pods ran when they were judged: the batch per pod the window
     averaged and the k the table drafts there. None for a Fixed schedule (k is k at every batch) or without a
@@ -218,6 +228,7 @@ def step_speculation(
             previous_analysis,
         )
     speculation, analysis = previous, previous_analysis
+    plan = _under_fit(plan, analysis)
     back: Reenabled | None = None
     if not spec.speculation.enabled:
         if speculation.decided:

@@ -147,14 +147,21 @@ class Plan:
         return model_error(self.cost.gpu.name if self.cost is not None else None, fitted=self.hardware_factor is not None)
 
     def with_hardware_factor(self, factor: float | None) -> Plan:
-        """The plan with its cost model's GPU time `factor` × the prior's (None: the prior's), and the Auto schedule
-        and acceptance floor derived from it; the memory plan stays this plan's."""
+        """The plan with its cost model's GPU time `factor` × the prior's (None: the prior's): the acceptance floor
+        and every prediction are that model's. The schedule stays the one the pods run (a fitted table reaches them
+        through calibration, judgment/recalibration.py: only where it pays at the running load); the memory plan
+        stays this plan's."""
         if self.cost is None:
             return dataclasses.replace(self, hardware_factor=factor)
-        cost = hardware_scaled(self.cost, factor)
-        schedule = speculation_schedule(self.spec, self.target, cost, position_acceptance=calibrated_acceptance(
+        return dataclasses.replace(self, cost=hardware_scaled(self.cost, factor), hardware_factor=factor)
+
+    def derived_schedule(self) -> SpeculationSchedule | None:
+        """The table this plan's cost model derives under the acceptance in force (measured per position, else the
+        method's prior); None without speculation. Differs from `schedule` when the cost model has been refitted."""
+        if self.cost is None:
+            return None
+        return speculation_schedule(self.spec, self.target, self.cost, position_acceptance=calibrated_acceptance(
             self.spec, self.calibration))
-        return dataclasses.replace(self, cost=cost, schedule=schedule, hardware_factor=factor)
 
     @property
     def calibration_key(self) -> str:
@@ -244,8 +251,9 @@ def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = N
     is `spec` with the commits the Hub resolved pinned (`pin_revisions`): what the engines render.
     `calibration`: status.speculation.calibration; an Auto schedule follows the acceptance per draft position
     measured there (`planning.schedule.calibrated_acceptance`) instead of the method's prior.
-    `hardware_factor`: status.analysis.hardwareFit.appliedFactor; the cost model's GPU time that × the prior's
-    (`HardwareScaledCost`), so the Auto schedule and the acceptance floor are the fitted model's.
+    `hardware_factor`: the GPU time, × the prior's, that `calibration`'s table was derived under
+    (`planning.schedule.calibrated_hardware_factor`; `HardwareScaledCost`), so the Auto schedule the pods run and
+    the acceptance floor are that model's.
     """
     resolved = models if models is not None else models_without_io(spec)
     target = resolved.target.info

@@ -240,6 +240,16 @@ def calibrated_acceptance(spec: SpeculativeDeploymentSpec, calibration: Schedule
     return tuple(p.rate for p in sorted(calibration.positions, key=lambda p: p.position))
 
 
+def calibrated_hardware_factor(spec: SpeculativeDeploymentSpec, calibration: ScheduleCalibration | None
+                               ) -> float | None:
+    """The GPU time, × the prior's, that the calibrated table was derived under (the control pods' fit when
+    calibration last changed the schedule), or None (the prior): only while its positions are in force."""
+    if calibrated_acceptance(spec, calibration) is None:
+        return None
+    assert calibration is not None
+    return calibration.hardware_factor
+
+
 def speculation_schedule(
     spec: SpeculativeDeploymentSpec,
     target: ModelInfo,
