@@ -34,7 +34,7 @@ def _headline(name: str, plan: Plan) -> Text:
         method += f", k={speculation.num_speculative_tokens}"
     elif speculation.enabled:
         method += f", k≤{speculation.num_speculative_tokens} by batch ({speculation.schedule_mode.value})"
-    gpus = f"{spec.resources.gpu_count}× {spec.resources.gpu.product}, TP {spec.resources.tensor_parallel_size}"
+    gpus = f"{plan.layout.gpus}× {spec.resources.gpu.product}"
     quantization = "" if spec.model.quantization.value == "none" else f" [{spec.model.quantization.value}]"
     text = Text()
     text.append(name, style="bold")
@@ -229,6 +229,9 @@ def render_plan(name: str, plan: Plan, command: EngineCommand | None, console: C
     verdict = plan.verdict
     console.print(_headline(name, plan))
     console.print(Text(f"Verdict: {verdict.value}", style=_VERDICT_STYLE[verdict]))
+    console.print(Text(f"Layout: {plan.layout.describe()}" + (
+        "; one LeaderWorkerSet group per replica, the memory plan is the last pipeline stage's (it holds the drafter)"
+        if plan.layout.spans_nodes else "")))
     console.print(Panel(_models_table(plan), title="models", title_align="left"))
     console.print(Panel(_memory_table(plan), title="memory per GPU", title_align="left"))
     findings = list(plan.memory.reasons) + list(plan.compatibility.findings)

@@ -165,6 +165,7 @@ def render(inputs: EngineInputs) -> EngineCommand:
         "--served-model-name", inputs.served_model_name,
         "--dtype", model.dtype.value,
         "--tp-size", str(resources.tensor_parallel_size),
+        *(["--pp-size", str(resources.pipeline_parallel_size)] if resources.pipeline_parallel_size > 1 else []),
         "--context-length", str(inputs.max_model_len),
         "--max-running-requests", str(serving.max_num_seqs),
         "--chunked-prefill-size", str(serving.max_num_batched_tokens),

@@ -125,6 +125,8 @@ def render(inputs: EngineInputs) -> EngineCommand:
         "--served-model-name", inputs.served_model_name,
         "--dtype", model.dtype.value,
         "--tensor-parallel-size", str(resources.tensor_parallel_size),
+        *(["--pipeline-parallel-size", str(resources.pipeline_parallel_size)]
+          if resources.pipeline_parallel_size > 1 else []),
         "--max-model-len", str(inputs.max_model_len),
         "--max-num-seqs", str(serving.max_num_seqs),
         "--max-num-batched-tokens", str(serving.max_num_batched_tokens),

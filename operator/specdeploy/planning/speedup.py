@@ -45,6 +45,7 @@ from specdeploy.planning.roofline import (
     forward_seconds,
     model_forward_cost,
     mtp_forward_cost,
+    pipeline_hop_seconds,
 )
 
 # The Leviathan and acceptance functions live in planning.acceptance and the step times in
@@ -121,10 +122,16 @@ class SpeculationCost:
     verify_tokens: int | None = None        # a draft tree's tokens verified per sequence, root included; None: k + 1
     draft_width: int = 1                    # candidates per sequence each drafting pass after the first (a tree's topk)
     draft_size_ratio: float | None = None   # target ÷ draft parameters of a separate draft, for its prior acceptance
+    pipeline_stages: int = 1                # pipeline stages across nodes: a network hop between them each step
+    hidden_size: int = 0                    # the target's, for the activations a hop carries
+
+    def pipeline_hops_seconds(self, tokens: int) -> float:
+        """The inter-node network of one step over `tokens` new tokens (planning.roofline.pipeline_hop_seconds)."""
+        return pipeline_hop_seconds(self.pipeline_stages, tokens, self.hidden_size)
 
     def baseline_step_seconds(self, batch: int) -> float:
         """One engine step without speculation: one token per sequence."""
-        return self.target_pass_seconds(batch, 1) + ENGINE_STEP_OVERHEAD_S
+        return self.target_pass_seconds(batch, 1) + self.pipeline_hops_seconds(batch) + ENGINE_STEP_OVERHEAD_S
 
     def draft_pass_seconds(self, batch: int) -> float:
         """One drafting pass: one proposed token per sequence."""
@@ -154,7 +161,9 @@ class SpeculationCost:
         drafting = k * self.draft_pass_seconds(batch)
         if self.draft_width > 1:
             drafting = self.draft_pass_seconds(batch) + (k - 1) * self.tree_draft_pass_seconds(batch)
-        return drafting + self.target_pass_seconds(batch, self.verified_tokens(k)) + ENGINE_STEP_OVERHEAD_S
+        verified = self.verified_tokens(k)
+        return (drafting + self.target_pass_seconds(batch, verified) + self.pipeline_hops_seconds(batch * verified)
+                + ENGINE_STEP_OVERHEAD_S)
 
     def verified_tokens(self, k: int) -> int:
         """Tokens the verify pass covers per sequence at `k`: k + 1 for a chain, the tree's for a tree."""
@@ -296,6 +305,7 @@ def speculation_cost(
         verify_tokens=verify_tokens_for(spec), draft_width=tree_width,
         draft_size_ratio=(target.architecture.num_parameters / draft.architecture.num_parameters
                           if method == Method.DRAFT_MODEL and draft is not None else None),
+        pipeline_stages=spec.resources.pipeline_parallel_size, hidden_size=target.architecture.hidden_size,
     )
 
 
