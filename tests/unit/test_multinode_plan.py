@@ -130,7 +130,7 @@ def test_the_plan_document_and_text_show_the_layout() -> None:
     out = StringIO()
     render_plan("llama-405b", the_plan, None, Console(file=out, width=200))
     assert "Layout: 2 nodes × 8 GPUs (TP 8 × PP 2; 8 GPUs per node)" in out.getvalue()
-    assert "16× H100-80GB" in out.getvalue()
+    assert "16× H100-80GB, TP 8 × PP 2" in out.getvalue()
 
 
 # --- suggestions never ask one pod for more GPUs than a node has --------------------------------------------------
