@@ -31,6 +31,7 @@ spec:
 LLAMA_405B = ("meta-llama/Llama-3.1-405B-Instruct",
               "{method: draft_model, numSpeculativeTokens: 4, draft: {name: meta-llama/Llama-3.1-8B-Instruct}}")
 DEEPSEEK_R1 = ("deepseek-ai/DeepSeek-R1", "{method: mtp, numSpeculativeTokens: 1}")
+DEEPSEEK_R1_PLAIN = ("deepseek-ai/DeepSeek-R1", "{enabled: false}")   # SGLang runs no speculation across stages
 
 
 def load(engine: str = "vllm", models: tuple[str, str] = LLAMA_405B, pp: int = 2) -> SpeculativeDeployment:
@@ -53,10 +54,12 @@ def flag(args: list[str], name: str) -> str:
 
 @pytest.mark.parametrize("engine_kind", ["vllm", "sglang"])
 def test_a_layout_across_nodes_renders_a_leader_worker_set_per_variant(engine_kind: str) -> None:
-    resource = load(engine_kind, DEEPSEEK_R1 if engine_kind == "sglang" else LLAMA_405B)
+    resource = load(engine_kind, DEEPSEEK_R1_PLAIN if engine_kind == "sglang" else LLAMA_405B)
     plan = make_plan(resource.spec)
+    assert plan.accepted
     children = desired_children(resource, plan)
-    assert set(children.deployments) == {Variant.SPECULATIVE, Variant.CONTROL}
+    assert set(children.deployments) == ({Variant.SPECULATIVE} if engine_kind == "sglang"
+                                         else {Variant.SPECULATIVE, Variant.CONTROL})
     for variant, lws in children.deployments.items():
         assert (lws["apiVersion"], lws["kind"]) == (LWS_API_VERSION, LWS_KIND)
         assert lws["metadata"]["name"].startswith("big")
@@ -87,7 +90,7 @@ def test_vllm_workers_run_headless_and_join_the_leader() -> None:
 
 
 def test_sglang_ranks_meet_at_the_leader() -> None:
-    resource = load("sglang", DEEPSEEK_R1)
+    resource = load("sglang", DEEPSEEK_R1_PLAIN)
     lws = desired_children(resource, make_plan(resource.spec)).deployments[Variant.SPECULATIVE]
     leader, worker = (engine(t)["args"] for t in templates(lws))
     assert flag(leader, "--dist-init-addr") == flag(worker, "--dist-init-addr") == "$(LWS_LEADER_ADDRESS):20000"

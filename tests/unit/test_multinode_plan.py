@@ -106,16 +106,24 @@ def test_llama_405b_with_an_8b_draft_lays_out_across_two_h100_nodes() -> None:
     assert two_nodes.memory.kv_bytes_per_token < one_node.memory.kv_bytes_per_token
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm"])
-def test_deepseek_r1_with_mtp_lays_out_across_two_h100_nodes(engine: str) -> None:
-    one_node = make_plan(make_spec(DEEPSEEK_R1, engine=engine, tp=8, pp=1))
-    two_nodes = make_plan(make_spec(DEEPSEEK_R1, engine=engine, tp=8, pp=2))
+def test_deepseek_r1_with_mtp_lays_out_across_two_h100_nodes() -> None:
+    one_node = make_plan(make_spec(DEEPSEEK_R1, tp=8, pp=1))
+    two_nodes = make_plan(make_spec(DEEPSEEK_R1, tp=8, pp=2))
     assert one_node.verdict == Verdict.REJECTED
     assert two_nodes.accepted and two_nodes.layout.describe().startswith("2 nodes × 8 GPUs")
     assert two_nodes.memory.per_gpu.draft_weights_gib == one_node.memory.per_gpu.draft_weights_gib > 0  # MTP layer
     # 61 layers: the last stage is planned with 31 of them.
     assert two_nodes.memory.per_gpu.target_weights_gib == pytest.approx(
         one_node.memory.per_gpu.target_weights_gib * 31 / 61, rel=1e-3)
+
+
+def test_sglang_refuses_pipeline_stages_with_speculation_and_is_not_offered_them() -> None:
+    findings = list(layout_findings(make_spec(DEEPSEEK_R1, engine="sglang", tp=8, pp=2)))
+    assert [f.code for f in findings] == ["PipelineWithSpeculationUnsupported"]
+    assert "vllm" in findings[0].message
+    assert codes(make_spec(DEEPSEEK_R1, engine="sglang", tp=8, pp=2, speculation={"enabled": False})) == []
+    suggestions = make_plan(make_spec(DEEPSEEK_R1, engine="sglang", tp=8)).memory.suggestions
+    assert all(s.field != "spec.resources.pipelineParallelSize" for s in suggestions)
 
 
 def test_the_plan_document_and_text_show_the_layout() -> None:

@@ -20,7 +20,7 @@ the target's layers ÷ stages, rounded up (vLLM `get_pp_indices`, vllm/distribut
 a remainder to the other stages, so no stage holds more), the same share of its weights (embedding and lm_head
 counted as spread evenly, an approximation) and KV, and the whole drafter: vLLM builds the drafter on the last
 pipeline rank only (`GPUModelRunner.__init__`, vllm/v1/worker/gpu_model_runner.py: "we put the entire draft model on
-the last PP rank"), MTP layers included; SGLang is assumed to do the same (not verified here).
+the last PP rank"), MTP layers included. SGLang refuses pipeline stages with speculation (planning/topology.py).
 """
 
 

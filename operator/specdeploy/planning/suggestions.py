@@ -122,6 +122,7 @@ def _pipeline_parallel(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Ca
     `_tensor_parallel` comes first: one field at a time."""
     per_node, tp = inputs.gpus_per_node, inputs.tensor_parallel_size
     if (inputs.engine not in MULTI_NODE_ENGINES or numbers.weights_fit or inputs.pipeline_parallel_size > 1
+            or (inputs.engine == EngineKind.SGLANG and inputs.speculating)   # topology: SGLang refuses PP there
             or tp != per_node or inputs.gpu_count not in (None, per_node)):
         return
     candidate: _Candidate | None = None

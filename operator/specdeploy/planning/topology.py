@@ -125,6 +125,17 @@ def layout_findings(spec: SpeculativeDeploymentSpec) -> Iterator[Finding]:
             f"{layout.gpus_per_pod} GPUs of one pod when the layout spans nodes: every node runs the same number of "
             f"ranks; {fix}",
         )
+    if pp > 1 and spec.engine.kind == EngineKind.SGLANG and spec.speculation.enabled:
+        # sgl-project/sglang: server_args' validation asserts "Pipeline parallelism is not compatible with overlap
+        # schedule, speculative decoding" (quoted in PR 37154, 2026-08); PR 30775 lifts it only behind the
+        # experimental SGLANG_ENABLE_PP_SPEC=1, which the operator does not set.
+        yield _error(
+            "PipelineWithSpeculationUnsupported",
+            f"`spec.resources.pipelineParallelSize` must be 1 for sglang with speculation, got {pp}: SGLang refuses "
+            "pipeline parallelism with speculative decoding (\"Pipeline parallelism is not compatible with overlap "
+            "schedule, speculative decoding\"); use `spec.engine.kind` vllm, which drafts on the last stage, or "
+            "fit the model in one node (`spec.model.quantization`)",
+        )
     if layout.spans_nodes and spec.engine.kind not in MULTI_NODE_ENGINES:
         yield _error(
             "MultiNodeUnsupported",
