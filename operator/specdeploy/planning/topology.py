@@ -119,6 +119,7 @@ def layout_findings(spec: SpeculativeDeploymentSpec) -> Iterator[Finding]:
         )
         return
     if layout.spans_nodes and layout.gpus % layout.gpus_per_pod:
+        # vLLM refuses the same (vllm/engine/arg_utils.py: "`--nnodes` must evenly divide the total world size").
         yield _error(
             "LayoutLeavesNodePartlyUsed",
             f"tensorParallelSize × pipelineParallelSize ({tp} × {pp} = {layout.gpus}) must be a multiple of the "
