@@ -185,7 +185,8 @@ def _write_plan_figure(name: str, the_plan: Plan, path: Path) -> None:
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--pod-monitor/--no-pod-monitor", default=False, help="Also render the PodMonitor.")
 def render(file: str, pod_monitor: bool) -> None:
-    """Print the child manifests (Deployments, Service, ConfigMap) FILE would run, as YAML."""
+    """Print the child manifests (Deployments, or LeaderWorkerSets for a layout across nodes, Service, ConfigMap) FILE
+    would run, as YAML."""
     resource, the_plan = _load(file)
     if not the_plan.accepted:
         findings = the_plan.memory.reasons + the_plan.compatibility.findings

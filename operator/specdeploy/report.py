@@ -34,7 +34,11 @@ def _headline(name: str, plan: Plan) -> Text:
         method += f", k={speculation.num_speculative_tokens}"
     elif speculation.enabled:
         method += f", k≤{speculation.num_speculative_tokens} by batch ({speculation.schedule_mode.value})"
-    gpus = f"{spec.resources.gpu_count}× {spec.resources.gpu.product}, TP {spec.resources.tensor_parallel_size}"
+    layout = plan.layout
+    gpus = f"{spec.resources.gpu_count}× {spec.resources.gpu.product}, TP {layout.tensor_parallel_size}"
+    if layout.spans_nodes or layout.pipeline_parallel_size > 1:
+        gpus = f"{layout.gpus}× {spec.resources.gpu.product}, TP {layout.tensor_parallel_size} × PP " \
+               f"{layout.pipeline_parallel_size}"
     quantization = "" if spec.model.quantization.value == "none" else f" [{spec.model.quantization.value}]"
     text = Text()
     text.append(name, style="bold")
@@ -229,6 +233,10 @@ def render_plan(name: str, plan: Plan, command: EngineCommand | None, console: C
     verdict = plan.verdict
     console.print(_headline(name, plan))
     console.print(Text(f"Verdict: {verdict.value}", style=_VERDICT_STYLE[verdict]))
+    if plan.layout.spans_nodes or plan.layout.pipeline_parallel_size > 1:
+        console.print(Text(f"Layout: {plan.layout.describe()}; the memory plan is the last pipeline stage's (it "
+                           "holds the drafter)" + ("; one LeaderWorkerSet group per replica"
+                                                   if plan.layout.spans_nodes else "")))
     console.print(Panel(_models_table(plan), title="models", title_align="left"))
     console.print(Panel(_memory_table(plan), title="memory per GPU", title_align="left"))
     findings = list(plan.memory.reasons) + list(plan.compatibility.findings)

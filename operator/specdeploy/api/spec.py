@@ -492,7 +492,12 @@ class Gpu(WireModel):
         None, description="Memory per GPU (80 or 80Gi); from the product table when empty"
     )
     count: int | None = Field(
-        None, ge=1, le=64, description="GPUs per pod; tensorParallelSize when empty"
+        None, ge=1, le=64, description="GPUs per pod; tensorParallelSize × pipelineParallelSize, at most a node's, when empty"
+    )
+    per_node: int | None = Field(
+        None, ge=1, le=64,
+        description="GPUs of one node; from the product when empty (8 on the HGX/DGX boards); a layout needing more "
+                    "spans nodes",
     )
 
 
@@ -501,6 +506,11 @@ class Resources(WireModel):
 
     gpu: Gpu = Field(default_factory=Gpu, description="GPU product, memory and count per pod")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="Tensor parallelism: GPUs one model is split over")
+    pipeline_parallel_size: int = Field(
+        1, ge=1, le=16,
+        description="Pipeline stages the model's layers are split over, each tensorParallelSize GPUs; a layout of more "
+                    "GPUs than a node holds runs as a LeaderWorkerSet across nodes",
+    )
     gpu_memory_utilization: float = Field(
         0.9, description="Fraction of each GPU's memory the engine may use, greater than 0 and at most 1"
     )
@@ -521,8 +531,9 @@ class Resources(WireModel):
 
     @property
     def gpu_count(self) -> int:
-        """GPUs each pod requests."""
-        return self.gpu.count if self.gpu.count is not None else self.tensor_parallel_size
+        """GPUs of one replica on one node: `gpu.count`, else every rank of the layout (a layout that spans nodes
+        is split into pods of one node each by planning.topology.node_layout)."""
+        return self.gpu.count if self.gpu.count is not None else self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 class Serving(WireModel):

@@ -175,6 +175,13 @@ def plan_resource(resource: SpeculativeDeployment, models: ResolvedModels | None
                 engine_command(plan, variant, speculate=True)
         except EngineRenderError as error:
             return Planned(None, Finding(code=Reason.ENGINE_CANNOT_RUN, severity=Severity.ERROR, message=str(error)))
+    if plan.accepted and plan.layout.spans_nodes:
+        # The LeaderWorkerSets are rendered (`specdeploy render`), but the observation, RBAC and judgment of a group
+        # are not built yet (issue 33 points 2-4): refuse with the reason rather than run what cannot be watched.
+        return Planned(None, Finding(code=Reason.ENGINE_CANNOT_RUN, severity=Severity.ERROR, message=(
+            f"the layout spans {plan.layout.nodes} nodes ({plan.layout.describe()}): this operator version renders "
+            "its LeaderWorkerSets (`specdeploy render`) but does not run them yet; fit the model in one node "
+            "(`spec.model.quantization` fp8, or a GPU with more memory) or apply the rendered manifests yourself")))
     return Planned(plan)
 
 

@@ -21,6 +21,7 @@ from specdeploy.engines.base import (
     EngineInputs,
     EngineRenderError,
     MetricNames,
+    NodeRank,
     image_for,
     probes,
 )
@@ -32,8 +33,10 @@ __all__ = [
     "EngineInputs",
     "EngineRenderError",
     "MetricNames",
+    "NodeRank",
     "image_for",
     "metric_names",
+    "node_args",
     "probes",
     "render_engine",
 ]
@@ -49,6 +52,25 @@ _METRICS: MappingProxyType[EngineKind, MetricNames] = MappingProxyType({
     EngineKind.SGLANG: sglang.METRICS,
     EngineKind.TRTLLM: trtllm.METRICS,
 })
+
+
+_NODE_ARGS: MappingProxyType[EngineKind, Callable[[NodeRank], list[str]]] = MappingProxyType({
+    EngineKind.VLLM: vllm.node_args,
+    EngineKind.SGLANG: sglang.node_args,
+})
+
+
+def node_args(kind: EngineKind, node: NodeRank) -> list[str]:
+    """The flags that make engine `kind` one rank-group of a layout across nodes.
+
+    Raises EngineRenderError for an engine without a multi-node launch the operator renders (TensorRT-LLM starts
+    ranks on other nodes only under MPI); planning.topology rejects such specs earlier with a finding.
+    """
+    if kind not in _NODE_ARGS:
+        raise EngineRenderError(
+            f"`spec.engine.kind` {kind.value} must not run a layout across nodes: its serve command starts ranks on "
+            "other nodes only under MPI, which the operator does not render; use vllm or sglang")
+    return _NODE_ARGS[kind](node)
 
 
 def render_engine(inputs: EngineInputs) -> EngineCommand:

@@ -48,6 +48,20 @@ class EngineRenderError(ValueError):
 
 
 @dataclass(frozen=True)
+class NodeRank:
+    """One pod of a layout that spans nodes, as its engine is told: `nodes` in the group, this pod's `rank` (0 on
+    the leader) and the leader's address, each as the container expands them (e.g. "$(LWS_WORKER_INDEX)")."""
+
+    nodes: int
+    rank: str
+    leader_address: str
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == "0"
+
+
+@dataclass(frozen=True)
 class MetricNames:
     """One engine's Prometheus names for the signals the analysis reads; None where the engine has none.
 

@@ -19,6 +19,7 @@ from specdeploy.engines.base import (
     EngineInputs,
     EngineRenderError,
     MetricNames,
+    NodeRank,
     compact_json,
     explicit_quantization,
     hub_token_env,
@@ -52,6 +53,9 @@ METRICS = MetricNames(
 COMMAND = ("python3", "-m", "sglang.launch_server")
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
+DIST_INIT_PORT = 20000
+"""The port of a multi-node group's `--dist-init-addr` on the leader: any free port (an assumption: SGLang takes
+host:port and picks no default)."""
 ADAPTIVE_CONFIG_FILE = "sglang-adaptive.json"   # --speculative-adaptive-config, mounted at CONFIG_MOUNT_PATH
 
 # spec method -> --speculative-algorithm. NEXTN is SGLang's name for a model's own MTP layers (it runs
@@ -186,6 +190,7 @@ def render(inputs: EngineInputs) -> EngineCommand:
         "--served-model-name", inputs.served_model_name,
         "--dtype", model.dtype.value,
         "--tp-size", str(resources.tensor_parallel_size),
+        *(["--pp-size", str(resources.pipeline_parallel_size)] if resources.pipeline_parallel_size > 1 else []),
         "--context-length", str(inputs.max_model_len),
         "--max-running-requests", str(serving.max_num_seqs),
         "--chunked-prefill-size", str(serving.max_num_batched_tokens),
@@ -215,3 +220,11 @@ def render(inputs: EngineInputs) -> EngineCommand:
         metrics=METRICS,
         config_files=MappingProxyType({} if adaptive is None else {ADAPTIVE_CONFIG_FILE: compact_json(adaptive) + "\n"}),
     )
+
+
+def node_args(node: NodeRank) -> list[str]:
+    """SGLang's multi-node launch (`--nnodes`, `--node-rank`, `--dist-init-addr` in the flag inventory,
+    tests/data/engine-flags/sglang.json): every pod runs the same launch_server with its rank; the HTTP server and
+    the metrics are the rank-0 pod's (an assumption from SGLang's multi-node docs, not read in its source here)."""
+    return ["--nnodes", str(node.nodes), "--node-rank", node.rank,
+            "--dist-init-addr", f"{node.leader_address}:{DIST_INIT_PORT}"]

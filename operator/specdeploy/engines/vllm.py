@@ -18,6 +18,7 @@ from specdeploy.engines.base import (
     EngineCommand,
     EngineInputs,
     MetricNames,
+    NodeRank,
     compact_json,
     explicit_quantization,
     hub_token_env,
@@ -58,6 +59,8 @@ METRICS = MetricNames(
 COMMAND = ("vllm", "serve")    # the console script of the vllm/vllm-openai image; the model is the first argument
 HEALTH_PATH = "/health"        # vllm/entrypoints/serve/instrumentator/health.py
 METRICS_PATH = "/metrics"      # vllm/entrypoints/serve/instrumentator/metrics.py
+MASTER_PORT = 29501
+"""The torch.distributed port of a multi-node group: vLLM's default `master_port` (vllm/config/parallel.py)."""
 
 # spec method -> SpeculativeConfig.method (the Literal SpeculativeMethod in vllm/config/speculative.py).
 SPECULATIVE_METHODS = {
@@ -137,6 +140,8 @@ def render(inputs: EngineInputs) -> EngineCommand:
         "--served-model-name", inputs.served_model_name,
         "--dtype", model.dtype.value,
         "--tensor-parallel-size", str(resources.tensor_parallel_size),
+        *(["--pipeline-parallel-size", str(resources.pipeline_parallel_size)]
+          if resources.pipeline_parallel_size > 1 else []),
         "--max-model-len", str(inputs.max_model_len),
         "--max-num-seqs", str(serving.max_num_seqs),
         "--max-num-batched-tokens", str(serving.max_num_batched_tokens),
@@ -170,3 +175,13 @@ def render(inputs: EngineInputs) -> EngineCommand:
         metrics_path=METRICS_PATH,
         metrics=METRICS,
     )
+
+
+def node_args(node: NodeRank) -> list[str]:
+    """vLLM's multi-node launch without Ray (vllm/config/parallel.py `nnodes`, `node_rank`, `master_addr`: the
+    multiprocessing executor across nodes): every pod runs `vllm serve` with the same flags and its rank; the
+    pods of rank above 0 run `--headless` (vllm/entrypoints/cli/serve.py `run_headless`: workers only, no API
+    server), so only the leader serves HTTP."""
+    args = ["--nnodes", str(node.nodes), "--node-rank", node.rank, "--master-addr", node.leader_address,
+            "--master-port", str(MASTER_PORT)]
+    return args if node.leader else [*args, "--headless"]

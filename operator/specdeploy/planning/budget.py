@@ -14,7 +14,15 @@
   the weights and a profiling forward pass that goes to the KV cache. The plan sizes the KV cache
   like vLLM and `trtllm_free_gpu_memory_fraction` gives the fraction that makes TensorRT-LLM
   allocate exactly that.
+
+A layout of pipeline stages (spec.resources.pipelineParallelSize) is planned for its last stage: the stage holds
+the target's layers ÷ stages, rounded up (vLLM `get_pp_indices`, vllm/distributed/utils.py, splits the layers evenly,
+a remainder to the other stages, so no stage holds more), the same share of its weights (embedding and lm_head
+counted as spread evenly, an approximation) and KV, and the whole drafter: vLLM builds the drafter on the last
+pipeline rank only (`GPUModelRunner.__init__`, vllm/v1/worker/gpu_model_runner.py: "we put the entire draft model on
+the last PP rank"), MTP layers included. SGLang refuses pipeline stages with speculation (planning/topology.py).
 """
+
 
 from __future__ import annotations
 
@@ -33,6 +41,7 @@ from specdeploy.api.status import MemoryPlan
 from specdeploy.planning import kv, overhead
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
+from specdeploy.planning.topology import GPUS_PER_NODE, gpus_per_node
 from specdeploy.planning.weights import draft_weight_bytes, model_weight_bytes, mtp_weight_bytes
 
 GIB = 2**30
@@ -60,6 +69,13 @@ class PlanInputs:
     max_num_batched_tokens: int
     kv_cache_memory_gib: float | None
     gpu_count: int | None = None
+    pipeline_parallel_size: int = 1
+    gpus_per_node: int = GPUS_PER_NODE
+
+    @property
+    def stage_layers(self) -> int:
+        """The target's layers on the last pipeline stage, rounded up: all of them without pipeline parallelism."""
+        return math.ceil(self.target.architecture.num_layers / self.pipeline_parallel_size)
 
     @property
     def mtp_layers(self) -> int:
@@ -161,6 +177,8 @@ def plan_inputs(
         max_num_batched_tokens=spec.serving.max_num_batched_tokens,
         kv_cache_memory_gib=spec.serving.kv_cache_memory_gib,
         gpu_count=spec.resources.gpu.count,
+        pipeline_parallel_size=spec.resources.pipeline_parallel_size,
+        gpus_per_node=gpus_per_node(spec),
     )
 
 
@@ -169,11 +187,14 @@ def without_speculation(inputs: PlanInputs) -> PlanInputs:
 
 
 def kv_groups(inputs: PlanInputs) -> list[kv.KvGroup]:
-    """KV groups of the target's layers, the draft's (all of a draft model's, an EAGLE head's own
-    layers) and the target's MTP layers when method is mtp."""
+    """KV groups of the target's layers (the last pipeline stage's), the draft's (all of a draft model's, an EAGLE
+    head's own layers) and the target's MTP layers when method is mtp."""
     target = inputs.target.architecture
     tp, kv_bytes = inputs.tensor_parallel_size, inputs.kv_dtype_bytes
     groups = kv.model_groups(target, tp, kv_bytes)
+    if inputs.pipeline_parallel_size > 1:   # the last stage's share of each group
+        groups = [replace(group, bytes_per_token=math.ceil(group.bytes_per_token * inputs.stage_layers
+                                                           / target.num_layers)) for group in groups]
     draft = inputs.draft
     if draft is not None:
         arch, draft_tp = draft.architecture, inputs.draft_tensor_parallel_size
@@ -199,7 +220,8 @@ def compute(inputs: PlanInputs) -> PlanNumbers:
     assert inputs.gpu_memory_gib is not None
     memory, tp = inputs.gpu_memory_gib, inputs.tensor_parallel_size
     target, draft = inputs.target, inputs.draft
-    target_weights = model_weight_bytes(target, inputs.target_quantization, DTYPE_BYTES) / tp / GIB
+    stage_share = inputs.stage_layers / target.architecture.num_layers
+    target_weights = model_weight_bytes(target, inputs.target_quantization, DTYPE_BYTES) * stage_share / tp / GIB
     draft_weights = _draft_weights_gib(inputs)
     weights = target_weights + draft_weights
 
@@ -217,7 +239,7 @@ def compute(inputs: PlanInputs) -> PlanNumbers:
         dtype_bytes=DTYPE_BYTES,
     ) / GIB
     non_torch = overhead.non_torch_bytes(tp) / GIB
-    layers = target.architecture.num_layers + inputs.mtp_layers
+    layers = inputs.stage_layers + inputs.mtp_layers
     if draft is not None:
         layers += draft.architecture.num_layers
     query_len = 1 + inputs.num_speculative_tokens if inputs.speculating else 1

@@ -57,7 +57,7 @@ from specdeploy.planning.checkpoint import contradiction
 from specdeploy.planning.managed_flags import MANAGED_FLAGS, find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind, drafter_kind
 from specdeploy.planning.schedule import LARGEST_K_FIRST, ZERO_K_SPEEDUP, ScheduleRange, SpeculationSchedule
-from specdeploy.planning.topology import GPUS_PER_NODE, tensor_parallel_fits, valid_tensor_parallel_sizes
+from specdeploy.planning.topology import layout_findings, tensor_parallel_fits, valid_tensor_parallel_sizes
 
 # MANAGED_FLAGS is re-exported for the renderers; it lives in planning.managed_flags with its parsing.
 __all__ = ["MANAGED_FLAGS", "SUPPORTED_METHODS", "check_compatibility", "draft_size_ratio"]
@@ -557,15 +557,9 @@ def checkpoint_quantization(
 def tensor_parallel_topology(
     spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None
 ) -> Iterable[Finding]:
-    """The engine shards attention by heads, and a pod runs on one node (planning/topology.py)."""
-    tp, count = spec.resources.tensor_parallel_size, spec.resources.gpu_count
-    if count > GPUS_PER_NODE:
-        yield _error(
-            "PodExceedsNode",
-            f"`spec.resources.gpu.count` (or `spec.resources.tensorParallelSize`) must be at most {GPUS_PER_NODE}, "
-            f"got {count}: a pod runs on one node, and {spec.resources.gpu.product} nodes have {GPUS_PER_NODE} "
-            "GPUs; use a larger GPU, quantise the model, or run more replicas",
-        )
+    """The engine shards attention by heads, and the ranks are placed on nodes (planning/topology.py)."""
+    tp = spec.resources.tensor_parallel_size
+    yield from layout_findings(spec)
     arch = target.architecture
     if not tensor_parallel_fits(arch, tp):
         sizes = ", ".join(str(size) for size in valid_tensor_parallel_sizes(arch))

@@ -38,6 +38,8 @@ _PORT = "spec.serving.port"
 _HOST = "the pod must listen on all interfaces for its Service and probes"
 _SERVED_NAME = "clients and the engine's metrics use one model name the operator chooses"
 _BACKEND = "speculation runs on TensorRT-LLM's PyTorch backend only"
+_PP = "spec.resources.pipelineParallelSize"
+_NODES = "the operator places a layout's ranks on nodes (a LeaderWorkerSet's leader and workers)"
 
 MANAGED_FLAGS: dict[EngineKind, dict[str, str]] = {
     EngineKind.VLLM: {
@@ -49,6 +51,13 @@ MANAGED_FLAGS: dict[EngineKind, dict[str, str]] = {
         "--spec-tokens": _SPECULATION,
         "--tensor-parallel-size": _TP,
         "-tp": _TP,
+        "--pipeline-parallel-size": _PP,
+        "-pp": _PP,
+        "--nnodes": _NODES,
+        "--node-rank": _NODES,
+        "--master-addr": _NODES,
+        "--master-port": _NODES,
+        "--headless": _NODES,
         "--gpu-memory-utilization": _UTILIZATION,
         "--max-model-len": _MAX_MODEL_LEN,
         "--max-num-seqs": _MAX_NUM_SEQS,
@@ -70,6 +79,12 @@ MANAGED_FLAGS: dict[EngineKind, dict[str, str]] = {
         "--tp-size": _TP,
         "--tensor-parallel-size": _TP,
         "--tp": _TP,
+        "--pp-size": _PP,
+        "--pipeline-parallel-size": _PP,
+        "--nnodes": _NODES,
+        "--node-rank": _NODES,
+        "--dist-init-addr": _NODES,
+        "--nccl-init-addr": _NODES,
         "--mem-fraction-static": _UTILIZATION,
         "--context-length": _MAX_MODEL_LEN,
         "--max-running-requests": _MAX_NUM_SEQS,
@@ -87,6 +102,7 @@ MANAGED_FLAGS: dict[EngineKind, dict[str, str]] = {
         "--extra_llm_api_options": _SPECULATION,
         "--tp_size": _TP,
         "--tensor_parallel_size": _TP,
+        "--pp_size": _PP,
         "--free_gpu_memory_fraction": _UTILIZATION,
         "--kv_cache_free_gpu_memory_fraction": _UTILIZATION,
         "--max_seq_len": _MAX_MODEL_LEN,

@@ -46,6 +46,7 @@ from specdeploy.planning.schedule import (
     step_speedup,
 )
 from specdeploy.planning.speedup import SpeculationCost, SpeedupEstimate, estimate_speedup
+from specdeploy.planning.topology import NodeLayout, node_layout
 
 MEASURED_GPU = "H100-80GB"
 """The GPU of the measured step-time table the model is held to (docs/speedup-model.md)."""
@@ -111,6 +112,11 @@ class Plan:
     cost: SpeculationCost | None = None     # the cost model of the speculation; None without speculation
     calibration: ScheduleCalibration | None = None   # the measured acceptance an Auto schedule follows
     hardware_factor: float | None = None    # the GPU time fitted from the control pods; None: the prior's
+
+    @property
+    def layout(self) -> NodeLayout:
+        """Where one replica's ranks run: nodes × GPUs, TP × PP (planning.topology)."""
+        return node_layout(self.spec)
 
     def acceptance_floor(self, batch_size: float | None = None, k: int | None = None) -> AcceptanceFloor | None:
         """The acceptance floor at `batch_size` running sequences per pod (None: batch 1) drafting `k` (None:
@@ -274,7 +280,7 @@ def make_plan(spec: SpeculativeDeploymentSpec, models: ResolvedModels | None = N
 
 
 def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What `specdeploy plan -o json` prints: status.memoryPlan's JSON, with compatibility,
+    """What `specdeploy plan -o json` prints: status.memoryPlan's JSON, with layout (`NodeLayout.to_wire`), compatibility,
     engineCommand, speedup, speculationSchedule (`SpeculationSchedule.to_wire`: minBatch, maxBatch, k and the
     predicted speedup per batch range; each predicted speedup with modelSource — prior or fitted — and an interval
     from the model's stated error, `model_error`), acceptanceFloor (at batch 1, `AcceptanceFloor.to_wire`) and models (where each architecture came from, `Origin.to_wire`) beside it.
@@ -284,6 +290,7 @@ def plan_document(plan: Plan, engine_command: dict[str, Any] | None = None) -> d
     text output's "Verdict:" line, so a pipeline reads `.outcome`.
     """
     document = {"outcome": plan.verdict.value, **plan.memory.to_wire()}
+    document["layout"] = plan.layout.to_wire()
     document["compatibility"] = plan.compatibility.to_wire()
     document["engineCommand"] = engine_command
     document["speedup"] = None

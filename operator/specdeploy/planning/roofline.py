@@ -54,6 +54,11 @@ LAYER_OVERHEAD_S = 27e-6
 ALLREDUCE_S = 10e-6
 # Scheduling, sampling and output processing once per engine step (not in the table: GPU time only).
 ENGINE_STEP_OVERHEAD_S = 0.4e-3
+# A layout whose pipeline stages span nodes (planning/topology.py) sends each step's activations over the network
+# between stages, an assumption (nothing measured here): one NCCL send/receive between nodes costs ~30 µs before its
+# bytes, and a 400 Gb/s InfiniBand NDR link per GPU (HGX H100/H200 reference networks) carries 50 GB/s.
+INTER_NODE_HOP_LATENCY_S = 30e-6
+INTER_NODE_BANDWIDTH_GB_S = 50.0
 # Routed experts' share of an MoE model's parameters (the catalog has no expert size). 0.975 gives active
 # counts of 37B for DeepSeek-V3 (published 37B of 671B, 8 of 256 experts), 12.5B for Mixtral-8x7B (12.9B of
 # 46.7B, 2 of 8) and 6.3B for gpt-oss-120b (5.1B of 117B, 4 of 128).
@@ -153,6 +158,18 @@ def pass_seconds(
 def allreduce_seconds(cost: ForwardCost) -> float:
     """The pass's tensor-parallel all-reduces: two per layer, none on one GPU."""
     return 2 * cost.layers * ALLREDUCE_S if cost.tensor_parallel_size > 1 else 0.0
+
+
+def pipeline_hop_seconds(stages: int, tokens: int, hidden_size: int) -> float:
+    """The network in one step of a pipeline of `stages` over `tokens` new tokens: each of the stages − 1
+    boundaries sends the tokens' hidden states and residual (vLLM's IntermediateTensors, 16-bit), and the last stage
+    returns the sampled tokens to the first, so `stages` hops of latency. The stages themselves run one after
+    another for a step (the pipeline bubble): the pass's time is every layer's, as on one node, which
+    `forward_seconds` already gives; the engine's batches in flight fill the bubble for throughput only."""
+    if stages <= 1:
+        return 0.0
+    sent = (stages - 1) * tokens * hidden_size * 2 * ACTIVATION_BYTES
+    return stages * INTER_NODE_HOP_LATENCY_S + sent / (INTER_NODE_BANDWIDTH_GB_S * 1e9)
 
 
 def _smooth_max(memory_s: float, compute_s: float) -> float:

@@ -53,6 +53,7 @@ from specdeploy.planning.roofline import (
     forward_seconds,
     model_forward_cost,
     mtp_forward_cost,
+    pipeline_hop_seconds,
 )
 
 # The Leviathan and acceptance functions live in planning.acceptance and the step times in
@@ -131,10 +132,16 @@ class SpeculationCost:
     draft_size_ratio: float | None = None   # target ÷ draft parameters of a separate draft, for its prior acceptance
     parallel_drafting: bool = False         # one pass over k + 1 query tokens drafts all k (DFlash, DSpark)
     sequential_selections: bool = False     # ...then picks the k tokens one by one over the vocabulary (DSpark)
+    pipeline_stages: int = 1                # pipeline stages across nodes: a network hop between them each step
+    hidden_size: int = 0                    # the target's, for the activations a hop carries
+
+    def pipeline_hops_seconds(self, tokens: int) -> float:
+        """The inter-node network of one step over `tokens` new tokens (planning.roofline.pipeline_hop_seconds)."""
+        return pipeline_hop_seconds(self.pipeline_stages, tokens, self.hidden_size)
 
     def baseline_step_seconds(self, batch: int) -> float:
         """One engine step without speculation: one token per sequence."""
-        return self.target_pass_seconds(batch, 1) + ENGINE_STEP_OVERHEAD_S
+        return self.target_pass_seconds(batch, 1) + self.pipeline_hops_seconds(batch) + ENGINE_STEP_OVERHEAD_S
 
     def draft_pass_seconds(self, batch: int) -> float:
         """One drafting pass: one proposed token per sequence."""
@@ -181,7 +188,9 @@ class SpeculationCost:
             drafting = self.block_draft_seconds(batch, k)
         elif self.draft_width > 1:
             drafting = self.draft_pass_seconds(batch) + (k - 1) * self.tree_draft_pass_seconds(batch)
-        return drafting + self.target_pass_seconds(batch, self.verified_tokens(k)) + ENGINE_STEP_OVERHEAD_S
+        verified = self.verified_tokens(k)
+        return (drafting + self.target_pass_seconds(batch, verified) + self.pipeline_hops_seconds(batch * verified)
+                + ENGINE_STEP_OVERHEAD_S)
 
     def verified_tokens(self, k: int) -> int:
         """Tokens the verify pass covers per sequence at `k`: k + 1 for a chain, the tree's for a tree."""
@@ -333,6 +342,7 @@ def speculation_cost(
                           if method == Method.DRAFT_MODEL and draft is not None else None),
         parallel_drafting=method in BLOCK_METHODS and drafter is not None,
         sequential_selections=method == Method.DSPARK,
+        pipeline_stages=spec.resources.pipeline_parallel_size, hidden_size=target.architecture.hidden_size,
     )
 
 

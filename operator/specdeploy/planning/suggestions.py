@@ -23,7 +23,7 @@ from specdeploy.planning.budget import (
 from specdeploy.planning.catalog import CATALOG, quantised_checkpoints_of
 from specdeploy.planning.gpus import GPU_PRODUCTS
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
-from specdeploy.planning.topology import GPUS_PER_NODE, tensor_parallel_fits
+from specdeploy.planning.topology import MULTI_NODE_ENGINES, tensor_parallel_fits
 
 MAX_SUGGESTIONS = 8
 
@@ -91,11 +91,12 @@ def _kv_cache_dtype(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candi
 
 def _tensor_parallel(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candidate]:
     """The smallest of 2×, 4× and 8× the tensor parallelism that fits, else the first with how far it gets; only
-    sizes the engine can shard the model's heads over, within one node's GPUs (planning/topology.py)."""
+    sizes the engine can shard the model's heads over, within one node's GPUs (planning/topology.py); pods of more
+    GPUs than a node holds are never suggested (`_pipeline_parallel` spans nodes instead)."""
     tp = inputs.tensor_parallel_size
     first: _Candidate | None = None
     sizes = [size for size in (tp * 2, tp * 4, tp * 8)
-             if size <= GPUS_PER_NODE and tensor_parallel_fits(inputs.target.architecture, size)]
+             if size <= inputs.gpus_per_node and tensor_parallel_fits(inputs.target.architecture, size)]
     for size in sizes:
         draft_tp = size if inputs.draft_tensor_parallel_size == tp else inputs.draft_tensor_parallel_size
         variant = replace(inputs, tensor_parallel_size=size, draft_tensor_parallel_size=draft_tp)
@@ -109,6 +110,31 @@ def _tensor_parallel(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Cand
         first = first or candidate
     if first is not None:
         yield first
+
+
+PIPELINE_STAGES = (2, 3, 4)
+"""Pipeline sizes suggested when a node's GPUs are not enough: a layout of 2 to 4 nodes."""
+
+
+def _pipeline_parallel(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candidate]:
+    """When the weights do not fit a whole node's GPUs: the fewest pipeline stages that fit, each a node at the same
+    TP (else the most, with how far they get); only for engines that launch across nodes. Below a node's TP,
+    `_tensor_parallel` comes first: one field at a time."""
+    per_node, tp = inputs.gpus_per_node, inputs.tensor_parallel_size
+    if (inputs.engine not in MULTI_NODE_ENGINES or numbers.weights_fit or inputs.pipeline_parallel_size > 1
+            or (inputs.engine == EngineKind.SGLANG and inputs.speculating)   # topology: SGLang refuses PP there
+            or tp != per_node or inputs.gpu_count not in (None, per_node)):
+        return
+    candidate: _Candidate | None = None
+    for stages in PIPELINE_STAGES:
+        variant = replace(inputs, pipeline_parallel_size=stages)
+        candidate = _Candidate("spec.resources.pipelineParallelSize", str(stages), variant,
+                               f"lay the model out across {stages} nodes of {per_node} GPUs, TP {tp} within a node × "
+                               f"{stages} pipeline stages (a LeaderWorkerSet per replica)")
+        if compute(variant).fits:
+            break
+    if candidate is not None:
+        yield candidate
 
 
 def _max_model_len(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candidate]:
@@ -199,7 +225,7 @@ def _larger_gpu(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candidate
 
 
 _SOURCES = (
-    _target_quantization, _draft_quantization, _tensor_parallel, _max_model_len, _kv_cache_dtype,
+    _target_quantization, _draft_quantization, _tensor_parallel, _pipeline_parallel, _max_model_len, _kv_cache_dtype,
     _smaller_draft, _ngram, _utilization, _kv_cache_memory,
 )
 

@@ -24,6 +24,7 @@ from specdeploy.engines.base import MODEL_CACHE_ENV, default_host_requests, uses
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import Plan
 from specdeploy.reconcile import podsecurity
+from specdeploy.reconcile.leaderworkerset import leader_worker_set, leaders_only
 
 LABEL_NAME = "specdeploy.io/name"
 LABEL_VARIANT = "specdeploy.io/variant"
@@ -65,7 +66,8 @@ class PodMonitoring:
 
 @dataclass(frozen=True)
 class Children:
-    """Manifests to apply; `deployments` keyed by variant. Children not listed are deleted."""
+    """Manifests to apply; `deployments` keyed by variant (LeaderWorkerSets for a layout across nodes:
+    reconcile/leaderworkerset.py). Children not listed are deleted."""
 
     config_map: dict[str, Any]
     deployments: dict[Variant, dict[str, Any]]
@@ -152,8 +154,9 @@ def downloads(plan: Plan, speculating: bool) -> list[dict[str, Any]]:
     spec = plan.spec
     per_gpu = plan.memory.per_gpu
     tp = spec.resources.tensor_parallel_size
+    stages = spec.resources.pipeline_parallel_size   # per_gpu is the last stage's share of the layers
     models = [{"name": spec.model.name, "revision": spec.model.revision,
-               "gib": round(per_gpu.target_weights_gib * tp, 3)}]
+               "gib": round(per_gpu.target_weights_gib * tp * stages, 3)}]
     draft = spec.speculation.draft
     if speculating and draft is not None:
         models.append({"name": draft.name, "revision": draft.revision,
@@ -295,9 +298,9 @@ def _env(command: EngineCommand, cache_env: tuple[tuple[str, str], ...],
 
 
 def _weights_per_pod(plan: Plan, speculating: bool) -> float:
-    """GiB of weights one pod loads: the plan's per-GPU weights over the tensor-parallel GPUs."""
+    """GiB of weights one pod loads: the plan's per-GPU weights over the pod's GPUs."""
     per_gpu = (plan.memory if speculating else plan.memory_without_speculation).per_gpu
-    return (per_gpu.target_weights_gib + per_gpu.draft_weights_gib) * plan.spec.resources.tensor_parallel_size
+    return (per_gpu.target_weights_gib + per_gpu.draft_weights_gib) * plan.layout.gpus_per_pod
 
 
 def _resources(template: dict[str, Any], gpus: str, defaults: dict[str, str]) -> dict[str, Any]:
@@ -324,7 +327,7 @@ def _deployment(
     labels = {**common_labels(resource, "engine"), LABEL_VARIANT: variant.value}
     replicas = variant_replicas(spec, variant)
     gpu = find_gpu(spec.resources.gpu.product)
-    gpus = str(spec.resources.gpu_count)
+    gpus = str(plan.layout.gpus_per_pod)
     image = image_for(spec)
     template = spec.pod_template
     argv = (
@@ -338,7 +341,7 @@ def _deployment(
         "env": _env(command, _model_cache_env(spec), template.engine_container.env),
         "ports": [{"name": "http", "containerPort": command.port, "protocol": "TCP"}],
         "resources": _resources(template.engine_container.resources or {}, gpus,
-                                default_host_requests(spec.resources.gpu_count, _weights_per_pod(plan, speculating))),
+                                default_host_requests(plan.layout.gpus_per_pod, _weights_per_pod(plan, speculating))),
         **command.probes(),
         "volumeMounts": [
             {"name": "engine-config", "mountPath": CONFIG_MOUNT_PATH, "readOnly": True},
@@ -417,6 +420,8 @@ def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor
     name = resource.metadata.name
     speculate = speculation_decided(resource)
     deployments: dict[Variant, dict[str, Any]] = {}
+    across_nodes = plan.layout.spans_nodes
+    served = leaders_only if across_nodes else dict   # a worker of a group serves nothing
     config_data: dict[str, str] = {}
     first_command: EngineCommand | None = None
     for variant in variants(spec):
@@ -425,8 +430,8 @@ def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor
         speculating = variant_speculates(plan, variant, speculate)
         files = _variant_files(plan, command, speculating)
         config_data.update({_config_key(variant, f): content for f, content in files.items()})
-        deployments[variant] = _deployment(resource, plan, variant, command, files, speculating,
-                                           variant in replicas_held)
+        deployment = _deployment(resource, plan, variant, command, files, speculating, variant in replicas_held)
+        deployments[variant] = leader_worker_set(deployment, plan) if across_nodes else deployment
     assert first_command is not None
     if preflight_mode(spec) is not None:
         config_data[PREFLIGHT_FILE] = preflight_script()   # not in the config hash: it restarts no engine
@@ -441,7 +446,7 @@ def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor
         "kind": "Service",
         "metadata": _metadata(resource, names.service_name(name), common_labels(resource, "service")),
         "spec": {
-            "selector": {LABEL_NAME: name},
+            "selector": served({LABEL_NAME: name}),
             "ports": [{"name": "http", "port": spec.serving.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
@@ -453,7 +458,7 @@ def desired_children(resource: SpeculativeDeployment, plan: Plan, *, pod_monitor
             "kind": "PodMonitor",
             "metadata": _metadata(resource, names.service_name(name), labels),
             "spec": {
-                "selector": {"matchLabels": {LABEL_NAME: name}},
+                "selector": {"matchLabels": served({LABEL_NAME: name})},
                 "podTargetLabels": [LABEL_NAME, LABEL_VARIANT],
                 "podMetricsEndpoints": [{"port": "http", "path": first_command.metrics_path, "interval": "15s"}],
             },

@@ -1,0 +1,84 @@
+"""A variant whose layout spans nodes runs as a LeaderWorkerSet instead of a Deployment: one group per replica.
+
+    lws = leader_worker_set(deployment, plan)   # the variant's Deployment, rendered as usual, made a group
+
+LeaderWorkerSet (sigs.k8s.io/lws, API leaderworkerset.x-k8s.io/v1, read in v0.7.0's
+api/leaderworkerset/v1/leaderworkerset_types.go) creates per replica a leader pod and `size` − 1 worker pods, rolls
+and restarts them as one group (restartPolicy RecreateGroupOnPodRestart: a worker's death recreates the group), and
+sets in every container LWS_LEADER_ADDRESS (the leader's address), LWS_GROUP_SIZE and LWS_WORKER_INDEX (0 on the
+leader). The pods are the Deployment's pod template, same labels, volumes and GPUs per pod (one node's), with
+`specdeploy.io/role` added; the engine gets its multi-node flags (engines `node_args`), the leader keeps the
+probes and the HTTP port, and the Service and PodMonitor select leaders only: a worker serves nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from enum import StrEnum
+from typing import Any
+
+from specdeploy.engines import NodeRank, node_args
+from specdeploy.planning.plan import Plan
+
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+LABEL_ROLE = "specdeploy.io/role"
+LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
+"""The leader's address as a container's args expand it: LeaderWorkerSet sets the variable in every container."""
+WORKER_INDEX = "$(LWS_WORKER_INDEX)"
+"""A pod's index in its group (0: the leader), as a container's args expand it."""
+_PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+
+
+class Role(StrEnum):
+    LEADER = "leader"
+    WORKER = "worker"
+
+
+def _role_template(template: dict[str, Any], plan: Plan, role: Role) -> dict[str, Any]:
+    """The Deployment's pod template for `role`: the role label, the engine's multi-node flags, and for a worker no
+    probes and no HTTP port (it runs the engine's ranks without a server)."""
+    result = copy.deepcopy(template)
+    result["metadata"]["labels"][LABEL_ROLE] = role.value
+    rank = "0" if role == Role.LEADER else WORKER_INDEX
+    flags = node_args(plan.spec.engine.kind, NodeRank(plan.layout.nodes, rank, LEADER_ADDRESS))
+    engine = next(c for c in result["spec"]["containers"] if c["name"] == "engine")
+    engine["args"] = [*engine["args"], *flags]
+    if role == Role.WORKER:
+        for probe in _PROBES:
+            engine.pop(probe, None)
+        engine.pop("ports", None)
+    return result
+
+
+def leader_worker_set(deployment: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    """The LeaderWorkerSet that runs `deployment`'s pods as groups of `plan.layout.nodes` pods, one per node: the
+    same name, labels and annotations, replicas (groups; left out while another writer holds them, as on the
+    Deployment) and rollout limits; the group starts once its leader exists (startupPolicy LeaderCreated) and is
+    recreated whole when one of its pods restarts."""
+    spec = deployment["spec"]
+    rolling = spec["strategy"]["rollingUpdate"]
+    template = spec["template"]
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": copy.deepcopy(deployment["metadata"]),
+        "spec": {
+            **({"replicas": spec["replicas"]} if "replicas" in spec else {}),
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {
+                "maxSurge": rolling["maxSurge"], "maxUnavailable": rolling["maxUnavailable"]}},
+            "leaderWorkerTemplate": {
+                "size": plan.layout.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": _role_template(template, plan, Role.LEADER),
+                "workerTemplate": _role_template(template, plan, Role.WORKER),
+            },
+        },
+    }
+
+
+def leaders_only(selector: dict[str, str]) -> dict[str, str]:
+    """`selector` narrowed to leader pods: the Service's and the PodMonitor's, whose traffic and samples are the
+    leaders' (a worker has no HTTP server)."""
+    return {**selector, LABEL_ROLE: Role.LEADER.value}
