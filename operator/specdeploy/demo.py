@@ -26,6 +26,7 @@ from rich.table import Table
 
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.devcluster import DevCluster, wait_for
+from specdeploy.devcluster.dashboard import dashboard_queries, panels_without_data
 from specdeploy.devcluster.simadmin import endpoints, sim_admin
 from specdeploy.devcluster.traffic import Traffic
 from specdeploy.devcluster.waiters import get_json
@@ -38,6 +39,8 @@ CHART = REPO / "charts" / "specdeploy"
 RELEASE, OPERATOR_NAMESPACE, NAMESPACE, NAME = "specdeploy", "specdeploy-system", "demo", "llama-8b-eagle3"
 SD = f"{NAMESPACE}/{NAME}"
 COLLAPSED_ACCEPTANCE = 0.02
+DASHBOARD_NOT_IN_DEMO = {"Last probe: acceptance by workload and temperature", "annotation Would roll back (observe)"}
+"""The dashboard's panels that stay empty in the demo: no probe runs, and the judgment acts."""
 K = 3
 
 # The demo's SD: short windows so a rollback takes a minute rather than an hour; k = 3, the EAGLE-3 head's usual
@@ -145,6 +148,9 @@ class Demo:
             probe.bind(("127.0.0.1", 0))
             metrics_port = probe.getsockname()[1]
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        # Scraped as the chart's ServiceMonitor has it scraped: the dashboard's panels read the operator's series.
+        self.scraped_from = time.time()
+        self.cluster.add_scrape_target("specdeploy-operator", f"127.0.0.1:{metrics_port}")
         # The demo's models are in the built-in catalog and the dev cluster reaches no Hub: stay offline
         # unless the user says otherwise (HF_HUB_OFFLINE=0 with a reachable Hub pins their commits).
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
@@ -216,6 +222,19 @@ class Demo:
         self.console.print("operator metric: " + "; ".join(rollbacks), highlight=False)
         self.console.print("Git still holds the spec as written: the rollback lives in status "
                            f"(metadata.generation is {obj['metadata']['generation']}).")
+        self.dashboard()
+
+    def dashboard(self) -> None:
+        """The chart's Grafana dashboard for this SD, asked of the demo's Prometheus as Grafana would ask it."""
+        self.step("The chart's Grafana dashboard for this SD, its queries asked of this Prometheus (docs/alerts.md)")
+        queries = {panel: exprs for panel, exprs in dashboard_queries(NAMESPACE, NAME).items()
+                   if panel not in DASHBOARD_NOT_IN_DEMO}
+        wait_for(lambda: not panels_without_data(self.cluster.prometheus_url, queries, self.scraped_from), 30,
+                 "data in every dashboard panel", describe=lambda: str(
+                     panels_without_data(self.cluster.prometheus_url, queries, self.scraped_from)))
+        self.console.print(f"dashboard: every panel has data ({len(queries)}: {', '.join(queries)}); the probe's "
+                           "table and the Observe annotation stay empty here (no probe runs, the judgment acts)",
+                           highlight=False, soft_wrap=True)
 
     # --- the load ramp: k by batch size, inside the engine ------------------------------------------------
 

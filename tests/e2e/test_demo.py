@@ -1,4 +1,5 @@
-"""The README's main command: `specdeploy demo --no-tty` shows a rollback end to end, then a load ramp on an
+"""The README's main command: `specdeploy demo --no-tty` shows a rollback end to end (the chart's dashboard has data in
+every panel the demo can fill: devcluster/dashboard.py), then a load ramp on an
 Auto-scheduled SD: drafting stops inside the engine at the peak and starts again after it, with the same pods and
 no rollback."""
 
@@ -27,7 +28,7 @@ def test_demo_shows_a_rollback_end_to_end(tmp_path: Path) -> None:
     flat = " ".join(output.split())     # the console wraps long lines at its width
     for text in ("helm install", "STATUS: deployed", "operator pid", "EAGLE-3 head drafting k = 3", "(95% interval",
                  "SpeculationRolledBack", '"alertname": "SpeculationRolledBack"',
-                 "now runs the same target without speculation", "demo finished"):
+                 "now runs the same target without speculation", "dashboard: every panel has data", "demo finished"):
         assert text in flat, f"{text!r} missing from the demo's output:\n{output[-6000:]}"
     # The collapse at k 3 costs ~15-20% per token on the simulator's hardware profile (the measured H100 table: three
     # EAGLE-3 passes of ~0.3 ms and a 4-token verify on a ~6.4 ms step; it was ~10% on the planner's roofline), above

@@ -3,11 +3,9 @@ Prometheus scraping them and the real Alertmanager. Every scenario is bounded in
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.audit import audit_entries, statuses_written
+from specdeploy.devcluster.dashboard import dashboard_queries, panels_without_data
 from specdeploy.devcluster.simadmin import sim_admin
 from specdeploy.devcluster.traffic import Traffic
 from specdeploy.devcluster.waiters import get_json, wait_for_object
@@ -24,7 +23,6 @@ from specdeploy.devcluster.waiters import get_json, wait_for_object
 pytestmark = pytest.mark.e2e
 
 NAME, SD = SCENARIO_NAME, SCENARIO_SD
-DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "specdeploy" / "dashboards" / "specdeploy.json"
 #: Dashboard queries this scenario gives no data to: it runs no probe, and acts (nothing is held back).
 NOT_IN_THIS_SCENARIO = {"Last probe: acceptance by workload and temperature", "annotation Would roll back (observe)"}
 
@@ -56,30 +54,6 @@ def _alerts(cluster: DevCluster, namespace: str) -> list[dict[str, Any]]:
 def _speculative_args(cluster: DevCluster, namespace: str) -> list[str]:
     deployment = get_json(cluster, "deployment", NAME, namespace=namespace)
     return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
-
-
-def _dashboard_queries(namespace: str) -> dict[str, list[str]]:
-    """The chart's dashboard: each panel's and annotation's queries as Grafana sends them for this SD."""
-    dashboard = json.loads(DASHBOARD.read_text())
-
-    def concrete(expr: str) -> str:
-        # $__rate_interval: Grafana's max(4 × scrape interval, step + scrape interval) at the dev cluster's 2 s scrape.
-        return expr.replace("$__rate_interval", "20s").replace("$namespace", namespace).replace("$sd", NAME)
-
-    queries = {p["title"]: [concrete(t["expr"]) for t in p["targets"]] for p in dashboard["panels"] if p["type"] != "row"}
-    queries.update({f"annotation {a['name']}": [concrete(a["expr"])] for a in dashboard["annotations"]["list"]})
-    return queries
-
-
-def _panels_without_data(cluster: DevCluster, queries: dict[str, list[str]], start: float) -> list[str]:
-    """The panels none of whose queries returns a point between `start` and now in the dev cluster's Prometheus."""
-    def points(query: str) -> int:
-        response = httpx.get(f"{cluster.prometheus_url}/api/v1/query_range", timeout=10, params={
-            "query": query, "start": start, "end": time.time(), "step": "2s"})
-        response.raise_for_status()
-        return sum(len(series["values"]) for series in response.json()["data"]["result"])
-
-    return [panel for panel, exprs in queries.items() if not any(points(expr) for expr in exprs)]
 
 
 def _operator_writes(cluster: DevCluster, namespace: str, since: float) -> list[dict[str, Any]]:
@@ -124,11 +98,11 @@ def test_acceptance_collapse_under_load_rolls_back_with_evidence(
         obj = wait_for_object(dev_cluster, ["sd", NAME], _rolled_back, 90, "the rollback", namespace=namespace)
         # Every panel of the chart's dashboard, and the rollback annotation, shows this SD's healthy speculation,
         # its collapse and the rollback (the operator's and the engines' series, scraped every 2 s).
-        queries = {panel: exprs for panel, exprs in _dashboard_queries(namespace).items()
+        queries = {panel: exprs for panel, exprs in dashboard_queries(namespace, NAME).items()
                    if panel not in NOT_IN_THIS_SCENARIO}
-        wait_for(lambda: not _panels_without_data(dev_cluster, queries, scraped_from), 30,
-                 "data in every dashboard panel", describe=lambda: str(_panels_without_data(
-                     dev_cluster, queries, scraped_from)))
+        wait_for(lambda: not panels_without_data(dev_cluster.prometheus_url, queries, scraped_from), 30,
+                 "data in every dashboard panel", describe=lambda: str(panels_without_data(
+                     dev_cluster.prometheus_url, queries, scraped_from)))
     finally:
         traffic.stop()
     record = obj["status"]["speculation"]["lastRollback"]
