@@ -3,13 +3,15 @@
     command = render_engine(EngineInputs(spec, served_model_name="llama", max_model_len=32768))
     command.argv()          # ["vllm", "serve", "meta-llama/…", "--host", "0.0.0.0", …]
     metric_names(EngineKind.SGLANG).acceptance_rate_gauge   # "sglang:spec_accept_rate"
+    engine_profile(EngineKind.TRTLLM).schedules.zero_k_speedup   # 1.0: what the operator knows of an engine
+    engine_of(["trtllm-serve", "meta-llama/…"])              # EngineKind.TRTLLM
 
 Pure functions: no I/O, no Kubernetes. The operator places the result in a pod; the CLI prints it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
 from specdeploy.api.spec import EngineKind
@@ -24,6 +26,7 @@ from specdeploy.engines.base import (
     image_for,
     probes,
 )
+from specdeploy.engines.profile import EngineProfile
 
 __all__ = [
     "CONFIG_MOUNT_PATH",
@@ -31,7 +34,10 @@ __all__ = [
     "EngineCommand",
     "EngineInputs",
     "EngineRenderError",
+    "EngineProfile",
     "MetricNames",
+    "engine_of",
+    "engine_profile",
     "image_for",
     "metric_names",
     "probes",
@@ -44,11 +50,15 @@ _RENDERERS: MappingProxyType[EngineKind, Callable[[EngineInputs], EngineCommand]
     EngineKind.TRTLLM: trtllm.render,
 })
 
-_METRICS: MappingProxyType[EngineKind, MetricNames] = MappingProxyType({
-    EngineKind.VLLM: vllm.METRICS,
-    EngineKind.SGLANG: sglang.METRICS,
-    EngineKind.TRTLLM: trtllm.METRICS,
+_PROFILES: MappingProxyType[EngineKind, EngineProfile] = MappingProxyType({
+    EngineKind.VLLM: vllm.PROFILE,
+    EngineKind.SGLANG: sglang.PROFILE,
+    EngineKind.TRTLLM: trtllm.PROFILE,
 })
+
+# A model's name may follow the program word (`trtllm-serve sglang-org/…`), so the recognisers are asked most
+# specific program first; vLLM, the spec's default engine, is also what a command no profile recognises runs.
+_RECOGNITION_ORDER = (EngineKind.TRTLLM, EngineKind.SGLANG, EngineKind.VLLM)
 
 
 def render_engine(inputs: EngineInputs) -> EngineCommand:
@@ -60,6 +70,16 @@ def render_engine(inputs: EngineInputs) -> EngineCommand:
     return _RENDERERS[inputs.spec.engine.kind](inputs)
 
 
+def engine_profile(kind: EngineKind) -> EngineProfile:
+    """Everything the operator knows about an engine besides its command line (engines/profile.py)."""
+    return _PROFILES[kind]
+
+
 def metric_names(kind: EngineKind) -> MetricNames:
     """The Prometheus metric-name table of an engine."""
-    return _METRICS[kind]
+    return _PROFILES[kind].metrics
+
+
+def engine_of(argv: Sequence[str]) -> EngineKind:
+    """The engine a container's command line starts (each profile's `runs`); vLLM when none recognises it."""
+    return next((kind for kind in _RECOGNITION_ORDER if _PROFILES[kind].runs(argv)), EngineKind.VLLM)

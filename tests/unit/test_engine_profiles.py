@@ -1,0 +1,88 @@
+"""Every engine answers every question of its profile (engines/profile.py), and the command lines its renderer
+writes are recognised as that engine's wherever a command line is read: the operator's `engine_of`, the preflight
+(standard library only, so it keeps its own reading), the pod runner and the simulator."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
+from specdeploy.devcluster.enginepod import engine_of as pod_engine_of
+from specdeploy.engines import EngineInputs, MetricNames, engine_of, engine_profile, render_engine
+from specdeploy.engines.profile import EngineProfile
+from specdeploy.planning.gpus import find_gpu
+from specdeploy_engine.preflight import engine_of as preflight_engine_of
+from specdeploy_engine.sim.argv import parse_engine_argv
+
+# Answers that must not be empty: an engine runs some method, the operator renders some flags, exports metrics.
+NON_EMPTY = ("methods", "method_setting", "managed_flags.owned", "schedules.methods", "metrics_path",
+             "default_image")
+
+
+def unanswered(value: Any, path: str = "") -> list[str]:
+    """The fields of a profile (and of the dataclasses in it) that are None, or empty where NON_EMPTY says."""
+    missing: list[str] = []
+    for field in dataclasses.fields(value):
+        answer, where = getattr(value, field.name), f"{path}{field.name}"
+        if answer is None or (where in NON_EMPTY and not answer):
+            missing.append(where)
+        elif dataclasses.is_dataclass(answer) and not isinstance(answer, MetricNames):   # its None: no such metric
+            missing += unanswered(answer, f"{where}.")
+    return missing
+
+
+@pytest.mark.parametrize("kind", list(EngineKind))
+def test_every_engine_has_a_profile_that_answers_every_field(kind: EngineKind) -> None:
+    profile = engine_profile(kind)
+    assert profile.kind == kind
+    assert unanswered(profile) == []
+    assert profile.metrics.names()
+
+
+def test_a_profile_without_an_answer_is_caught() -> None:
+    profile = engine_profile(EngineKind.VLLM)
+    assert unanswered(dataclasses.replace(profile, default_image="")) == ["default_image"]
+    blank = dataclasses.replace(profile.schedules, methods=frozenset())
+    assert unanswered(dataclasses.replace(profile, schedules=blank, runs=None)) == ["schedules.methods", "runs"]
+    with pytest.raises(TypeError):   # no field has a default: an engine that leaves one out does not construct
+        EngineProfile(kind=EngineKind.VLLM)  # type: ignore[call-arg]
+
+
+def test_only_methods_an_engine_runs_can_be_scheduled() -> None:
+    for kind in EngineKind:
+        profile = engine_profile(kind)
+        assert profile.schedules.methods <= set(profile.methods)
+
+
+def _rendered(kind: EngineKind) -> list[str]:
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "engine": {"kind": kind.value}, "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "speculation": {"method": "ngram", "numSpeculativeTokens": 3},
+    })
+    return render_engine(EngineInputs(spec, served_model_name="served", max_model_len=8192)).argv()
+
+
+@pytest.mark.parametrize("kind", list(EngineKind))
+def test_every_reader_of_a_command_line_recognises_the_rendered_engine(kind: EngineKind, tmp_path: Path) -> None:
+    argv = _rendered(kind)
+    assert engine_of(argv) == kind
+    assert engine_profile(kind).runs(argv)
+    assert preflight_engine_of(argv) == kind.value
+    assert pod_engine_of(argv) == kind.value
+    (tmp_path / "trtllm.yaml").write_text("{}\n")
+    assert parse_engine_argv(argv, config_dir=tmp_path, gpu=find_gpu("H100-80GB")).kind == kind
+
+
+@pytest.mark.parametrize("argv", [
+    ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"],
+    ["/usr/local/bin/trtllm-serve", "serve", "sglang-org/model"],
+    ["python3", "-m", "sglang.launch_server", "--model-path", "vllm-project/model"],
+    ["specdeploy-launch"],
+    [],
+])
+def test_the_preflight_reads_a_command_line_as_the_profiles_do(argv: list[str]) -> None:
+    assert preflight_engine_of(argv) == pod_engine_of(argv) == engine_of(argv).value
