@@ -15,6 +15,7 @@ from specdeploy.devcluster.enginepod import engine_of as pod_engine_of
 from specdeploy.engines import EngineInputs, MetricNames, engine_of, engine_profile, render_engine
 from specdeploy.engines.profile import EngineProfile
 from specdeploy.planning.gpus import find_gpu
+from specdeploy.planning.schedule import ZERO_K_SPEEDUP
 from specdeploy_engine.preflight import engine_of as preflight_engine_of
 from specdeploy_engine.sim.argv import parse_engine_argv
 
@@ -56,6 +57,14 @@ def test_only_methods_an_engine_runs_can_be_scheduled() -> None:
     for kind in EngineKind:
         profile = engine_profile(kind)
         assert profile.schedules.methods <= set(profile.methods)
+
+
+def test_a_drafter_that_runs_at_k_0_costs_what_the_schedule_assumes() -> None:
+    """vLLM runs the drafter at k = 0 (planning.schedule.ZERO_K_SLOWDOWN); SGLang's tiers never reach 0 and keep that
+    figure; TensorRT-LLM skips the drafter."""
+    assert engine_profile(EngineKind.VLLM).schedules.zero_k_speedup == ZERO_K_SPEEDUP
+    assert engine_profile(EngineKind.SGLANG).schedules.zero_k_speedup == ZERO_K_SPEEDUP
+    assert engine_profile(EngineKind.TRTLLM).schedules.zero_k_speedup == 1.0
 
 
 def _rendered(kind: EngineKind) -> list[str]:

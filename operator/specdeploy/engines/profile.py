@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from specdeploy.api.spec import EngineKind, Method
 from specdeploy.api.speculative_keys import ManagedKey
@@ -75,6 +75,9 @@ class SpeculativeConfigKeys:
     method_only: Mapping[str, Method]              # keys the engine accepts with one method only
     since_default_image: frozenset[str]            # keys an older image than the default refuses
     schedule_keys: tuple[str, ...]                 # keys a typed schedule renders
+    # Tokens a draft tree set in extraConfig verifies per sequence each step, root included, given the extraConfig
+    # and k; None for a chain.
+    tree_verify_tokens: Callable[[Mapping[str, Any], int], int | None]
 
 
 @dataclass(frozen=True)

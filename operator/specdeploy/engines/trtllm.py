@@ -242,6 +242,18 @@ def runs(argv: Sequence[str]) -> bool:
     return any(word.startswith("trtllm-serve") for word in command_head(argv))
 
 
+def tree_verify_tokens(extra: Mapping[str, Any], k: int) -> int | None:
+    """Tokens a tree in extraConfig verifies per step: `max_total_draft_tokens` + 1, or a static tree's
+    `eagle_choices` (one token per choice) + 1 (tensorrt_llm/llmapi/llm_args.py EagleDecodingConfig); None for a
+    chain of k."""
+    total, choices = extra.get("max_total_draft_tokens"), extra.get("eagle_choices")
+    if isinstance(total, int) and not isinstance(total, bool) and total > k:
+        return total + 1
+    if isinstance(choices, list) and len(choices) > k:
+        return len(choices) + 1
+    return None
+
+
 def _decoding_config(method: Method) -> str | None:
     decoding_type = DECODING_TYPES.get(method)
     return None if decoding_type is None else f"TensorRT-LLM's {decoding_type} speculative_config"
@@ -280,6 +292,7 @@ PROFILE = EngineProfile(
         method_only={},
         since_default_image=frozenset(),
         schedule_keys=("draft_len_schedule", "max_concurrency"),
+        tree_verify_tokens=tree_verify_tokens,
     ),
     # The plan's budget is utilization × the GPU; kv_cache_config.free_gpu_memory_fraction, a share of what is free
     # after the weights, is computed from it (planning.budget.trtllm_free_gpu_memory_fraction).

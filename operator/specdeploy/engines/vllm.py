@@ -305,6 +305,7 @@ PROFILE = EngineProfile(
         method_only={"dspark_draft_topk": Method.DSPARK},
         since_default_image=VLLM_KEYS_SINCE_0_33,
         schedule_keys=("num_speculative_tokens_per_batch_size",),
+        tree_verify_tokens=lambda extra, k: None,   # vLLM drafts chains only
     ),
     # CacheConfig.gpu_memory_utilization is a share of the whole GPU; request_memory (vllm/v1/worker/utils.py)
     # refuses to start when less than that is free; CacheConfig.kv_cache_memory_bytes fixes the KV cache.
