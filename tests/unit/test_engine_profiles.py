@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
-from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
+from specdeploy.api.spec import METHODS_WITH_DRAFT, EngineKind, Method, SpeculativeDeploymentSpec
+from specdeploy.api.speculative_keys import MANAGED_KEYS
 from specdeploy.engines import EngineInputs, MetricNames, engine_of, engine_profile, render_engine
-from specdeploy.engines.profile import EngineProfile
+from specdeploy.engines.profile import EngineProfile, NoSpeculativeConfig
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.schedule import ZERO_K_SPEEDUP
 from specdeploy_engine.preflight import engine_of as preflight_engine_of
@@ -94,3 +96,28 @@ def test_every_reader_of_a_command_line_recognises_the_rendered_engine(kind: Eng
 ])
 def test_the_preflight_reads_a_command_line_as_the_profiles_do(argv: list[str]) -> None:
     assert preflight_engine_of(argv) == engine_of(argv).value
+
+
+def _admitted(kind: EngineKind, method: Method, **serving: Any) -> bool:
+    speculation: dict[str, Any] = {"method": method.value, "numSpeculativeTokens": 3}
+    if method in METHODS_WITH_DRAFT:
+        speculation["draft"] = {"name": "some/drafter"}
+    try:
+        SpeculativeDeploymentSpec.model_validate({"engine": {"kind": kind.value}, "model": {"name": "some/model"},
+                                                  "speculation": speculation, "serving": serving})
+    except ValidationError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("kind", list(EngineKind))
+def test_the_crd_admits_what_the_profile_runs_or_refuses_with_a_reason(kind: EngineKind) -> None:
+    """The API models cannot import the engines (the engines import them), so their rules say the same in their own
+    words: a method the profile neither runs nor refuses with a finding of its own is refused at apply, and so is a
+    fixed KV cache size on an engine that does not take one."""
+    profile = engine_profile(kind)
+    for method in Method:
+        assert _admitted(kind, method) == (method in profile.methods or method in profile.method_refusals), method
+    assert _admitted(kind, Method.NGRAM, kvCacheMemoryGiB=10) == profile.memory.fixed_kv_cache
+    keys = profile.extra_config
+    assert MANAGED_KEYS.get(kind.value) == (None if isinstance(keys, NoSpeculativeConfig) else keys.managed)
