@@ -14,16 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
-from specdeploy.api.spec import EngineKind
+from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
 from specdeploy.engines import sglang, trtllm, vllm
 from specdeploy.engines.base import (
     CONFIG_MOUNT_PATH,
-    DEFAULT_IMAGES,
     EngineCommand,
     EngineInputs,
     EngineRenderError,
     MetricNames,
-    image_for,
     probes,
 )
 from specdeploy.engines.profile import EngineProfile
@@ -56,6 +54,10 @@ _PROFILES: MappingProxyType[EngineKind, EngineProfile] = MappingProxyType({
     EngineKind.TRTLLM: trtllm.PROFILE,
 })
 
+DEFAULT_IMAGES: MappingProxyType[EngineKind, str] = MappingProxyType(
+    {kind: profile.default_image for kind, profile in _PROFILES.items()})
+"""Per engine: the image whose CLI and metric names its renderer was checked against (`spec.engine.image` wins)."""
+
 # A model's name may follow the program word (`trtllm-serve sglang-org/…`), so the recognisers are asked most
 # specific program first; vLLM, the spec's default engine, is also what a command no profile recognises runs.
 _RECOGNITION_ORDER = (EngineKind.TRTLLM, EngineKind.SGLANG, EngineKind.VLLM)
@@ -73,6 +75,11 @@ def render_engine(inputs: EngineInputs) -> EngineCommand:
 def engine_profile(kind: EngineKind) -> EngineProfile:
     """Everything the operator knows about an engine besides its command line (engines/profile.py)."""
     return _PROFILES[kind]
+
+
+def image_for(spec: SpeculativeDeploymentSpec) -> str:
+    """spec.engine.image, or the default image of the engine."""
+    return spec.engine.image or _PROFILES[spec.engine.kind].default_image
 
 
 def metric_names(kind: EngineKind) -> MetricNames:

@@ -14,7 +14,6 @@ from typing import Any
 from specdeploy.api.spec import EngineKind, KvCacheDtype, Method, Speculation
 from specdeploy.engines.base import (
     CONFIG_MOUNT_PATH,
-    DEFAULT_IMAGES,
     LISTEN_HOST,
     BatchK,
     EngineCommand,
@@ -76,6 +75,10 @@ METRICS = MetricNames(
     model_label="model_name",
     generation_tokens_total="sglang:generation_tokens_total",
 )
+
+# The image whose CLI and metric names this module was checked against: the version in
+# tests/data/engine-flags/sglang.json (extracted from the PyPI release).
+DEFAULT_IMAGE = "lmsysorg/sglang:v0.5.23"
 
 COMMAND = ("python3", "-m", "sglang.launch_server")
 HEALTH_PATH = "/health"
@@ -331,6 +334,6 @@ PROFILE = EngineProfile(
     acceptance=AcceptanceSignal.GAUGES,
     metrics=METRICS,
     metrics_path=METRICS_PATH,
-    default_image=DEFAULT_IMAGES[EngineKind.SGLANG],
+    default_image=DEFAULT_IMAGE,
     runs=runs,
 )

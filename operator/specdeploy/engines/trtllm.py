@@ -22,7 +22,6 @@ from specdeploy.api.speculative_keys import TRTLLM_MANAGED_KEYS, TRTLLM_SPECULAT
 from specdeploy.api.status import Severity
 from specdeploy.engines.base import (
     CONFIG_MOUNT_PATH,
-    DEFAULT_IMAGES,
     LISTEN_HOST,
     BatchK,
     EngineCommand,
@@ -84,6 +83,10 @@ METRICS = MetricNames(
     drafted_tokens_per_pos_total="trtllm_spec_decode_drafted_tokens_total",
     generation_tokens_total="trtllm_generation_tokens_total",
 )
+
+# The trtllm_-prefixed Prometheus metrics arrived with NVIDIA/TensorRT-LLM PR #12545 (2026-03), so the image must be
+# from the 1.3 line; 1.3.0rc23 is the newest release tag seen in use.
+DEFAULT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc23"
 
 COMMAND = ("trtllm-serve",)
 CONFIG_FILE = "trtllm.yaml"
@@ -321,6 +324,6 @@ PROFILE = EngineProfile(
     acceptance=AcceptanceSignal.POSITION_COUNTERS,
     metrics=METRICS,
     metrics_path=METRICS_PATH,
-    default_image=DEFAULT_IMAGES[EngineKind.TRTLLM],
+    default_image=DEFAULT_IMAGE,
     runs=runs,
 )

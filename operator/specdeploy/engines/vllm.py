@@ -22,7 +22,6 @@ from specdeploy.api.speculative_keys import (
 from specdeploy.api.status import Severity
 from specdeploy.api.units import GIB
 from specdeploy.engines.base import (
-    DEFAULT_IMAGES,
     LISTEN_HOST,
     EngineCommand,
     EngineInputs,
@@ -90,6 +89,10 @@ METRICS = MetricNames(
     request_prefill_time="vllm:request_prefill_time_seconds",
     request_inference_time="vllm:request_inference_time_seconds",
 )
+
+# The image whose CLI and metric names this module was checked against: the version in
+# tests/data/engine-flags/vllm.json (extracted from the PyPI release).
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
 
 COMMAND = ("vllm", "serve")    # the console script of the vllm/vllm-openai image; the model is the first argument
 HEALTH_PATH = "/health"        # vllm/entrypoints/serve/instrumentator/health.py
@@ -336,6 +339,6 @@ PROFILE = EngineProfile(
     acceptance=AcceptanceSignal.TOKEN_COUNTERS,
     metrics=METRICS,
     metrics_path=METRICS_PATH,
-    default_image=DEFAULT_IMAGES[EngineKind.VLLM],
+    default_image=DEFAULT_IMAGE,
     runs=runs,
 )
