@@ -11,7 +11,7 @@ Pure functions: no I/O, no Kubernetes. The operator places the result in a pod; 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import MappingProxyType
 
 from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
@@ -42,12 +42,6 @@ __all__ = [
     "render_engine",
 ]
 
-_RENDERERS: MappingProxyType[EngineKind, Callable[[EngineInputs], EngineCommand]] = MappingProxyType({
-    EngineKind.VLLM: vllm.render,
-    EngineKind.SGLANG: sglang.render,
-    EngineKind.TRTLLM: trtllm.render,
-})
-
 _PROFILES: MappingProxyType[EngineKind, EngineProfile] = MappingProxyType({
     EngineKind.VLLM: vllm.PROFILE,
     EngineKind.SGLANG: sglang.PROFILE,
@@ -69,7 +63,7 @@ def render_engine(inputs: EngineInputs) -> EngineCommand:
     Raises EngineRenderError when the engine cannot run what the spec asks (e.g. an EAGLE-1 head on
     TensorRT-LLM); planning.compat rejects the same specs earlier with a finding.
     """
-    return _RENDERERS[inputs.spec.engine.kind](inputs)
+    return _PROFILES[inputs.spec.engine.kind].render(inputs)
 
 
 def engine_profile(kind: EngineKind) -> EngineProfile:

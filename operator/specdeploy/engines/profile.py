@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from specdeploy.api.spec import EngineKind, Method
 from specdeploy.api.speculative_keys import ManagedKey
 from specdeploy.api.status import Severity
-from specdeploy.engines.base import MetricNames
+from specdeploy.engines.base import EngineCommand, EngineInputs, MetricNames
 
 # Field paths, as a user writes them in YAML: the owners of the flags the operator renders (`managed_flags`).
 MODEL_FIELD = "spec.model.name"
@@ -158,7 +158,8 @@ class BlockDrafterNote(NamedTuple):
 
 @dataclass(frozen=True)
 class EngineProfile:
-    """Everything specdeploy knows about one engine that is not its command line (that is its renderer's)."""
+    """Everything specdeploy knows about one engine: its renderer and the answers the plan, the schedule and the pod
+    runner ask of it."""
 
     kind: EngineKind
     methods: Mapping[Method, str]            # spec method -> the engine's name for it (`method_setting`)
@@ -179,6 +180,7 @@ class EngineProfile:
     metrics_path: str
     default_image: str
     runs: Callable[[Sequence[str]], bool]    # whether a container's command line starts this engine
+    render: Callable[[EngineInputs], EngineCommand]   # the renderer: the spec (and the plan's numbers) -> its command
 
 
 def command_head(argv: Sequence[str]) -> list[str]:

@@ -336,4 +336,5 @@ PROFILE = EngineProfile(
     metrics_path=METRICS_PATH,
     default_image=DEFAULT_IMAGE,
     runs=runs,
+    render=render,
 )

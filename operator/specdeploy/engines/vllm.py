@@ -341,4 +341,5 @@ PROFILE = EngineProfile(
     metrics_path=METRICS_PATH,
     default_image=DEFAULT_IMAGE,
     runs=runs,
+    render=render,
 )
