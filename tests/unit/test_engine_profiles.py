@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from specdeploy.api.spec import METHODS_WITH_DRAFT, EngineKind, Method, SpeculativeDeploymentSpec
 from specdeploy.api.speculative_keys import MANAGED_KEYS
 from specdeploy.engines import EngineInputs, MetricNames, engine_of, engine_profile, render_engine
-from specdeploy.engines.profile import EngineProfile, NoSpeculativeConfig
+from specdeploy.engines.profile import AcceptanceSignal, EngineProfile, NoSpeculativeConfig
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.schedule import ZERO_K_SPEEDUP
 from specdeploy_engine.preflight import engine_of as preflight_engine_of
@@ -121,3 +121,14 @@ def test_the_crd_admits_what_the_profile_runs_or_refuses_with_a_reason(kind: Eng
     assert _admitted(kind, Method.NGRAM, kvCacheMemoryGiB=10) == profile.memory.fixed_kv_cache
     keys = profile.extra_config
     assert MANAGED_KEYS.get(kind.value) == (None if isinstance(keys, NoSpeculativeConfig) else keys.managed)
+
+
+@pytest.mark.parametrize("kind", list(EngineKind))
+def test_the_acceptance_signal_is_what_the_metric_names_export(kind: EngineKind) -> None:
+    profile = engine_profile(kind)
+    names = profile.metrics
+    counters = names.draft_tokens_total is not None and names.accepted_tokens_total is not None
+    expected = (AcceptanceSignal.POSITION_COUNTERS if counters and names.drafted_tokens_per_pos_total is not None
+                else AcceptanceSignal.TOKEN_COUNTERS if counters
+                else AcceptanceSignal.GAUGES if names.acceptance_rate_gauge is not None else None)
+    assert profile.acceptance == expected
