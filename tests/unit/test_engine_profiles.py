@@ -14,11 +14,17 @@ from pydantic import ValidationError
 from specdeploy.api.spec import METHODS_WITH_DRAFT, EngineKind, Method, SpeculativeDeploymentSpec
 from specdeploy.api.speculative_keys import MANAGED_KEYS
 from specdeploy.engines import EngineInputs, MetricNames, engine_of, engine_profile, render_engine
-from specdeploy.engines.profile import AcceptanceSignal, EngineProfile, NoSpeculativeConfig
+from specdeploy.engines.profile import (
+    AcceptanceSignal,
+    EngineProfile,
+    NoSpeculativeConfig,
+    ScheduleExpression,
+)
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.schedule import ZERO_K_SPEEDUP
 from specdeploy_engine.preflight import engine_of as preflight_engine_of
 from specdeploy_engine.sim.argv import parse_engine_argv
+from specdeploy_engine.sim.engines import SIMULATED_ENGINES
 
 # Answers that must not be empty: an engine runs some method, the operator renders some flags, exports metrics.
 NON_EMPTY = ("methods", "method_setting", "managed_flags.owned", "schedules.methods", "metrics_path",
@@ -132,3 +138,13 @@ def test_the_acceptance_signal_is_what_the_metric_names_export(kind: EngineKind)
                 else AcceptanceSignal.TOKEN_COUNTERS if counters
                 else AcceptanceSignal.GAUGES if names.acceptance_rate_gauge is not None else None)
     assert profile.acceptance == expected
+
+
+@pytest.mark.parametrize("kind", list(EngineKind))
+def test_the_simulator_plays_each_engine_as_its_profile_describes_it(kind: EngineKind) -> None:
+    """The simulator keeps its own table (sim/engines.py); where it answers a question the profile answers too, the
+    two agree."""
+    simulated, profile = SIMULATED_ENGINES[kind], engine_profile(kind)
+    assert simulated.drafter_runs_at_zero_k == bool(profile.schedules.zero_k_cost)
+    assert simulated.batch_table_drafts_ahead == (profile.schedules.expression == ScheduleExpression.BATCH_TABLE)
+    assert simulated.sizes_kv_after_loading == profile.memory.kv_fraction_of_free
