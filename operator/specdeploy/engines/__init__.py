@@ -1,4 +1,5 @@
-"""Engine renderers: a spec (and the planner's numbers) in, the engine container's command line out.
+"""The engines: each one's renderer (a spec and the planner's numbers in, the engine container's command line out)
+and its profile (engines/profile.py: everything else the operator knows about it), one module per engine.
 
     command = render_engine(EngineInputs(spec, served_model_name="llama", max_model_len=32768))
     command.argv()          # ["vllm", "serve", "meta-llama/…", "--host", "0.0.0.0", …]
