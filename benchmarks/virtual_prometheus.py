@@ -13,8 +13,8 @@ the last point's) and raises the client's errors: PrometheusBadQuery for PromQL 
 400/422 from a real Prometheus), PrometheusBadResponse for a scalar answer.
 
 Only the PromQL the operator sends (judgment/queries.py: its templates for every engine, the pinned selector, the
-"group by" of the pods whose series a query reads) is implemented, and tests/e2e/test_virtual_prometheus.py checks
-it against the real Prometheus on the same scrapes:
+"group by" of the pods whose series a query reads) is implemented, and
+tests/e2e/test_virtual_prometheus_matches_real.py checks it against the real Prometheus on the same scrapes:
 
 - vector selectors with `=`, `!=` and `=~` matchers (regexes anchored); an instant selector is the newest sample
   within the lookback delta (5m), none once the series is stale;
