@@ -51,7 +51,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdeploy.clients.prometheus import PrometheusBadQuery, PrometheusBadResponse, Sample
+from specdeploy.clients.prometheus import PrometheusBadQuery, PrometheusBadResponse
+from specdeploy.judgment.assembly import Sample
 
 LOOKBACK_MS = 300_000     # --query.lookback-delta: 5m
 

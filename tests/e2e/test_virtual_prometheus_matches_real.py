@@ -33,10 +33,11 @@ import pytest
 import yaml
 
 from specdeploy.api.spec import EngineKind
-from specdeploy.clients.prometheus import PrometheusClient, Sample
+from specdeploy.clients.prometheus import PrometheusClient
 from specdeploy.devcluster import wait_for
 from specdeploy.devcluster.monitoring import PROMETHEUS
 from specdeploy.devcluster.processes import free_port
+from specdeploy.judgment.assembly import Sample
 from specdeploy.judgment.queries import SELECTOR, pinned_selector, queries_for, series_pods_query
 
 pytestmark = pytest.mark.e2e
