@@ -2,7 +2,7 @@
 how long a detection takes. No cluster: seconds per run.
 
     python benchmarks/decisions.py --scenario healthy|latency-regression|acceptance-drop|load-ramp \\
-        [--tpot-ms X] [--regression R] [--qps Q] [--runs N] [--seed S] [--policy current|previous|both] [--json] \\
+        [--tpot-ms X] [--regression R] [--qps Q] [--runs N] [--seed S] [--json] \\
         [--window 5m] [--interval 30s] [--failure-limit 3] [--min-requests 20] [--scrape 15s] [--jobs J]
     python benchmarks/decisions.py --scenario day [--runs N] [--seed S] [--json] [--hour-seconds 3600] [--cooldown 30m] [--interval 30s] [--jobs J]
 
@@ -30,11 +30,6 @@ What runs, for each of `--runs` runs:
   when `interval` has passed since its lastSampleAt (whole seconds; controller/analysis_loop.py `due`) — then
   the operator's own `query_all` at that instant and `for_deployment`, and the pure step of a reconcile,
   `reconcile.speculation.step_speculation` (verdict, counting, rollback decision). A run ends at a rollback.
-  `--policy previous` runs the verdict as it was before the judgment rewrite instead
-  (benchmarks/previous_verdict.py) and counts as judgment/rollback.py did: Failing +1, Inconclusive leaves
-  the count, Healthy resets it; failureLimit failing samples in a row roll back. `--policy both` judges the
-  same runs (the same pods, scrapes and samples) by each, and goes on until both have rolled back: the
-  numbers are those of two separate runs with the same seed, at half the cost.
 
 `--tpot-ms X` sets the control's mean TPOT (time per output token after the first, per request) at `--qps`:
 the fastest-needed GPU of H100-80GB, H200, B200 whose simulated control is at or below X, then a uniform extra
@@ -55,8 +50,7 @@ Printed per scenario: the false-rollback rate (healthy and load-ramp: runs rolle
 rolled back before the change), the detection rate and the median time from the regression start to the
 rollback in intervals, also from "the moment the window could show it" (start + window), the share of
 Inconclusive samples, the rollback reasons, and the true mean TPOT ratio speculative ÷ control over the last
-window of each run (from the simulated requests themselves, no buckets). `--json` prints one object (with
-`--policy both`, one per policy under "current" and "previous").
+window of each run (from the simulated requests themselves, no buckets). `--json` prints one object.
 
 Cost: the engine core is nearly all of it (Engine.plan_step/complete_step and the metrics observer, ~90%;
 rendering and parsing the expositions with prometheus_client ~4–5%, the PromQL ~2%): one run of 26.5
@@ -82,7 +76,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import day
-import previous_verdict
 from virtual_pod import Pod
 from virtual_prometheus import VirtualPrometheus, spread_offset
 
@@ -229,7 +222,6 @@ class Setup:
 @dataclass
 class RunResult:
     index: int
-    policy: str
     rolled_back_at: float | None = None
     reason: str | None = None
     evidence: str | None = None
@@ -244,7 +236,7 @@ def _label(kind: str, result: Any) -> str:
     return f"{kind}: {reason.value}" if reason is not None else kind
 
 
-class CurrentJudge:
+class Judge:
     """The operator's pure reconcile step: step_speculation runs the verdict, the counting and the decision."""
 
     def __init__(self, setup: Setup) -> None:
@@ -261,35 +253,9 @@ class CurrentJudge:
         return step.verdict, step.rollback is not None, evidence
 
 
-class PreviousJudge:
-    """--policy previous: the verdict of benchmarks/previous_verdict.py, counted as judgment/rollback.py did
-    (Failing +1, Inconclusive leaves the count, Healthy resets it; failureLimit Failing in a row roll back)."""
-
-    def __init__(self, setup: Setup) -> None:
-        self.analysis = setup.resource.spec.analysis
-        self.failures = 0
-
-    def judge(self, sample: DeploymentSample, at: float) -> tuple[Any, bool, str]:
-        result = previous_verdict.verdict(sample, self.analysis.checks, self.analysis.baseline.mode,
-                                          self.analysis.min_requests)
-        if isinstance(result, previous_verdict.Failing):
-            self.failures += 1
-        elif isinstance(result, previous_verdict.Healthy):
-            self.failures = 0
-        rollback = isinstance(result, previous_verdict.Failing) and self.failures >= self.analysis.failure_limit
-        return result, rollback, previous_verdict.message(result) if rollback else ""
-
-
-JUDGES: dict[str, Callable[[Setup], Any]] = {"current": CurrentJudge, "previous": PreviousJudge}
-
-
-def policies(args: argparse.Namespace) -> list[str]:
-    return ["current", "previous"] if args.policy == "both" else [args.policy]
-
-
-def run_once(setup: Setup, index: int) -> list[RunResult]:
-    """One run, judged by every policy asked for on the same simulated pods and samples; it ends when every
-    policy has rolled back, or at the end."""
+def run_once(setup: Setup, index: int) -> RunResult:
+    """One run: the simulated pods, their scrapes and the operator's judgment; it ends at a rollback or at the
+    end."""
     started = time.perf_counter()
     args = setup.args
     rng = random.Random(f"decisions:{args.seed}:{index}")
@@ -315,8 +281,8 @@ def run_once(setup: Setup, index: int) -> list[RunResult]:
         events.append((setup.start, 0, "change"))
     events.sort(key=lambda event: (event[0], event[1]))
 
-    judges = {policy: JUDGES[policy](setup) for policy in policies(args)}
-    results = {policy: RunResult(index, policy) for policy in judges}
+    judge = Judge(setup)
+    result = RunResult(index)
     group = QueryGroup(EngineKind.VLLM, setup.window)
     loop = asyncio.new_event_loop()
     last_sample: float | None = None
@@ -343,27 +309,22 @@ def run_once(setup: Setup, index: int) -> list[RunResult]:
             last_sample = float(math.floor(at))            # lastSampleAt is written in whole seconds
             samples = loop.run_until_complete(query_all(prometheus, [group], at=T0 + at))  # type: ignore[arg-type]
             sample = samples.for_deployment(NAMESPACE, NAME, EngineKind.VLLM, setup.window)
-            for policy, judge in list(judges.items()):
-                verdict, rollback, evidence = judge.judge(sample, at)
-                kind = type(verdict).__name__
-                result = results[policy]
-                result.cycles.append((at, kind, _label(kind, verdict)))
-                if rollback:
-                    reason = getattr(verdict, "reason", None)
-                    result.rolled_back_at, result.evidence = at, evidence
-                    result.reason = reason.value if reason is not None else kind
-                    result.qps_at_rollback = setup.schedule.qps_at(at)
-                    result.true_ratio = _true_ratio(pods, at, setup.window)
-                    del judges[policy]
-            if not judges:
+            verdict, rollback, evidence = judge.judge(sample, at)
+            kind = type(verdict).__name__
+            result.cycles.append((at, kind, _label(kind, verdict)))
+            if rollback:
+                reason = getattr(verdict, "reason", None)
+                result.rolled_back_at, result.evidence = at, evidence
+                result.reason = reason.value if reason is not None else kind
+                result.qps_at_rollback = setup.schedule.qps_at(at)
+                result.true_ratio = _true_ratio(pods, at, setup.window)
                 break
     finally:
         loop.close()
-    for result in results.values():
-        if result.rolled_back_at is None:
-            result.true_ratio = _true_ratio(pods, setup.end, setup.window)
-        result.wall_seconds = time.perf_counter() - started
-    return list(results.values())
+    if result.rolled_back_at is None:
+        result.true_ratio = _true_ratio(pods, setup.end, setup.window)
+    result.wall_seconds = time.perf_counter() - started
+    return result
 
 
 def _true_ratio(pods: list[Pod], stop: float, window: float) -> float:
@@ -379,7 +340,7 @@ def _moment(at: float) -> datetime:
 _SETUP: Setup | None = None
 
 
-def _run_in_worker(index: int) -> list[RunResult]:
+def _run_in_worker(index: int) -> RunResult:
     assert _SETUP is not None
     return run_once(_SETUP, index)
 
@@ -390,7 +351,7 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summarize(setup: Setup, policy: str, results: list[RunResult], wall: float) -> dict[str, Any]:
+def summarize(setup: Setup, results: list[RunResult], wall: float) -> dict[str, Any]:
     args = setup.args
     runs = len(results)
     changes = args.scenario in ("latency-regression", "acceptance-drop")
@@ -409,7 +370,7 @@ def summarize(setup: Setup, policy: str, results: list[RunResult], wall: float) 
     hours = sum(((r.rolled_back_at if r.rolled_back_at is not None else setup.end) / 3600) for r in results)
     c = setup.calibration
     summary: dict[str, Any] = {
-        "scenario": args.scenario, "policy": policy, "runs": runs, "seed": args.seed,
+        "scenario": args.scenario, "runs": runs, "seed": args.seed,
         "falseRollbackRate": len(false) / runs if runs else None,
         "falseRollbacks": len(false),
         "falseRollbacksPerHour": (len(false) / hours) if not changes and hours else None,
@@ -459,7 +420,7 @@ def _number(value: float | None, digits: int = 1) -> str:
 def text(summary: dict[str, Any]) -> str:
     p = summary["params"]
     lines = [
-        f"{summary['scenario']} · policy {summary['policy']} · {summary['runs']} runs, seed {summary['seed']} · "
+        f"{summary['scenario']} · {summary['runs']} runs, seed {summary['seed']} · "
         f"qps {p['qps']:g} · {p['gpu']} +{p['extraStepLatencyMs']:g} ms/step: control TPOT "
         f"{p['controlMeanTpotMs']:.1f} ms, speculative {p['speculativeMeanTpotMs']:.1f} ms · window {p['window']} "
         f"interval {p['interval']} failureLimit {p['failureLimit']} minRequests {p['minRequests']} scrape {p['scrape']}",
@@ -501,8 +462,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--qps", type=float, default=4.0, help="requests/s per variant (load-ramp: the top)")
     parser.add_argument("--runs", type=int, default=None, help="default 20; day: 1")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--policy", choices=("current", "previous", "both"), default="current",
-                        help="both: judge the same runs by each, side by side")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--window", default="5m")
     parser.add_argument("--interval", default="30s")
@@ -568,12 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         runs = [run_once(setup, index) for index in range(args.runs)]
     wall = time.perf_counter() - started
-    summaries = [summarize(setup, policy, [r for results in runs for r in results if r.policy == policy], wall)
-                 for policy in policies(args)]
-    if args.json:
-        print(json.dumps(summaries[0] if len(summaries) == 1 else {s["policy"]: s for s in summaries}, indent=1))
-    else:
-        print("\n".join(text(summary) for summary in summaries))
+    summary = summarize(setup, runs, wall)
+    print(json.dumps(summary, indent=1) if args.json else text(summary))
     return 0
 
 

@@ -1,5 +1,6 @@
-"""A Prometheus on a virtual clock: it scrapes text expositions, keeps the samples, and answers PromQL the way
-Prometheus does, for benchmarks/decisions.py (no cluster, no sockets, no sleeping).
+"""A Prometheus on a virtual clock: it scrapes text expositions, keeps the samples, and answers the operator's
+PromQL the way Prometheus does, for benchmarks/decisions.py and benchmarks/day.py (no cluster, no sockets, no
+sleeping).
 
     prometheus = VirtualPrometheus()
     pod = prometheus.add_target({"namespace": "bench", "pod": "sd-abc", ...}, render=metrics.render)
@@ -7,10 +8,26 @@ Prometheus does, for benchmarks/decisions.py (no cluster, no sockets, no sleepin
     samples = await prometheus.query('sum by (pod) (rate(x_total{pod!=""}[5m]))', at=1_750_000_030.0)
 
 `query` has the signature of `specdeploy.clients.prometheus.PrometheusClient.query`, so the operator's own
-`query_all` runs against it. It returns `Sample`s (an instant vector; or, for a range-vector answer such as a
-subquery, `points` with `value` the last point's) and raises the client's errors: PrometheusBadQuery for
-PromQL it cannot parse or execute (HTTP 400/422 from a real Prometheus), PrometheusBadResponse for a scalar
-or string answer (the client accepts vectors and matrices only).
+`query_all` runs against it. It returns `Sample`s (an instant vector; or, for a subquery, `points` with `value`
+the last point's) and raises the client's errors: PrometheusBadQuery for PromQL it cannot parse or execute (HTTP
+400/422 from a real Prometheus), PrometheusBadResponse for a scalar answer.
+
+Only the PromQL the operator sends (judgment/queries.py: its templates for every engine, the pinned selector, the
+"group by" of the pods whose series a query reads) is implemented, and
+tests/e2e/test_virtual_prometheus_matches_real.py checks it against the real Prometheus on the same scrapes:
+
+- vector selectors with `=`, `!=` and `=~` matchers (regexes anchored); an instant selector is the newest sample
+  within the lookback delta (5m), none once the series is stale;
+- range selectors `v[d]` and subqueries `expr[range:step]`: the subquery evaluates `expr` at the absolute
+  multiples of `step` inside the range, as Prometheus aligns them; durations in one unit (ms, s, m, h);
+- rate and increase with extrapolatedRate's rules (promql/functions.go: extrapolate to the range's edges when the
+  first or last sample is within 1.1 × the average sample spacing, else by half a spacing; counter resets; a
+  counter is not extrapolated below zero), avg_over_time, histogram_quantile over classic `le` buckets
+  (bucketQuantile: the first bucket interpolates from 0, a rank in the +Inf bucket gives the upper bound of the
+  last finite one, NaN with no observations);
+- the aggregations sum, avg, count and group with `by` before the argument;
+- `+` and `/` with Prometheus' precedence, IEEE arithmetic (0/0 is NaN, x/0 ±Inf), between a number and a vector
+  or between two vectors matched on all labels but the name.
 
 Storage and scraping, as Prometheus (model/textparse, scrape/scrape.go): every sample line of the exposition
 becomes a sample at the scrape's timestamp (or its own, when the line carries one), with the target's labels
@@ -18,28 +35,10 @@ added (an exposed label that collides with one is kept as `exported_<name>`); `u
 series that vanish from a target's exposition, or whose target is removed, get a stale marker and leave
 instant vectors from then on.
 
-PromQL: a recursive-descent parser over the grammar (promql/parser/generated_parser.y), not patterns per
-query, and evaluation after promql/engine.go and promql/functions.go, in integer milliseconds as Prometheus
-does:
-
-- vector selectors with `=`, `!=`, `=~`, `!~` matchers (regexes anchored), `offset`; an instant selector is
-  the newest sample within the lookback delta (5m), none once the series is stale;
-- range selectors `v[d]` and subqueries `expr[range:step]` (and `[range:]` with the default step): the
-  subquery evaluates `expr` at the absolute multiples of `step` inside the range, as Prometheus aligns them;
-- rate, increase, delta with extrapolatedRate's rules (extrapolate to the range's edges when the first or
-  last sample is within 1.1 × the average sample spacing, else by half a spacing; counter resets; a counter
-  is not extrapolated below zero), irate, idelta, the *_over_time family, histogram_quantile over classic
-  `le` buckets (bucketQuantile: the first bucket interpolates from 0, a rank in the +Inf bucket gives the
-  upper bound of the last finite one, NaN with no observations), and a few arithmetic functions;
-- aggregations (sum, avg, min, max, count, group, stddev, stdvar, topk, bottomk, quantile) with `by` or
-  `without`, before or after the argument;
-- binary operators with Prometheus' precedence, IEEE arithmetic (0/0 is NaN, x/0 ±Inf), vector matching on
-  all labels but the name (or `on`/`ignoring`, `group_left`/`group_right`), comparisons with and without
-  `bool`, and `and`/`or`/`unless`.
-
-Range boundaries follow Prometheus 3 (left-open: a range at t covers (t − d, t], a subquery's first step is
-after t − range); `left_open=False` gives Prometheus 2's closed ranges ([t − d, t]), which differ only for
-samples exactly on the boundary.
+`version` picks the semantics of a Prometheus major version, in integer milliseconds as Prometheus evaluates:
+3 (the default) has left-open ranges (a range at t covers (t − d, t], a subquery's first step is after
+t − range) and cuts the extrapolation to a counter's zero point after the threshold test; 2 has closed ranges
+([t − d, t]) and cuts it before (functions.go of v2.42, the Prometheus the dev cluster runs).
 """
 
 from __future__ import annotations
@@ -52,10 +51,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdeploy.clients.prometheus import PrometheusBadQuery, PrometheusBadResponse, Sample
+from specdeploy.clients.prometheus import PrometheusBadQuery, PrometheusBadResponse
+from specdeploy.judgment.assembly import Sample
 
-DEFAULT_LOOKBACK = 300.0     # seconds: --query.lookback-delta
-DEFAULT_SUBQUERY_STEP = 60.0  # seconds: the global evaluation_interval, the step of `expr[range:]`
+LOOKBACK_MS = 300_000     # --query.lookback-delta: 5m
 
 LabelSet = tuple[tuple[str, str], ...]      # sorted (name, value) pairs, __name__ included
 Labels = dict[str, str]
@@ -101,7 +100,6 @@ class Target:
     cache: dict[str, Series] = field(default_factory=dict)   # exposition key -> series
     seen: set[int] = field(default_factory=set)              # ids of the series of the last scrape
     removed: bool = False
-    scrapes: int = 0
 
 
 _PAIR = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
@@ -179,7 +177,7 @@ def _ms(seconds: float) -> int:
 @dataclass(frozen=True)
 class Matcher:
     name: str
-    op: str            # = != =~ !~
+    op: str            # = != =~
     value: str
     regex: re.Pattern[str] | None = None
 
@@ -190,8 +188,7 @@ class Matcher:
         if self.op == "!=":
             return actual != self.value
         assert self.regex is not None
-        found = self.regex.fullmatch(actual) is not None
-        return found if self.op == "=~" else not found
+        return self.regex.fullmatch(actual) is not None
 
 
 @dataclass(frozen=True)
@@ -200,15 +197,9 @@ class NumberLiteral:
 
 
 @dataclass(frozen=True)
-class StringLiteral:
-    value: str
-
-
-@dataclass(frozen=True)
 class VectorSelector:
     name: str | None
     matchers: tuple[Matcher, ...]
-    offset_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -221,8 +212,7 @@ class MatrixSelector:
 class Subquery:
     expr: Any
     range_ms: int
-    step_ms: int | None           # None: the default evaluation interval
-    offset_ms: int = 0
+    step_ms: int
 
 
 @dataclass(frozen=True)
@@ -236,8 +226,6 @@ class Aggregate:
     op: str
     expr: Any
     grouping: tuple[str, ...]
-    without: bool
-    param: Any = None
 
 
 @dataclass(frozen=True)
@@ -245,61 +233,26 @@ class Binary:
     op: str
     lhs: Any
     rhs: Any
-    return_bool: bool = False
-    on: bool = False
-    matching: tuple[str, ...] = ()
-    card: str = "one-to-one"              # one-to-one, many-to-one (group_left), one-to-many (group_right)
-    include: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Unary:
-    op: str
-    expr: Any
 
 
 # --- the parser -------------------------------------------------------------------------------------------
 
 _TOKEN = re.compile(r"""
-    (?P<space>\s+|\#[^\n]*)
-  | (?P<duration>(?:\d+(?:ms|s|m|h|d|w|y))+(?![a-zA-Z0-9_]))
-  | (?P<number>0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)
-  | (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
+    (?P<space>\s+)
+  | (?P<duration>\d+(?:ms|s|m|h)(?![a-zA-Z0-9_]))
+  | (?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)
+  | (?P<string>"(?:[^"\\]|\\.)*")
   | (?P<ident>[a-zA-Z_][a-zA-Z0-9_:]*)
-  | (?P<op>==|!=|=~|!~|<=|>=|[-+*/%^<>=])
-  | (?P<punct>[(){}\[\],:@])
+  | (?P<op>=~|!=|[+/=])
+  | (?P<punct>[(){}\[\],:])
 """, re.VERBOSE)
 
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000,
-             "y": 31_536_000_000}
-_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+_DURATION = re.compile(r"(\d+)(ms|s|m|h)")
 
-AGGREGATIONS = {"sum", "avg", "min", "max", "count", "group", "stddev", "stdvar", "topk", "bottomk", "quantile"}
-_PARAM_AGGREGATIONS = {"topk", "bottomk", "quantile"}
-
-# (precedence, right-associative)
-_BINARY = {
-    "or": (1, False), "and": (2, False), "unless": (2, False),
-    "==": (3, False), "!=": (3, False), "<=": (3, False), "<": (3, False), ">=": (3, False), ">": (3, False),
-    "+": (4, False), "-": (4, False),
-    "*": (5, False), "/": (5, False), "%": (5, False), "atan2": (5, False),
-    "^": (6, True),
-}
-_COMPARISONS = {"==", "!=", "<=", "<", ">=", ">"}
-_SET_OPS = {"and", "or", "unless"}
-
-
-def parse_duration_ms(text: str) -> int:
-    """A PromQL duration ("5m", "1h30m", "1500ms") in milliseconds."""
-    position, total = 0, 0
-    for match in _DURATION_PART.finditer(text):
-        if match.start() != position:
-            raise PromQLError(f"bad duration {text!r}", parse=True)
-        total += int(match.group(1)) * _UNITS_MS[match.group(2)]
-        position = match.end()
-    if position != len(text) or not text:
-        raise PromQLError(f"bad duration {text!r}", parse=True)
-    return total
+AGGREGATIONS = {"sum", "avg", "count", "group"}
+FUNCTIONS = {"rate": 1, "increase": 1, "avg_over_time": 1, "histogram_quantile": 2}   # name -> arguments
+_PRECEDENCE = {"+": 4, "/": 5}     # promql/parser: ADD < MUL, both left-associative
 
 
 @dataclass(frozen=True)
@@ -325,20 +278,15 @@ def _tokens(text: str) -> list[_Token]:
 
 
 def _string_value(token: str) -> str:
-    if token[0] == "`":
-        return token[1:-1]
-    body = token[1:-1]
-    escapes = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
-    return re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), "\\" + m.group(1)), body)
+    escapes = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"'}
+    return re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), "\\" + m.group(1)), token[1:-1])
 
 
 class _Parser:
     def __init__(self, text: str) -> None:
-        self.text = text
         self.tokens = _tokens(text)
         self.index = 0
 
-    # helpers
     def peek(self, ahead: int = 0) -> _Token:
         return self.tokens[min(self.index + ahead, len(self.tokens) - 1)]
 
@@ -354,8 +302,7 @@ class _Parser:
     def expect(self, text: str) -> _Token:
         token = self.next()
         if token.text != text:
-            shown = token.text or "end of input"
-            raise self.error(f"unexpected {shown!r}, expected {text!r}", token)
+            raise self.error(f"unexpected {token.text or 'end of input'!r}, expected {text!r}", token)
         return token
 
     def accept(self, text: str) -> bool:
@@ -364,96 +311,53 @@ class _Parser:
             return True
         return False
 
-    # grammar
     def parse(self) -> Any:
         expr = self.expression(0)
         if self.peek().kind != "eof":
             raise self.error(f"unexpected {self.peek().text!r}")
         return expr
 
-    def _binary_op(self) -> str | None:
-        token = self.peek()
-        if token.kind == "op" and token.text in _BINARY:
-            return token.text
-        if token.kind == "ident" and token.text in ("and", "or", "unless", "atan2"):
-            return token.text
-        return None
-
     def expression(self, min_precedence: int) -> Any:
-        lhs = self.unary()
-        while True:
-            op = self._binary_op()
-            if op is None:
-                return lhs
-            precedence, right = _BINARY[op]
-            if precedence < min_precedence:
-                return lhs
-            self.next()
-            return_bool = False
-            if self.peek().text == "bool":
-                if op not in _COMPARISONS:
-                    raise self.error("bool modifier can only be used on comparison operators")
-                self.next()
-                return_bool = True
-            on, matching, card, include = False, (), "one-to-one", ()
-            if self.peek().text in ("on", "ignoring") and self.peek(1).text == "(":
-                on = self.next().text == "on"
-                matching = self.label_list()
-                if self.peek().text in ("group_left", "group_right"):
-                    card = "many-to-one" if self.next().text == "group_left" else "one-to-many"
-                    include = self.label_list() if self.peek().text == "(" else ()
-            rhs = self.expression(precedence if right else precedence + 1)
-            lhs = Binary(op, lhs, rhs, return_bool, on, matching, card, include)
-
-    def unary(self) -> Any:
-        token = self.peek()
-        if token.kind == "op" and token.text in ("-", "+"):
-            self.next()
-            operand = self.unary()
-            if isinstance(operand, NumberLiteral):
-                return NumberLiteral(-operand.value if token.text == "-" else operand.value)
-            return Unary(token.text, operand) if token.text == "-" else operand
-        return self.postfix(self.primary())
-
-    def postfix(self, expr: Any) -> Any:
+        lhs = self.postfix(self.primary())
         while True:
             token = self.peek()
-            if token.text == "[" and token.kind == "punct":
-                self.next()
-                range_ms = self.duration()
-                if self.accept(":"):
-                    step = None if self.peek().text == "]" else self.duration()
-                    self.expect("]")
-                    expr = Subquery(expr, range_ms, step)
-                    continue
-                self.expect("]")
-                if not isinstance(expr, VectorSelector):
-                    raise self.error("ranges only allowed for vector selectors", token)
-                expr = MatrixSelector(expr, range_ms)
-            elif token.kind == "ident" and token.text == "offset":
-                self.next()
-                sign = -1 if self.accept("-") else 1
-                offset = sign * self.duration()
-                expr = _with_offset(expr, offset, self)
-            else:
-                return expr
+            precedence = _PRECEDENCE.get(token.text) if token.kind == "op" else None
+            if precedence is None or precedence < min_precedence:
+                return lhs
+            self.next()
+            lhs = Binary(token.text, lhs, self.expression(precedence + 1))
+
+    def postfix(self, expr: Any) -> Any:
+        token = self.peek()
+        if token.text != "[" or token.kind != "punct":
+            return expr
+        self.next()
+        range_ms = self.duration()
+        if self.accept(":"):
+            step = self.duration()
+            self.expect("]")
+            return Subquery(expr, range_ms, step)
+        self.expect("]")
+        if not isinstance(expr, VectorSelector):
+            raise self.error("ranges only allowed for vector selectors", token)
+        return MatrixSelector(expr, range_ms)
 
     def duration(self) -> int:
         token = self.next()
-        if token.kind == "duration":
-            return parse_duration_ms(token.text)
-        if token.kind == "number":  # Prometheus 3: a plain number of seconds
-            return _ms(float(token.text))
-        raise self.error(f"expected a duration, got {token.text or 'end of input'!r}", token)
+        if token.kind != "duration":
+            raise self.error(f"expected a duration, got {token.text or 'end of input'!r}", token)
+        match = _DURATION.fullmatch(token.text)
+        assert match is not None
+        return int(match.group(1)) * _UNITS_MS[match.group(2)]
 
     def label_list(self) -> tuple[str, ...]:
         self.expect("(")
         names: list[str] = []
         while not self.accept(")"):
             token = self.next()
-            if token.kind not in ("ident", "string"):
+            if token.kind != "ident":
                 raise self.error(f"unexpected {token.text!r} in grouping opts", token)
-            names.append(_string_value(token.text) if token.kind == "string" else token.text)
+            names.append(token.text)
             if not self.accept(","):
                 self.expect(")")
                 break
@@ -463,10 +367,7 @@ class _Parser:
         token = self.peek()
         if token.kind == "number":
             self.next()
-            return NumberLiteral(float(int(token.text, 16)) if token.text[:2].lower() == "0x" else float(token.text))
-        if token.kind == "string":
-            self.next()
-            return StringLiteral(_string_value(token.text))
+            return NumberLiteral(float(token.text))
         if token.text == "(" and token.kind == "punct":
             self.next()
             expr = self.expression(0)
@@ -475,15 +376,11 @@ class _Parser:
         if token.text == "{" and token.kind == "punct":
             return self.selector(None)
         if token.kind == "ident":
-            word = token.text
-            following = self.peek(1).text
-            if word in AGGREGATIONS and following in ("(", "by", "without"):
+            word, following = token.text, self.peek(1).text
+            if word in AGGREGATIONS and following in ("(", "by"):
                 return self.aggregation()
-            if following == "(" and word in FUNCTIONS:
+            if word in FUNCTIONS and following == "(":
                 return self.call()
-            if word.lower() in ("inf", "nan") and following != "{":
-                self.next()
-                return NumberLiteral(math.inf if word.lower() == "inf" else math.nan)
             self.next()
             return self.selector(word)
         raise self.error(f"unexpected {token.text or 'end of input'!r}", token)
@@ -492,44 +389,37 @@ class _Parser:
         matchers: list[Matcher] = []
         if self.accept("{"):
             while not self.accept("}"):
-                label = self.next()
-                if label.kind not in ("ident", "string"):
+                label, op, value = self.next(), self.next(), self.next()
+                if label.kind != "ident":
                     raise self.error(f"unexpected {label.text!r} in label matching", label)
-                op = self.next()
-                if op.text not in ("=", "!=", "=~", "!~"):
-                    raise self.error(f"unexpected {op.text!r} in label matching, expected one of = != =~ !~", op)
-                value = self.next()
+                if op.text not in ("=", "!=", "=~"):
+                    raise self.error(f"unexpected {op.text!r} in label matching, expected one of = != =~", op)
                 if value.kind != "string":
                     raise self.error(f"unexpected {value.text!r} in label matching, expected string", value)
-                matchers.append(_matcher(label.text, op.text, _string_value(value.text), self))
+                matchers.append(self._matcher(label.text, op.text, _string_value(value.text)))
                 if not self.accept(","):
                     self.expect("}")
                     break
         for matcher in matchers:
             if matcher.name == NAME and matcher.op == "=":
                 name = name or matcher.value
-        if name is None and all(m.matches({}) for m in matchers):
-            raise self.error("vector selector must contain at least one non-empty matcher")
         return VectorSelector(name, tuple(m for m in matchers if not (m.name == NAME and m.op == "=")))
+
+    def _matcher(self, name: str, op: str, value: str) -> Matcher:
+        if op != "=~":
+            return Matcher(name, op, value)
+        try:
+            return Matcher(name, op, value, re.compile(value))
+        except re.error as error:
+            raise self.error(f"invalid regular expression {value!r}: {error}") from None
 
     def aggregation(self) -> Aggregate:
         op = self.next().text
-        grouping: tuple[str, ...] = ()
-        without = False
-        if self.peek().text in ("by", "without"):
-            without = self.next().text == "without"
-            grouping = self.label_list()
+        grouping = self.label_list() if self.accept("by") else ()
         self.expect("(")
-        param = None
-        if op in _PARAM_AGGREGATIONS:
-            param = self.expression(0)
-            self.expect(",")
         expr = self.expression(0)
         self.expect(")")
-        if self.peek().text in ("by", "without") and self.peek(1).text == "(":
-            without = self.next().text == "without"
-            grouping = self.label_list()
-        return Aggregate(op, expr, grouping, without, param)
+        return Aggregate(op, expr, grouping)
 
     def call(self) -> Call:
         name = self.next().text
@@ -540,31 +430,9 @@ class _Parser:
             if not self.accept(","):
                 self.expect(")")
                 break
-        low, high = FUNCTIONS[name][0]
-        if not low <= len(args) <= high:
-            raise self.error(f"expected {low}{'' if low == high else f' to {high}'} argument(s) in call to "
-                             f"{name!r}, got {len(args)}")
+        if len(args) != FUNCTIONS[name]:
+            raise self.error(f"expected {FUNCTIONS[name]} argument(s) in call to {name!r}, got {len(args)}")
         return Call(name, tuple(args))
-
-
-def _matcher(name: str, op: str, value: str, parser: _Parser) -> Matcher:
-    if op in ("=~", "!~"):
-        try:
-            return Matcher(name, op, value, re.compile(value))
-        except re.error as error:
-            raise parser.error(f"invalid regular expression {value!r}: {error}") from None
-    return Matcher(name, op, value)
-
-
-def _with_offset(expr: Any, offset: int, parser: _Parser) -> Any:
-    if isinstance(expr, VectorSelector):
-        return VectorSelector(expr.name, expr.matchers, expr.offset_ms + offset)
-    if isinstance(expr, MatrixSelector):
-        inner = expr.selector
-        return MatrixSelector(VectorSelector(inner.name, inner.matchers, inner.offset_ms + offset), expr.range_ms)
-    if isinstance(expr, Subquery):
-        return Subquery(expr.expr, expr.range_ms, expr.step_ms, expr.offset_ms + offset)
-    raise parser.error("offset modifier must be preceded by a vector selector, a range or a subquery")
 
 
 def parse_promql(text: str) -> Any:
@@ -583,7 +451,7 @@ class Vector:
 
 @dataclass
 class Matrix:
-    """A range vector: (labels, times in ms, values) per series, over (start, end] (ms)."""
+    """A range vector: (labels, times in ms, values) per series, over the range ending at `end` (ms)."""
 
     items: list[tuple[Labels, list[int], list[float]]]
     start: int
@@ -591,7 +459,7 @@ class Matrix:
     range_ms: int
 
 
-Value = float | str | Vector | Matrix
+Value = float | Vector | Matrix
 
 
 def _without_name(labels: Labels) -> Labels:
@@ -604,8 +472,6 @@ def _key(labels: Labels) -> LabelSet:
     return tuple(sorted(labels.items()))
 
 
-# --- arithmetic -------------------------------------------------------------------------------------------
-
 def _divide(a: float, b: float) -> float:
     try:
         return a / b
@@ -615,60 +481,37 @@ def _divide(a: float, b: float) -> float:
         return math.copysign(math.inf, a) * math.copysign(1.0, b)
 
 
-def _modulo(a: float, b: float) -> float:
-    try:
-        return math.fmod(a, b)
-    except ValueError:
-        return math.nan
-
-
-def _power(a: float, b: float) -> float:
-    try:
-        return math.pow(a, b)
-    except OverflowError:
-        return math.inf
-    except ValueError:
-        return math.nan
-
-
-_ARITHMETIC: dict[str, Callable[[float, float], float]] = {
-    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": _divide, "%": _modulo,
-    "^": _power, "atan2": math.atan2,
-}
-_COMPARE: dict[str, Callable[[float, float], bool]] = {
-    "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
-}
+_ARITHMETIC: dict[str, Callable[[float, float], float]] = {"+": lambda a, b: a + b, "/": _divide}
 
 
 # --- functions --------------------------------------------------------------------------------------------
 
-def _extrapolated_rate(matrix: Matrix, is_counter: bool, is_rate: bool) -> Vector:
-    """promql/functions.go extrapolatedRate, for float samples."""
+def _extrapolated_rate(matrix: Matrix, is_rate: bool, version: int) -> Vector:
+    """promql/functions.go extrapolatedRate for counters of float samples (rate, increase)."""
     out: list[tuple[Labels, float]] = []
-    range_start, range_end = matrix.start, matrix.end
     for labels, times, values in matrix.items:
         if len(values) < 2:
             continue
         result = values[-1] - values[0]
-        if is_counter:
-            previous = values[0]
-            for value in values[1:]:
-                if value < previous:
-                    result += previous
-                previous = value
-        first_t, last_t = times[0], times[-1]
-        duration_to_start = (first_t - range_start) / 1000
-        duration_to_end = (range_end - last_t) / 1000
-        sampled = (last_t - first_t) / 1000
+        previous = values[0]
+        for value in values[1:]:
+            if value < previous:
+                result += previous
+            previous = value
+        duration_to_start = (times[0] - matrix.start) / 1000
+        duration_to_end = (matrix.end - times[-1]) / 1000
+        sampled = (times[-1] - times[0]) / 1000
         average = sampled / (len(values) - 1)
         threshold = average * 1.1
-        if duration_to_start >= threshold:
-            duration_to_start = average / 2
-        if is_counter and result > 0 and values[0] >= 0:
-            duration_to_zero = sampled * (values[0] / result)
-            if duration_to_zero < duration_to_start:
-                duration_to_start = duration_to_zero
+        duration_to_zero = sampled * (values[0] / result) if result > 0 and values[0] >= 0 else math.inf
+        if version == 2:      # the zero point first, then the threshold (v2.42)
+            duration_to_start = min(duration_to_start, duration_to_zero)
+            if duration_to_start >= threshold:
+                duration_to_start = average / 2
+        else:
+            if duration_to_start >= threshold:
+                duration_to_start = average / 2
+            duration_to_start = min(duration_to_start, duration_to_zero)
         if duration_to_end >= threshold:
             duration_to_end = average / 2
         factor = (sampled + duration_to_start + duration_to_end) / sampled
@@ -678,51 +521,9 @@ def _extrapolated_rate(matrix: Matrix, is_counter: bool, is_rate: bool) -> Vecto
     return Vector(out)
 
 
-def _instant_rate(matrix: Matrix, is_rate: bool) -> Vector:
-    """irate / idelta: the last two samples."""
-    out = []
-    for labels, times, values in matrix.items:
-        if len(values) < 2:
-            continue
-        last, previous = values[-1], values[-2]
-        change = last - previous
-        if is_rate and last < previous:
-            change = last   # counter reset
-        interval = (times[-1] - times[-2]) / 1000
-        if interval == 0:
-            continue
-        out.append((_without_name(labels), change / interval if is_rate else change))
-    return Vector(out)
-
-
-def _over_time(matrix: Matrix, reduce: Callable[[list[float]], float], keep_name: bool = False) -> Vector:
-    return Vector([(labels if keep_name else _without_name(labels), reduce(values))
+def _avg_over_time(matrix: Matrix) -> Vector:
+    return Vector([(_without_name(labels), math.fsum(values) / len(values))
                    for labels, _, values in matrix.items if values])
-
-
-def _mean(values: list[float]) -> float:
-    return math.fsum(values) / len(values)
-
-
-def _variance(values: list[float]) -> float:
-    mean = _mean(values)
-    return math.fsum((v - mean) ** 2 for v in values) / len(values)
-
-
-def _quantile(q: float, values: list[float]) -> float:
-    """promql's quantile(): linear interpolation between closest ranks (as aggregation and _over_time)."""
-    if not values:
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
-    ordered = sorted(values)
-    rank = q * (len(ordered) - 1)
-    lower = max(0, math.floor(rank))
-    upper = min(len(ordered) - 1, lower + 1)
-    weight = rank - math.floor(rank)
-    return ordered[lower] * (1 - weight) + ordered[upper] * weight
 
 
 SMALL_DELTA_TOLERANCE = 1e-12
@@ -730,8 +531,6 @@ SMALL_DELTA_TOLERANCE = 1e-12
 
 def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     """promql/quantile.go BucketQuantile over (upper bound, cumulative count) pairs."""
-    if math.isnan(q):
-        return math.nan
     if q < 0:
         return -math.inf
     if q > 1:
@@ -790,65 +589,13 @@ def _histogram_quantile(q: float, vector: Vector) -> Vector:
     return Vector([(labels, bucket_quantile(q, buckets)) for labels, buckets in groups.values()])
 
 
-def _map(vector: Vector, fn: Callable[[float], float]) -> Vector:
-    return Vector([(_without_name(labels), fn(value)) for labels, value in vector.items])
-
-
-def _round(value: float, to_nearest: float = 1.0) -> float:
-    if math.isnan(value) or math.isinf(value):
-        return value
-    return math.floor(value / to_nearest + 0.5) * to_nearest
-
-
-# name -> ((min args, max args), kind); the implementation is in _Evaluator.call
-FUNCTIONS: dict[str, tuple[tuple[int, int], str]] = {
-    "rate": ((1, 1), "matrix"), "increase": ((1, 1), "matrix"), "delta": ((1, 1), "matrix"),
-    "irate": ((1, 1), "matrix"), "idelta": ((1, 1), "matrix"),
-    "avg_over_time": ((1, 1), "matrix"), "sum_over_time": ((1, 1), "matrix"),
-    "min_over_time": ((1, 1), "matrix"), "max_over_time": ((1, 1), "matrix"),
-    "count_over_time": ((1, 1), "matrix"), "last_over_time": ((1, 1), "matrix"),
-    "stddev_over_time": ((1, 1), "matrix"), "stdvar_over_time": ((1, 1), "matrix"),
-    "present_over_time": ((1, 1), "matrix"), "quantile_over_time": ((2, 2), "matrix"),
-    "histogram_quantile": ((2, 2), "vector"),
-    "abs": ((1, 1), "vector"), "ceil": ((1, 1), "vector"), "floor": ((1, 1), "vector"),
-    "exp": ((1, 1), "vector"), "ln": ((1, 1), "vector"), "log2": ((1, 1), "vector"),
-    "log10": ((1, 1), "vector"), "sqrt": ((1, 1), "vector"), "round": ((1, 2), "vector"),
-    "clamp": ((3, 3), "vector"), "clamp_min": ((2, 2), "vector"), "clamp_max": ((2, 2), "vector"),
-    "scalar": ((1, 1), "vector"), "vector": ((1, 1), "scalar"), "time": ((0, 0), "none"),
-    "timestamp": ((1, 1), "vector"),
-}
-
-_OVER_TIME: dict[str, Callable[[list[float]], float]] = {
-    "avg_over_time": _mean, "sum_over_time": math.fsum, "min_over_time": min, "max_over_time": max,
-    "count_over_time": lambda v: float(len(v)), "last_over_time": lambda v: v[-1],
-    "stddev_over_time": lambda v: math.sqrt(_variance(v)), "stdvar_over_time": _variance,
-    "present_over_time": lambda v: 1.0,
-}
-_MATH: dict[str, Callable[[float], float]] = {
-    "abs": abs, "ceil": lambda v: float(math.ceil(v)) if math.isfinite(v) else v,
-    "floor": lambda v: float(math.floor(v)) if math.isfinite(v) else v,
-    "exp": lambda v: math.exp(v) if v < 709.0 or math.isnan(v) else math.inf,
-    "ln": lambda v: _log(math.log, v), "log2": lambda v: _log(math.log2, v), "log10": lambda v: _log(math.log10, v),
-    "sqrt": lambda v: math.sqrt(v) if v >= 0 else math.nan,
-}
-
-
-def _log(fn: Callable[[float], float], value: float) -> float:
-    if math.isnan(value) or value < 0:
-        return math.nan
-    if value == 0:
-        return -math.inf
-    return fn(value)
-
-
 # --- evaluation -------------------------------------------------------------------------------------------
 
 class _Evaluator:
-    def __init__(self, storage: Storage, lookback_ms: int, left_open: bool, default_step_ms: int) -> None:
+    def __init__(self, storage: Storage, version: int) -> None:
         self.storage = storage
-        self.lookback_ms = lookback_ms
-        self.left_open = left_open
-        self.default_step_ms = default_step_ms
+        self.version = version
+        self.left_open = version >= 3
         self.selected: dict[VectorSelector, list[Series]] = {}
 
     def series_for(self, selector: VectorSelector) -> list[Series]:
@@ -859,9 +606,6 @@ class _Evaluator:
             self.selected[selector] = found
         return found
 
-    def _start_index(self, times: list[int], start: int) -> int:
-        return bisect.bisect_right(times, start) if self.left_open else bisect.bisect_left(times, start)
-
     def eval(self, node: Any, t: int) -> Value:
         method = getattr(self, "eval_" + type(node).__name__)
         result: Value = method(node, t)
@@ -870,19 +614,14 @@ class _Evaluator:
     def eval_NumberLiteral(self, node: NumberLiteral, t: int) -> float:
         return node.value
 
-    def eval_StringLiteral(self, node: StringLiteral, t: int) -> str:
-        return node.value
-
     def eval_VectorSelector(self, node: VectorSelector, t: int) -> Vector:
-        at = t - node.offset_ms
         out = []
         for series in self.series_for(node):
-            times = series.times
-            index = bisect.bisect_right(times, at) - 1
+            index = bisect.bisect_right(series.times, t) - 1
             if index < 0:
                 continue
-            age = at - times[index]
-            if age > self.lookback_ms or (self.left_open and age == self.lookback_ms):
+            age = t - series.times[index]
+            if age > LOOKBACK_MS or (self.left_open and age == LOOKBACK_MS):
                 continue
             value = series.values[index]
             if value is None:   # stale
@@ -891,35 +630,25 @@ class _Evaluator:
         return Vector(out)
 
     def eval_MatrixSelector(self, node: MatrixSelector, t: int) -> Matrix:
-        end = t - node.selector.offset_ms
-        start = end - node.range_ms
+        start = t - node.range_ms
         items = []
         for series in self.series_for(node.selector):
             times = series.times
-            low = self._start_index(times, start)
-            high = bisect.bisect_right(times, end)
-            if low >= high:
-                continue
-            values = series.values[low:high]
-            if None in values:
-                pairs = [(tt, v) for tt, v in zip(times[low:high], values, strict=True) if v is not None]
-                if not pairs:
-                    continue
+            low = bisect.bisect_right(times, start) if self.left_open else bisect.bisect_left(times, start)
+            high = bisect.bisect_right(times, t)
+            pairs = [(tt, v) for tt, v in zip(times[low:high], series.values[low:high], strict=True) if v is not None]
+            if pairs:
                 items.append((series.labels, [p[0] for p in pairs], [p[1] for p in pairs]))
-            else:
-                items.append((series.labels, times[low:high], values))  # type: ignore[arg-type]
-        return Matrix(items, start, end, node.range_ms)
+        return Matrix(items, start, t, node.range_ms)
 
     def eval_Subquery(self, node: Subquery, t: int) -> Matrix:
-        step = node.step_ms or self.default_step_ms
-        end = t - node.offset_ms
-        start = end - node.range_ms
-        first = step * (start // step)
-        if first < start or (self.left_open and first == start):
-            first += step
+        step = node.step_ms
+        start = t - node.range_ms
+        at = step * (start // step)
+        if at < start or (self.left_open and at == start):
+            at += step
         points: dict[LabelSet, tuple[Labels, list[int], list[float]]] = {}
-        at = first
-        while at <= end:
+        while at <= t:
             value = self.eval(node.expr, at)
             if not isinstance(value, Vector):
                 raise PromQLError(f"subquery is only allowed on an instant vector, got {_type(value)}")
@@ -928,230 +657,69 @@ class _Evaluator:
                 entry[1].append(at)
                 entry[2].append(v)
             at += step
-        return Matrix(list(points.values()), start, end, node.range_ms)
+        return Matrix(list(points.values()), start, t, node.range_ms)
 
-    def eval_Unary(self, node: Unary, t: int) -> Value:
-        value = self.eval(node.expr, t)
-        if isinstance(value, float):
-            return -value
-        if isinstance(value, Vector):
-            return Vector([(_without_name(labels), -v) for labels, v in value.items])
-        raise PromQLError(f"unary expression only allowed on expressions of type scalar or instant vector, got {_type(value)}")
-
-    def eval_Call(self, node: Call, t: int) -> Value:
+    def eval_Call(self, node: Call, t: int) -> Vector:
         name = node.func
         args = [self.eval(arg, t) for arg in node.args]
-        if name in ("rate", "increase", "delta", "irate", "idelta") or name in _OVER_TIME:
-            matrix = _expect(args[0], Matrix, name)
-            if name == "rate":
-                return _extrapolated_rate(matrix, True, True)
-            if name == "increase":
-                return _extrapolated_rate(matrix, True, False)
-            if name == "delta":
-                return _extrapolated_rate(matrix, False, False)
-            if name in ("irate", "idelta"):
-                return _instant_rate(matrix, name == "irate")
-            return _over_time(matrix, _OVER_TIME[name])
-        if name == "quantile_over_time":
-            q = _expect(args[0], float, name)
-            return _over_time(_expect(args[1], Matrix, name), lambda values: _quantile(q, values))
         if name == "histogram_quantile":
             return _histogram_quantile(_expect(args[0], float, name), _expect(args[1], Vector, name))
-        if name in _MATH:
-            return _map(_expect(args[0], Vector, name), _MATH[name])
-        if name == "round":
-            nearest = _expect(args[1], float, name) if len(args) > 1 else 1.0
-            return _map(_expect(args[0], Vector, name), lambda v: _round(v, nearest))
-        if name == "clamp_min":
-            low = _expect(args[1], float, name)
-            return _map(_expect(args[0], Vector, name), lambda v: max(v, low) if not math.isnan(v) else v)
-        if name == "clamp_max":
-            high = _expect(args[1], float, name)
-            return _map(_expect(args[0], Vector, name), lambda v: min(v, high) if not math.isnan(v) else v)
-        if name == "clamp":
-            low, high = _expect(args[1], float, name), _expect(args[2], float, name)
-            if low > high:
-                return Vector([])
-            return _map(_expect(args[0], Vector, name), lambda v: max(low, min(high, v)) if not math.isnan(v) else v)
-        if name == "scalar":
-            vector = _expect(args[0], Vector, name)
-            return vector.items[0][1] if len(vector.items) == 1 else math.nan
-        if name == "vector":
-            return Vector([({}, _expect(args[0], float, name))])
-        if name == "time":
-            return t / 1000
-        if name == "timestamp":
-            return _map(_expect(args[0], Vector, name), lambda v: t / 1000)
-        raise PromQLError(f"unknown function {name!r}")
+        matrix = _expect(args[0], Matrix, name)
+        if name == "avg_over_time":
+            return _avg_over_time(matrix)
+        return _extrapolated_rate(matrix, name == "rate", self.version)
 
     def eval_Aggregate(self, node: Aggregate, t: int) -> Vector:
         vector = _expect(self.eval(node.expr, t), Vector, node.op)
-        param = self.eval(node.param, t) if node.param is not None else None
-        groups: dict[LabelSet, tuple[Labels, list[tuple[Labels, float]]]] = {}
-        grouping = set(node.grouping)
+        groups: dict[LabelSet, tuple[Labels, list[float]]] = {}
         for labels, value in vector.items:
-            if node.without:
-                kept = {k: v for k, v in labels.items() if k not in grouping and k != NAME}
-            else:
-                kept = {k: labels[k] for k in node.grouping if labels.get(k)}
-            groups.setdefault(_key(kept), (kept, []))[1].append((labels, value))
-        op = node.op
+            kept = {k: labels[k] for k in node.grouping if labels.get(k)}
+            groups.setdefault(_key(kept), (kept, []))[1].append(value)
         out: list[tuple[Labels, float]] = []
-        for kept, members in groups.values():
-            values = [v for _, v in members]
-            if op in ("topk", "bottomk"):
-                k = int(_expect(param, float, op))
-                chosen = sorted(members, key=lambda m: (math.isnan(m[1]), -m[1] if op == "topk" else m[1]))[:max(0, k)]
-                out.extend(chosen)
-                continue
-            if op == "sum":
-                result = math.fsum(values) if all(math.isfinite(v) for v in values) else sum(values)
-            elif op == "avg":
-                result = _mean(values) if all(math.isfinite(v) for v in values) else sum(values) / len(values)
-            elif op == "min":
-                finite = [v for v in values if not math.isnan(v)]
-                result = min(finite) if finite else math.nan
-            elif op == "max":
-                finite = [v for v in values if not math.isnan(v)]
-                result = max(finite) if finite else math.nan
-            elif op == "count":
+        for kept, values in groups.values():
+            finite = all(math.isfinite(v) for v in values)
+            if node.op == "sum":
+                result = math.fsum(values) if finite else sum(values)
+            elif node.op == "avg":
+                result = (math.fsum(values) if finite else sum(values)) / len(values)
+            elif node.op == "count":
                 result = float(len(values))
-            elif op == "group":
+            else:   # group
                 result = 1.0
-            elif op == "stddev":
-                result = math.sqrt(_variance(values))
-            elif op == "stdvar":
-                result = _variance(values)
-            elif op == "quantile":
-                result = _quantile(_expect(param, float, op), values)
-            else:
-                raise PromQLError(f"unknown aggregation {op!r}")
             out.append((kept, result))
         return Vector(out)
 
     def eval_Binary(self, node: Binary, t: int) -> Value:
         lhs, rhs = self.eval(node.lhs, t), self.eval(node.rhs, t)
-        op = node.op
-        if op in _SET_OPS:
-            return self._set_op(node, _expect(lhs, Vector, op), _expect(rhs, Vector, op))
-        comparison = op in _COMPARISONS
-        if isinstance(lhs, float) and isinstance(rhs, float):
-            if comparison:
-                if not node.return_bool:
-                    raise PromQLError("comparisons between scalars must use BOOL modifier")
-                return 1.0 if _COMPARE[op](lhs, rhs) else 0.0
-            return _ARITHMETIC[op](lhs, rhs)
+        apply = _ARITHMETIC[node.op]
         if isinstance(lhs, Vector) and isinstance(rhs, Vector):
-            return self._vector_op(node, lhs, rhs)
-        if isinstance(lhs, Vector) and isinstance(rhs, float):
-            return _scalar_op(node, lhs, rhs, scalar_on_left=False)
+            right = {_key(_without_name(labels)): value for labels, value in rhs.items}
+            out = []
+            for labels, value in lhs.items:
+                own = _without_name(labels)
+                match = right.get(_key(own))
+                if match is not None:
+                    out.append((own, apply(value, match)))
+            return Vector(out)
         if isinstance(lhs, float) and isinstance(rhs, Vector):
-            return _scalar_op(node, rhs, lhs, scalar_on_left=True)
+            return Vector([(_without_name(labels), apply(lhs, value)) for labels, value in rhs.items])
+        if isinstance(lhs, Vector) and isinstance(rhs, float):
+            return Vector([(_without_name(labels), apply(value, rhs)) for labels, value in lhs.items])
+        if isinstance(lhs, float) and isinstance(rhs, float):
+            return apply(lhs, rhs)
         raise PromQLError(f"binary expression must contain only scalar and instant vector types, got "
-                          f"{_type(lhs)} {op} {_type(rhs)}")
-
-    def _signature(self, node: Binary, labels: Labels) -> LabelSet:
-        if node.on:
-            return tuple((name, labels.get(name, "")) for name in sorted(node.matching))
-        ignored = set(node.matching)
-        return tuple(sorted((k, v) for k, v in labels.items() if k != NAME and k not in ignored))
-
-    def _set_op(self, node: Binary, lhs: Vector, rhs: Vector) -> Vector:
-        right = {self._signature(node, labels) for labels, _ in rhs.items}
-        if node.op == "and":
-            return Vector([item for item in lhs.items if self._signature(node, item[0]) in right])
-        if node.op == "unless":
-            return Vector([item for item in lhs.items if self._signature(node, item[0]) not in right])
-        left = {self._signature(node, labels) for labels, _ in lhs.items}
-        return Vector(lhs.items + [item for item in rhs.items if self._signature(node, item[0]) not in left])
-
-    def _vector_op(self, node: Binary, lhs: Vector, rhs: Vector) -> Vector:
-        op, comparison = node.op, node.op in _COMPARISONS
-        drop_name = not comparison or node.return_bool
-        many, one = (lhs, rhs) if node.card != "one-to-many" else (rhs, lhs)
-        ones: dict[LabelSet, tuple[Labels, float]] = {}
-        for labels, value in one.items:
-            signature = self._signature(node, labels)
-            if signature in ones:
-                side = "right" if node.card != "one-to-many" else "left"
-                raise PromQLError(f"found duplicate series for the match group {dict(signature)} on the {side} "
-                                  "hand-side of the operation; many-to-many matching not allowed: matching labels "
-                                  "must be unique on one side")
-            ones[signature] = (labels, value)
-        seen: set[LabelSet] = set()
-        out: list[tuple[Labels, float]] = []
-        for labels, value in many.items:
-            signature = self._signature(node, labels)
-            match = ones.get(signature)
-            if match is None:
-                continue
-            if node.card == "one-to-one":
-                if signature in seen:
-                    raise PromQLError(f"found duplicate series for the match group {dict(signature)} on the left "
-                                      "hand-side of the operation; many-to-many matching not allowed: matching "
-                                      "labels must be unique on one side")
-                seen.add(signature)
-            left_value, right_value = (value, match[1]) if node.card != "one-to-many" else (match[1], value)
-            if comparison:
-                holds = _COMPARE[op](left_value, right_value)
-                if not node.return_bool and not holds:
-                    continue
-                result = (1.0 if holds else 0.0) if node.return_bool else left_value
-            else:
-                result = _ARITHMETIC[op](left_value, right_value)
-            out.append((self._result_labels(node, labels, match[0], drop_name), result))
-        return Vector(out)
-
-    def _result_labels(self, node: Binary, many: Labels, one: Labels, drop_name: bool) -> Labels:
-        result = dict(many)
-        if drop_name:
-            result.pop(NAME, None)
-        if node.card == "one-to-one":
-            if node.on:
-                keep = set(node.matching)
-                result = {k: v for k, v in result.items() if k in keep}
-            else:
-                for name in node.matching:
-                    result.pop(name, None)
-        else:
-            for name in node.include:
-                value = one.get(name, "")
-                if value:
-                    result[name] = value
-                else:
-                    result.pop(name, None)
-        return result
-
-
-def _scalar_op(node: Binary, vector: Vector, scalar: float, *, scalar_on_left: bool) -> Vector:
-    op = node.op
-    out = []
-    for labels, value in vector.items:
-        left, right = (scalar, value) if scalar_on_left else (value, scalar)
-        if op in _COMPARISONS:
-            holds = _COMPARE[op](left, right)
-            if node.return_bool:
-                out.append((_without_name(labels), 1.0 if holds else 0.0))
-            elif holds:
-                out.append((labels, value))
-        else:
-            out.append((_without_name(labels), _ARITHMETIC[op](left, right)))
-    return Vector(out)
+                          f"{_type(lhs)} {node.op} {_type(rhs)}")
 
 
 def _type(value: Value) -> str:
     if isinstance(value, float):
         return "scalar"
-    if isinstance(value, str):
-        return "string"
     return "instant vector" if isinstance(value, Vector) else "range vector"
 
 
 def _expect(value: Any, kind: type, where: str) -> Any:
-    if isinstance(value, int) and kind is float:
-        return float(value)
     if not isinstance(value, kind):
-        wanted = {float: "scalar", Vector: "instant vector", Matrix: "range vector"}.get(kind, kind.__name__)
+        wanted = {float: "scalar", Vector: "instant vector", Matrix: "range vector"}[kind]
         raise PromQLError(f"expected type {wanted} in {where}, got {_type(value)}")
     return value
 
@@ -1161,22 +729,18 @@ def _expect(value: Any, kind: type, where: str) -> Any:
 class VirtualPrometheus:
     """Scrapes targets when told (virtual time), stores what they expose, answers PromQL.
 
-    lookback: the instant-vector lookback delta in seconds (Prometheus' default 5m).
-    left_open: Prometheus 3's left-open ranges (default); False for Prometheus 2's closed ones.
+    version: the Prometheus major version whose semantics it follows, 3 (default) or 2 (see the module).
     base_url: only for error messages, as the real client puts it there.
     """
 
-    def __init__(self, *, lookback: float = DEFAULT_LOOKBACK, left_open: bool = True,
-                 default_subquery_step: float = DEFAULT_SUBQUERY_STEP,
-                 base_url: str = "virtual-prometheus") -> None:
+    def __init__(self, *, version: int = 3, base_url: str = "virtual-prometheus") -> None:
+        if version not in (2, 3):
+            raise ValueError(f"version must be 2 or 3, got {version!r}")
         self.storage = Storage()
-        self.lookback_ms = _ms(lookback)
-        self.left_open = left_open
-        self.default_step_ms = _ms(default_subquery_step)
+        self.version = version
         self.base_url = base_url
         self.targets: list[Target] = []
         self.now: float = 0.0        # the latest virtual time seen; `query(at=None)` evaluates there
-        self.queries = 0
         self._parsed: dict[str, Any] = {}
 
     def __repr__(self) -> str:
@@ -1190,12 +754,12 @@ class VirtualPrometheus:
 
     def scrape(self, target: Target, at: float) -> None:
         """Render the target's exposition at virtual time `at` and store every sample in it."""
-        self.now = max(self.now, at)
-        if target.removed:
-            return
-        self.ingest(target, target.render(), at)
+        if not target.removed:
+            self.ingest(target, target.render(), at)
 
     def ingest(self, target: Target, text: str, at: float) -> None:
+        """Store exposition `text` as `target`'s scrape at Unix time `at`."""
+        self.now = max(self.now, at)
         t = _ms(at)
         cache, storage, seen = target.cache, self.storage, set()
         for raw in text.splitlines():
@@ -1217,7 +781,6 @@ class VirtualPrometheus:
             if id(series) in target.seen and id(series) not in seen:
                 series.append(t, None)
         target.seen = seen
-        target.scrapes += 1
 
     @staticmethod
     def _with_target_labels(target: Target, exposed: Labels) -> Labels:
@@ -1255,12 +818,10 @@ class VirtualPrometheus:
         tree = self._parsed.get(promql)
         if tree is None:
             tree = self._parsed[promql] = parse_promql(promql)
-        evaluator = _Evaluator(self.storage, self.lookback_ms, self.left_open, self.default_step_ms)
-        return evaluator.eval(tree, _ms(at))
+        return _Evaluator(self.storage, self.version).eval(tree, _ms(at))
 
     async def query(self, promql: str, at: float | None = None) -> list[Sample]:
         """What PrometheusClient.query answers for `promql` at `at` (default: the latest virtual time)."""
-        self.queries += 1
         instant = self.now if at is None else at
         try:
             value = self.evaluate(promql, instant)
@@ -1274,8 +835,7 @@ class VirtualPrometheus:
         if isinstance(value, Matrix):
             return [Sample(dict(labels), values[-1], tuple((tt / 1000, v) for tt, v in zip(times, values, strict=True)))
                     for labels, times, values in value.items if values]
-        kind = "scalar" if isinstance(value, float) else "string"
-        raise PrometheusBadResponse(f"expected an instant or range vector from {self.base_url}, got resultType {kind!r}")
+        raise PrometheusBadResponse(f"expected an instant or range vector from {self.base_url}, got resultType 'scalar'")
 
 
 def spread_offset(labels: Mapping[str, str], interval: float) -> float:

@@ -277,7 +277,11 @@ def flag_value(argv: Sequence[str], *names: str) -> str | None:
 
 
 def engine_of(argv: Sequence[str]) -> str:
-    """vllm, sglang or trtllm, told by the command: `trtllm-serve …`, `python3 -m sglang.launch_server …`."""
+    """vllm, sglang or trtllm, told by the command: `trtllm-serve …`, `python3 -m sglang.launch_server …`.
+
+    The engine profiles' recognisers (`specdeploy.engines.engine_of`) read a command line the same way; this file
+    imports nothing of specdeploy (see the module docstring), so it keeps its own copy and
+    tests/unit/test_engine_profiles.py holds the two equal."""
     head = [word.rsplit("/", 1)[-1] for word in argv[:4]]
     if any(word.startswith("trtllm-serve") for word in head):
         return "trtllm"

@@ -24,9 +24,10 @@ from model_fixtures import (
 from specdeploy.api.spec import EngineKind, Method, Quantization, SpeculativeDeploymentSpec
 from specdeploy.api.status import Finding, Severity
 from specdeploy.engines import EngineInputs, render_engine
+from specdeploy.engines.vllm import REMOVED_FLAGS as REMOVED_VLLM_FLAGS
 from specdeploy.planning.acceptance import DEFAULT_ALPHA
 from specdeploy.planning.compat import MANAGED_FLAGS, SUPPORTED_METHODS, check_compatibility, draft_size_ratio
-from specdeploy.planning.managed_flags import REMOVED_VLLM_FLAGS, find_managed_flags
+from specdeploy.planning.managed_flags import find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
 from specdeploy.planning.speedup import estimate_speedup
 

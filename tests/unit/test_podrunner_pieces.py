@@ -20,7 +20,6 @@ from specdeploy.devcluster import kubeletstatus, nodes, podrunner
 from specdeploy.devcluster.enginepod import (
     ConfigVolume,
     config_files,
-    engine_of,
     engine_pod,
     safe_relative,
     wants_simulator,
@@ -154,11 +153,6 @@ def test_trtllm_is_scraped_where_trtllm_serve_serves_prometheus_text() -> None:
     engine = engine_pod(_pod_from("trtllm-llama-8b-eagle3.yaml"))
     assert engine is not None and engine.engine == "trtllm"
     assert engine.metrics_path == "/prometheus/metrics"
-
-
-def test_sglang_is_told_by_its_module() -> None:
-    assert engine_of(["python3", "-m", "sglang.launch_server", "--model-path", "m"]) == "sglang"
-    assert engine_of(["vllm", "serve", "m"]) == "vllm"
 
 
 def test_only_running_labelled_pods_not_being_deleted_get_a_simulator() -> None:

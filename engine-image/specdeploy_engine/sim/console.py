@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from specdeploy.api.spec import EngineKind
+from specdeploy_engine.sim.engines import SIMULATED_ENGINES
 from specdeploy_engine.sim.model import ServedModel
 
 GIB = 1024**3
@@ -27,12 +27,7 @@ def oom_message(served: ServedModel, *, tried_gib: float = 1.96) -> str:
     in_use = total - free_mib / 1024
     allocated = in_use * 0.94
     reserved = in_use - allocated - 0.31
-    where = {
-        EngineKind.VLLM: ('vllm/v1/engine/core.py', 'run_engine_core', "EngineCore encountered a fatal error."),
-        EngineKind.SGLANG: ('sglang/srt/managers/scheduler.py', 'run_scheduler_process', "Scheduler hit an exception"),
-        EngineKind.TRTLLM: ('tensorrt_llm/_torch/pyexecutor/py_executor.py', '_executor_loop', "Error in event loop"),
-    }[served.config.kind]
-    path, function, headline = where
+    path, function, headline = SIMULATED_ENGINES[served.config.kind].crash_site
     return (
         f"ERROR {_stamp()} [{path.rsplit('/', 1)[-1]}] {headline}\n"
         "Traceback (most recent call last):\n"

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specdeploy.api.spec import EngineKind
+from specdeploy_engine.sim.engines import SIMULATED_ENGINES
 from specdeploy_engine.sim.knobs import Knobs
 from specdeploy_engine.sim.model import ServedModel, StepShape, alpha_at
 from specdeploy_engine.sim.schedule import draft_schedule
@@ -268,7 +268,7 @@ class Engine:
             draft_passes=draft_k,
         )
         seconds = self.served.timing.step_seconds(shape) * self.knobs.hardware_slowdown
-        if draft_k == 0 and self.served.k and self.config.kind == EngineKind.VLLM:
+        if draft_k == 0 and self.served.k and SIMULATED_ENGINES[self.config.kind].drafter_runs_at_zero_k:
             # vLLM's k = 0 still runs the drafter's forward (vllm#49548) and costs 20-31% over no speculation
             # (vllm#49986): the zeroDraftOverhead knob.
             seconds *= 1.0 + self.knobs.zero_draft_overhead

@@ -22,7 +22,6 @@ from specdeploy.api.spec import (
     BLOCK_METHODS,
     METHODS_WITH_DRAFT,
     NGRAM_METHODS,
-    EngineKind,
     KvCacheDtype,
     Method,
     SpeculativeDeploymentSpec,
@@ -39,6 +38,7 @@ from specdeploy.planning.memory import plan_memory
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind, drafter_kind
 from specdeploy.planning.weights import block_drafter_parameters
 from specdeploy_engine.sim.argv import EngineConfig
+from specdeploy_engine.sim.engines import SIMULATED_ENGINES
 from specdeploy_engine.sim.hardware import (
     DRAFT_PASS_OVERHEAD_S,
     ENGINE_STEP_OVERHEAD_S,
@@ -331,9 +331,8 @@ def served_model(config: EngineConfig, gpu: GpuProduct) -> ServedModel:
     codes = {reason.code for reason in memory.reasons}
     if "WeightsDoNotFit" in codes:
         startup_error = _startup_error(config, 0, max_model_len, weights_fit=False)
-    elif "KVCacheTooSmall" in codes and config.kind != EngineKind.TRTLLM:
-        # TensorRT-LLM sizes its cache from the memory left after loading (free_gpu_memory_fraction), which
-        # the command line does not carry fully; it is refused only when the weights do not fit.
+    elif "KVCacheTooSmall" in codes and not SIMULATED_ENGINES[config.kind].sizes_kv_after_loading:
+        # An engine that sizes its cache after loading (TensorRT-LLM) is refused only when the weights do not fit.
         startup_error = _startup_error(config, memory.kv_cache_tokens or 0, max_model_len, weights_fit=True)
     rate = None
     if config.speculation is not None:

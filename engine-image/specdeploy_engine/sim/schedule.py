@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from specdeploy.api.spec import EngineKind
+from specdeploy_engine.sim.engines import SIMULATED_ENGINES
 
 if TYPE_CHECKING:
     from specdeploy_engine.sim.argv import EngineConfig
@@ -243,7 +243,7 @@ def draft_schedule(config: EngineConfig) -> DraftSchedule:
     k = speculation.num_speculative_tokens
     if speculation.adaptive is not None:
         return SglangAdaptiveSchedule(k, speculation.adaptive)
-    if speculation.k_steps and config.kind == EngineKind.VLLM:
+    if speculation.k_steps and SIMULATED_ENGINES[config.kind].batch_table_drafts_ahead:
         return VllmBatchSchedule(k, speculation.k_steps)
     if speculation.k_steps:
         return TrtllmBatchSchedule(k, speculation.k_steps)

@@ -28,9 +28,9 @@ from typing import Any
 
 from aiohttp import web
 
-from specdeploy.api.spec import EngineKind
 from specdeploy_engine.sim.console import oom_message
 from specdeploy_engine.sim.engine import Engine, SimRequest
+from specdeploy_engine.sim.engines import SIMULATED_ENGINES
 from specdeploy_engine.sim.exposition import CONTENT_TYPE
 from specdeploy_engine.sim.knobs import KnobError, Knobs
 from specdeploy_engine.sim.metrics import EngineMetrics, SglangMetrics, engine_metrics
@@ -167,7 +167,7 @@ class SimServer:
         app.router.add_get("/admin/knobs", self._get_knobs)
         app.router.add_post("/admin/knobs", self._post_knobs)
         app.router.add_get("/admin/info", self._info)
-        if config.kind == EngineKind.SGLANG:
+        if SIMULATED_ENGINES[config.kind].server_info:
             app.router.add_get("/server_info", self._server_info)
         return app
 
@@ -190,9 +190,8 @@ class SimServer:
 
     async def _models(self, request: web.Request) -> web.Response:
         config = self.served.config
-        owner = {EngineKind.VLLM: "vllm", EngineKind.SGLANG: "sglang", EngineKind.TRTLLM: "tensorrt_llm"}
         return web.json_response(models_response(config.served_model_name, config.model, self.served.max_model_len,
-                                                 owner[config.kind]))
+                                                 SIMULATED_ENGINES[config.kind].owned_by))
 
     async def _metrics(self, request: web.Request) -> web.Response:
         if self.served.config.metrics_path is None:

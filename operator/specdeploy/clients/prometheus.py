@@ -31,26 +31,14 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import httpx
 
-from specdeploy.judgment.comparison import merge_counters
+from specdeploy.judgment.assembly import Answer, Sample, assemble, series_key
 from specdeploy.judgment.queries import Query, queries_for, series_pods_query
-from specdeploy.judgment.samples import (
-    GroupSamples,
-    Points,
-    QueryError,
-    QueryErrorKind,
-    QueryGroup,
-    Samples,
-    SeriesKey,
-    Signal,
-    SignalValues,
-    finite_instants,
-)
+from specdeploy.judgment.samples import QueryError, QueryErrorKind, QueryGroup, Samples
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +78,6 @@ class PrometheusBadResponse(PrometheusError):
 
 class PrometheusNotAllowed(PrometheusError):
     kind = QueryErrorKind.NOT_ALLOWED
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One series of an answer: its labels and its value at the query time (an instant vector), or its
-    points over a range (a range vector: `value` is the last point's)."""
-
-    labels: Mapping[str, str]
-    value: float
-    points: tuple[tuple[float, float], ...] = ()
 
 
 def _timeout_param(seconds: float) -> str:
@@ -261,15 +239,7 @@ def _sample(base_url: str, index: int, item: Any) -> Sample:
         ) from exc
 
 
-@dataclass(frozen=True)
-class _Answer:
-    query: Query
-    samples: list[Sample] | None
-    error: PrometheusError | None
-    seconds: float
-
-
-async def _ask(client: PrometheusClient, query: Query, at: float | None, until: float | None) -> _Answer:
+async def _ask(client: PrometheusClient, query: Query, at: float | None, until: float | None) -> Answer:
     """One query's answer or error; `until`: the loop time by which the source's share of the cycle ends."""
     started = time.perf_counter()
     try:
@@ -283,27 +253,10 @@ async def _ask(client: PrometheusClient, query: Query, at: float | None, until: 
     except PrometheusError as exc:
         error = exc
     else:
-        return _Answer(query, samples, None, time.perf_counter() - started)
+        return Answer(query, samples, None, time.perf_counter() - started)
     if not isinstance(error, PrometheusNotAllowed):   # nothing was sent; the analysis loop says it once
         log.warning("analysis query %s for %s failed: %s", query.signal.value, query.engine.value, error)
-    return _Answer(query, None, error, time.perf_counter() - started)
-
-
-def _key(labels: Mapping[str, str]) -> SeriesKey | None:
-    namespace = labels.get("namespace")
-    name = labels.get("specdeploy_io_name")
-    variant = labels.get("specdeploy_io_variant")
-    if not namespace or not name or not variant:
-        return None
-    return SeriesKey(namespace, name, variant)
-
-
-def _position(labels: Mapping[str, str], label: str | None) -> int | None:
-    """The draft position (from 1) of a per-position series, whose engine labels the first drafted token 0."""
-    text = labels.get(label) if label is not None else None
-    if text is None or not text.isdigit():
-        return None
-    return int(text) + 1
+    return Answer(query, None, QueryError(query.signal, error.kind, str(error)), time.perf_counter() - started)
 
 
 async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: float | None = None,
@@ -312,52 +265,15 @@ async def query_all(client: PrometheusClient, groups: Iterable[QueryGroup], at: 
 
     `at` defaults to now (one timestamp for all queries, so the signals of a cycle describe the same
     window). `share`: seconds all of them may take together (this Prometheus' share of the cycle); a query
-    unanswered by then is PrometheusUnavailable. Failed queries are recorded per signal, never raised: the verdict
-    decides what they mean. Each SD's slice series lose the instants where a scrape read NaN or ±Inf
-    (samples.finite_instants), counted in GroupSamples.dropped.
+    unanswered by then is PrometheusUnavailable. The answers become Samples in judgment/assembly.py (a failed query
+    recorded per signal, never raised).
     """
     instant = time.time() if at is None else at
     until = None if share is None else asyncio.get_running_loop().time() + share
     queries = [q for group in dict.fromkeys(groups)
                for q in queries_for(group.engine, group.window_seconds, group.selector)]
     answers = await asyncio.gather(*(_ask(client, q, instant, until) for q in queries))
-    values: dict[QueryGroup, dict[SeriesKey, SignalValues]] = {}
-    errors: dict[QueryGroup, dict[Signal, QueryError]] = {}
-    per_pod: dict[tuple[QueryGroup, str, str], dict[tuple[str, Signal], list[Points]]] = {}
-    for answer in answers:
-        group = QueryGroup(answer.query.engine, answer.query.window_seconds, answer.query.selector)
-        series = values.setdefault(group, {})
-        errors.setdefault(group, {})
-        if answer.error is not None:
-            errors[group][answer.query.signal] = QueryError(answer.query.signal, answer.error.kind, str(answer.error))
-            continue
-        for sample in answer.samples or ():
-            key = _key(sample.labels)
-            if key is None:
-                continue
-            signal = answer.query.signal
-            if signal.is_series:
-                of_sd = per_pod.setdefault((group, key.namespace, key.name), {})
-                of_sd.setdefault((key.variant, signal), []).append(sample.points)
-                series.setdefault(key, SignalValues())
-            elif signal.is_per_position:
-                position = _position(sample.labels, answer.query.position_label)
-                if position is not None:
-                    series[key] = series.get(key, SignalValues()).with_position(signal, position, sample.value)
-            else:
-                series[key] = series.get(key, SignalValues()).with_value(signal, sample.value)
-    dropped: dict[QueryGroup, dict[tuple[str, str], int]] = {}
-    for (group, namespace, name), series_of_sd in per_pod.items():
-        kept, left_out = finite_instants(series_of_sd)
-        if left_out:
-            dropped.setdefault(group, {})[(namespace, name)] = left_out
-        for (variant, signal), pods in kept.items():
-            key = SeriesKey(namespace, name, variant)
-            values[group][key] = values[group][key].with_points(signal, merge_counters(pods))
-    return Samples(
-        groups={g: GroupSamples(values[g], errors[g], dropped.get(g, {})) for g in values},
-        query_seconds=tuple(a.seconds for a in answers),
-    )
+    return assemble(answers)
 
 
 SeriesPods = dict[tuple[str, str], dict[str, set[tuple[str, str]]]]
@@ -387,7 +303,7 @@ async def series_pods(client: PrometheusClient, groups: Iterable[QueryGroup], at
         finally:
             seconds.append(time.perf_counter() - started)
         for sample in answer:
-            key = _key(sample.labels)
+            key = series_key(sample.labels)
             if key is not None:
                 pods = found.setdefault((key.namespace, key.name), {}).setdefault(key.variant, set())
                 pods.add((sample.labels.get("pod", ""), sample.labels.get("job", "")))

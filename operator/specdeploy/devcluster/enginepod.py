@@ -12,16 +12,12 @@ tested without a cluster.
 from __future__ import annotations
 
 import hashlib
-import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdeploy.engines import CONFIG_MOUNT_PATH
-from specdeploy.engines import sglang as sglang_engine
-from specdeploy.engines import trtllm as trtllm_engine
-from specdeploy.engines import vllm as vllm_engine
+from specdeploy.engines import CONFIG_MOUNT_PATH, engine_of, engine_profile
 
 LABEL_NAME = "specdeploy.io/name"
 LABEL_VARIANT = "specdeploy.io/variant"
@@ -111,14 +107,13 @@ class EnginePod:
 
     @property
     def engine(self) -> str:
-        """vllm, sglang or trtllm, told by the command the way the simulator tells it."""
-        return engine_of(self.argv)
+        """vllm, sglang or trtllm, told by the command (the engine profiles' recognisers)."""
+        return engine_of(self.argv).value
 
     @property
     def metrics_path(self) -> str:
         """Where the real engine serves Prometheus text (TRT-LLM: /prometheus/metrics)."""
-        return {"trtllm": trtllm_engine.METRICS_PATH, "sglang": sglang_engine.METRICS_PATH}.get(
-            self.engine, vllm_engine.METRICS_PATH)
+        return engine_profile(engine_of(self.argv)).metrics_path
 
     @property
     def seed(self) -> int:
@@ -156,16 +151,6 @@ class EnginePod:
     def kubelet_name(self) -> str:
         """How the kubelet names a pod in messages (`format.Pod`): name_namespace(uid)."""
         return f"{self.name}_{self.namespace}({self.uid})"
-
-
-def engine_of(argv: tuple[str, ...] | list[str]) -> str:
-    """The engine a command line starts: trtllm-serve → trtllm, sglang.launch_server → sglang, else vllm."""
-    head = [posixpath.basename(a) for a in argv[:4]]
-    if any(a.startswith("trtllm-serve") for a in head):
-        return "trtllm"
-    if any(a.startswith("sglang") for a in head):
-        return "sglang"
-    return "vllm"
 
 
 def wants_simulator(pod: dict[str, Any]) -> bool:

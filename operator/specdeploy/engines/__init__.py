@@ -1,30 +1,32 @@
-"""Engine renderers: a spec (and the planner's numbers) in, the engine container's command line out.
+"""The engines: each one's renderer (a spec and the planner's numbers in, the engine container's command line out)
+and its profile (engines/profile.py: everything else the operator knows about it), one module per engine.
 
     command = render_engine(EngineInputs(spec, served_model_name="llama", max_model_len=32768))
     command.argv()          # ["vllm", "serve", "meta-llama/…", "--host", "0.0.0.0", …]
     metric_names(EngineKind.SGLANG).acceptance_rate_gauge   # "sglang:spec_accept_rate"
+    engine_profile(EngineKind.TRTLLM).schedules.zero_k_speedup   # 1.0: what the operator knows of an engine
+    engine_of(["trtllm-serve", "meta-llama/…"])              # EngineKind.TRTLLM
 
 Pure functions: no I/O, no Kubernetes. The operator places the result in a pod; the CLI prints it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
-from specdeploy.api.spec import EngineKind
+from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
 from specdeploy.engines import sglang, trtllm, vllm
 from specdeploy.engines.base import (
     CONFIG_MOUNT_PATH,
-    DEFAULT_IMAGES,
     EngineCommand,
     EngineInputs,
     EngineRenderError,
     MetricNames,
     NodeRank,
-    image_for,
     probes,
 )
+from specdeploy.engines.profile import EngineProfile
 
 __all__ = [
     "CONFIG_MOUNT_PATH",
@@ -32,8 +34,11 @@ __all__ = [
     "EngineCommand",
     "EngineInputs",
     "EngineRenderError",
+    "EngineProfile",
     "MetricNames",
     "NodeRank",
+    "engine_of",
+    "engine_profile",
     "image_for",
     "metric_names",
     "node_args",
@@ -41,17 +46,19 @@ __all__ = [
     "render_engine",
 ]
 
-_RENDERERS: MappingProxyType[EngineKind, Callable[[EngineInputs], EngineCommand]] = MappingProxyType({
-    EngineKind.VLLM: vllm.render,
-    EngineKind.SGLANG: sglang.render,
-    EngineKind.TRTLLM: trtllm.render,
+_PROFILES: MappingProxyType[EngineKind, EngineProfile] = MappingProxyType({
+    EngineKind.VLLM: vllm.PROFILE,
+    EngineKind.SGLANG: sglang.PROFILE,
+    EngineKind.TRTLLM: trtllm.PROFILE,
 })
 
-_METRICS: MappingProxyType[EngineKind, MetricNames] = MappingProxyType({
-    EngineKind.VLLM: vllm.METRICS,
-    EngineKind.SGLANG: sglang.METRICS,
-    EngineKind.TRTLLM: trtllm.METRICS,
-})
+DEFAULT_IMAGES: MappingProxyType[EngineKind, str] = MappingProxyType(
+    {kind: profile.default_image for kind, profile in _PROFILES.items()})
+"""Per engine: the image whose CLI and metric names its renderer was checked against (`spec.engine.image` wins)."""
+
+# A model's name may follow the program word (`trtllm-serve sglang-org/…`), so the recognisers are asked most
+# specific program first; vLLM, the spec's default engine, is also what a command no profile recognises runs.
+_RECOGNITION_ORDER = (EngineKind.TRTLLM, EngineKind.SGLANG, EngineKind.VLLM)
 
 
 _NODE_ARGS: MappingProxyType[EngineKind, Callable[[NodeRank], list[str]]] = MappingProxyType({
@@ -79,9 +86,24 @@ def render_engine(inputs: EngineInputs) -> EngineCommand:
     Raises EngineRenderError when the engine cannot run what the spec asks (e.g. an EAGLE-1 head on
     TensorRT-LLM); planning.compat rejects the same specs earlier with a finding.
     """
-    return _RENDERERS[inputs.spec.engine.kind](inputs)
+    return _PROFILES[inputs.spec.engine.kind].render(inputs)
+
+
+def engine_profile(kind: EngineKind) -> EngineProfile:
+    """Everything the operator knows about an engine besides its command line (engines/profile.py)."""
+    return _PROFILES[kind]
+
+
+def image_for(spec: SpeculativeDeploymentSpec) -> str:
+    """spec.engine.image, or the default image of the engine."""
+    return spec.engine.image or _PROFILES[spec.engine.kind].default_image
 
 
 def metric_names(kind: EngineKind) -> MetricNames:
     """The Prometheus metric-name table of an engine."""
-    return _METRICS[kind]
+    return _PROFILES[kind].metrics
+
+
+def engine_of(argv: Sequence[str]) -> EngineKind:
+    """The engine a container's command line starts (each profile's `runs`); vLLM when none recognises it."""
+    return next((kind for kind in _RECOGNITION_ORDER if _PROFILES[kind].runs(argv)), EngineKind.VLLM)

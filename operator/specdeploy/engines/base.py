@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 from specdeploy.api.spec import (
     HUB_TOKEN_ENV,
     TOKEN_SECRET_KEY,
-    EngineKind,
     Quantization,
     SpeculativeDeploymentSpec,
 )
@@ -31,17 +30,6 @@ whose hub cache is $HF_HOME/hub (huggingface_hub/constants.py)."""
 
 LISTEN_HOST = "0.0.0.0"
 """Engines listen on every pod address: kubelet probes and Prometheus come from outside the container."""
-
-# Images whose CLI and metric names the renderers and metric tables were checked against.
-# vLLM and SGLang: the versions in tests/data/engine-flags/*.json (extracted from the PyPI releases).
-# TensorRT-LLM: the trtllm_-prefixed Prometheus metrics arrived with NVIDIA/TensorRT-LLM PR #12545
-# (2026-03), so the image must be from the 1.3 line; 1.3.0rc23 is the newest release tag seen in use.
-DEFAULT_IMAGES: Mapping[EngineKind, str] = MappingProxyType({
-    EngineKind.VLLM: "vllm/vllm-openai:v0.33.0",
-    EngineKind.SGLANG: "lmsysorg/sglang:v0.5.23",
-    EngineKind.TRTLLM: "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc23",
-})
-
 
 class EngineRenderError(ValueError):
     """The spec asks for something this engine cannot run; the message says what to change."""
@@ -242,11 +230,6 @@ def uses_launcher(image: str) -> bool:
     the launcher (GPU preflight, then the engine): the engine argv then goes in `args` only."""
     name = image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
     return name.startswith("specdeploy-engine")
-
-
-def image_for(spec: SpeculativeDeploymentSpec) -> str:
-    """spec.engine.image, or the default image of the engine."""
-    return spec.engine.image or DEFAULT_IMAGES[spec.engine.kind]
 
 
 def user_env(spec: SpeculativeDeploymentSpec) -> tuple[tuple[str, str], ...]:

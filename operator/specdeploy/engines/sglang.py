@@ -7,10 +7,11 @@ fields in sglang/srt/arg_groups/fields/). SGLang exposes /metrics only with --en
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from specdeploy.api.spec import KvCacheDtype, Method, Speculation
+from specdeploy.api.spec import EngineKind, KvCacheDtype, Method, Speculation
 from specdeploy.engines.base import (
     CONFIG_MOUNT_PATH,
     LISTEN_HOST,
@@ -24,6 +25,34 @@ from specdeploy.engines.base import (
     explicit_quantization,
     hub_token_env,
     user_env,
+)
+from specdeploy.engines.profile import (
+    DTYPE_FIELD,
+    HOST_REASON,
+    KV_DTYPE_FIELD,
+    MAX_BATCHED_FIELD,
+    MAX_MODEL_LEN_FIELD,
+    MAX_NUM_SEQS_FIELD,
+    MODEL_FIELD,
+    NODES_REASON,
+    PORT_FIELD,
+    PP_FIELD,
+    QUANTIZATION_FIELD,
+    REVISION_FIELD,
+    SERVED_NAME_REASON,
+    SPECULATION_FIELD,
+    TP_FIELD,
+    UTILIZATION_FIELD,
+    AcceptanceSignal,
+    BlockDrafterNote,
+    EngineProfile,
+    ManagedFlags,
+    MemoryAccounting,
+    MemoryBudget,
+    NoSpeculativeConfig,
+    ScheduleExpression,
+    ScheduleSupport,
+    command_head,
 )
 
 # sglang/srt/observability/metrics_collector.py (sglang 0.5.23). SGLang has no per-token draft/accept
@@ -49,6 +78,10 @@ METRICS = MetricNames(
     model_label="model_name",
     generation_tokens_total="sglang:generation_tokens_total",
 )
+
+# The image whose CLI and metric names this module was checked against: the version in
+# tests/data/engine-flags/sglang.json (extracted from the PyPI release).
+DEFAULT_IMAGE = "lmsysorg/sglang:v0.5.23"
 
 COMMAND = ("python3", "-m", "sglang.launch_server")
 HEALTH_PATH = "/health"
@@ -228,3 +261,101 @@ def node_args(node: NodeRank) -> list[str]:
     the metrics are the rank-0 pod's (an assumption from SGLang's multi-node docs, not read in its source here)."""
     return ["--nnodes", str(node.nodes), "--node-rank", node.rank,
             "--dist-init-addr", f"{node.leader_address}:{DIST_INIT_PORT}"]
+
+
+# --- profile ------------------------------------------------------------------------------------------------
+
+# python/sglang/srt/server_args.py (ServerArgs.add_cli_args).
+MANAGED_FLAGS = {
+    "--model-path": MODEL_FIELD,
+    "--model": MODEL_FIELD,
+    "--revision": REVISION_FIELD,
+    "--tp-size": TP_FIELD,
+    "--tensor-parallel-size": TP_FIELD,
+    "--tp": TP_FIELD,
+    "--pp-size": PP_FIELD,
+    "--pipeline-parallel-size": PP_FIELD,
+    "--nnodes": NODES_REASON,
+    "--node-rank": NODES_REASON,
+    "--dist-init-addr": NODES_REASON,
+    "--nccl-init-addr": NODES_REASON,
+    "--mem-fraction-static": UTILIZATION_FIELD,
+    "--context-length": MAX_MODEL_LEN_FIELD,
+    "--max-running-requests": MAX_NUM_SEQS_FIELD,
+    "--chunked-prefill-size": MAX_BATCHED_FIELD,
+    "--quantization": QUANTIZATION_FIELD,
+    "--dtype": DTYPE_FIELD,
+    "--kv-cache-dtype": KV_DTYPE_FIELD,
+    "--port": PORT_FIELD,
+    "--host": HOST_REASON,
+    "--served-model-name": SERVED_NAME_REASON,
+}
+
+
+def runs(argv: Sequence[str]) -> bool:
+    """`python3 -m sglang.launch_server …`."""
+    return any(word.startswith("sglang") for word in command_head(argv))
+
+
+PROFILE = EngineProfile(
+    kind=EngineKind.SGLANG,
+    methods=SPECULATIVE_ALGORITHMS,
+    method_setting="--speculative-algorithm",
+    method_refusals={},
+    managed_flags=ManagedFlags(
+        owned=MANAGED_FLAGS,
+        # Every SGLang speculative flag (--speculative-algorithm, -num-steps, -eagle-topk, -draft-model-path …) is
+        # rendered from spec.speculation.
+        owned_prefixes={"--speculative-": SPECULATION_FIELD},
+        removed={}, removed_prefixes={}, abbreviations=True, spelling=str,
+    ),
+    extra_config=NoSpeculativeConfig(
+        "SGLang has no speculative config object to merge it into (its speculative settings are separate "
+        "--speculative-* flags, which the operator renders from `spec.speculation`)"
+    ),
+    # --mem-fraction-static of the memory free after the CUDA context holds weights and KV cache
+    # (model_runner_kv_cache_mixin.py `profile_max_num_token`); the draft's weights come out of the rest.
+    memory=MemoryAccounting(budget=MemoryBudget.SHARE_OF_FREE_FOR_WEIGHTS_AND_KV, start_needs_budget_free=False,
+                            fixed_kv_cache=False, kv_fraction_of_free=False),
+    schedules=ScheduleSupport(
+        expression=ScheduleExpression.ACCEPTANCE_TIERS,
+        methods=frozenset(ADAPTIVE_METHODS),
+        single_chain_only=True,
+        limit="SGLang changes the draft length only with --speculative-adaptive, which runs eagle and eagle3 with "
+              "eagleTopk 1",
+        # Its tiers never reach k = 0 (`adaptive_steps`); planning.schedule's k = 0 cost is kept for the derivation.
+        zero_k_speedup=0.80,
+        zero_k_cost="",
+        threshold_risk="",
+    ),
+    tree_drafting=True,
+    draft_runs_at_own_tp=False,
+    refuses_padded_vocabulary=False,
+    renders_quantization_flag=True,
+    mtp_documented_for=(),
+    # sglang/srt/arg_groups/speculative_hook.py `_handle_dflash`: "Overlap scheduler is disabled when using DFLASH
+    # speculative decoding (spec v2 is not supported yet)". sglang/srt/server_args.py,
+    # --speculative-dspark-sps-table-path: without a profiled cost table "the budget degenerates to verify-all", so
+    # DSpark's confidence head schedules nothing and every drafted token is verified.
+    block_drafter_notes={
+        Method.DFLASH: BlockDrafterNote(
+            "DFlashDisablesOverlapScheduler",
+            "`spec.speculation.method` dflash turns SGLang's overlap scheduler off (SGLang: \"spec v2 is not "
+            "supported yet\"), so CPU scheduling no longer hides behind GPU work; the speedup estimate does not "
+            "price that, so compare with eagle3 on the same target where a head exists",
+        ),
+        Method.DSPARK: BlockDrafterNote(
+            "DSparkVerifiesWholeBlock",
+            "`spec.speculation.method` dspark on SGLang runs without a profiled cost table "
+            "(--speculative-dspark-sps-table-path, which the operator does not render), so SGLang verifies every "
+            "drafted token and the confidence head chooses nothing: acceptance and cost are those of the whole "
+            "block, as the plan assumes",
+        ),
+    },
+    acceptance=AcceptanceSignal.GAUGES,
+    metrics=METRICS,
+    metrics_path=METRICS_PATH,
+    default_image=DEFAULT_IMAGE,
+    runs=runs,
+    render=render,
+)

@@ -11,13 +11,15 @@ restarts the pods.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
 import yaml
 
-from specdeploy.api.spec import KvCacheDtype, Method
+from specdeploy.api.spec import EngineKind, KvCacheDtype, Method
+from specdeploy.api.speculative_keys import TRTLLM_MANAGED_KEYS, TRTLLM_SPECULATIVE_CONFIG_KEYS
+from specdeploy.api.status import Severity
 from specdeploy.engines.base import (
     CONFIG_MOUNT_PATH,
     LISTEN_HOST,
@@ -29,6 +31,29 @@ from specdeploy.engines.base import (
     hub_token_env,
     merge_extra_config,
     user_env,
+)
+from specdeploy.engines.profile import (
+    HOST_REASON,
+    MAX_BATCHED_FIELD,
+    MAX_MODEL_LEN_FIELD,
+    MAX_NUM_SEQS_FIELD,
+    PORT_FIELD,
+    PP_FIELD,
+    REVISION_FIELD,
+    SPECULATION_FIELD,
+    TP_FIELD,
+    UTILIZATION_FIELD,
+    AcceptanceSignal,
+    EngineProfile,
+    ManagedFlags,
+    MemoryAccounting,
+    MemoryBudget,
+    MethodRefusal,
+    ScheduleExpression,
+    ScheduleSupport,
+    SpeculativeConfigKeys,
+    UnmodelledKey,
+    command_head,
 )
 
 # tensorrt_llm/metrics/collector.py (MetricsCollector, metric_prefix "trtllm_"), served under
@@ -59,6 +84,10 @@ METRICS = MetricNames(
     drafted_tokens_per_pos_total="trtllm_spec_decode_drafted_tokens_total",
     generation_tokens_total="trtllm_generation_tokens_total",
 )
+
+# The trtllm_-prefixed Prometheus metrics arrived with NVIDIA/TensorRT-LLM PR #12545 (2026-03), so the image must be
+# from the 1.3 line; 1.3.0rc23 is the newest release tag seen in use.
+DEFAULT_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc23"
 
 COMMAND = ("trtllm-serve",)
 CONFIG_FILE = "trtllm.yaml"
@@ -189,3 +218,115 @@ def render(inputs: EngineInputs) -> EngineCommand:
         metrics=METRICS,
         config_files=MappingProxyType({CONFIG_FILE: render_yaml(llm_args(inputs))}),
     )
+
+
+# --- profile ------------------------------------------------------------------------------------------------
+
+# tensorrt_llm/commands/serve.py (`trtllm-serve` click options). The operator passes its own YAML (speculative_config
+# and the KV cache settings) with --config.
+MANAGED_FLAGS = {
+    "--config": SPECULATION_FIELD,
+    "--extra_llm_api_options": SPECULATION_FIELD,
+    "--tp_size": TP_FIELD,
+    "--tensor_parallel_size": TP_FIELD,
+    "--pp_size": PP_FIELD,
+    "--free_gpu_memory_fraction": UTILIZATION_FIELD,
+    "--kv_cache_free_gpu_memory_fraction": UTILIZATION_FIELD,
+    "--max_seq_len": MAX_MODEL_LEN_FIELD,
+    "--max_batch_size": MAX_NUM_SEQS_FIELD,
+    "--max_num_tokens": MAX_BATCHED_FIELD,
+    "--revision": REVISION_FIELD,
+    "--port": PORT_FIELD,
+    "--host": HOST_REASON,
+    "--backend": "speculation runs on TensorRT-LLM's PyTorch backend only",
+}
+
+
+def runs(argv: Sequence[str]) -> bool:
+    """`trtllm-serve MODEL …` (or `trtllm-serve serve MODEL …`)."""
+    return any(word.startswith("trtllm-serve") for word in command_head(argv))
+
+
+def tree_verify_tokens(extra: Mapping[str, Any], k: int) -> int | None:
+    """Tokens a tree in extraConfig verifies per step: `max_total_draft_tokens` + 1, or a static tree's
+    `eagle_choices` (one token per choice) + 1 (tensorrt_llm/llmapi/llm_args.py EagleDecodingConfig); None for a
+    chain of k."""
+    total, choices = extra.get("max_total_draft_tokens"), extra.get("eagle_choices")
+    if isinstance(total, int) and not isinstance(total, bool) and total > k:
+        return total + 1
+    if isinstance(choices, list) and len(choices) > k:
+        return len(choices) + 1
+    return None
+
+
+def _decoding_config(method: Method) -> str | None:
+    decoding_type = DECODING_TYPES.get(method)
+    return None if decoding_type is None else f"TensorRT-LLM's {decoding_type} speculative_config"
+
+
+_SCHEDULE_NOT_MODELLED = UnmodelledKey(
+    Severity.INFO, "ExtraConfigScheduleNotModelled",
+    "the speedup estimate and the acceptance floor assume `spec.speculation.numSpeculativeTokens` at every batch "
+    "size, and while TensorRT-LLM drafts nothing its speculative counters stop, so acceptance samples are "
+    "Inconclusive",
+)
+
+PROFILE = EngineProfile(
+    kind=EngineKind.TRTLLM,
+    methods=DECODING_TYPES,
+    method_setting="speculative_config.decoding_type",
+    # TensorRT-LLM docs: "decoding_type: Eagle is accepted as a backward-compatible alias for Eagle3, but EAGLE
+    # (v1/v2) draft checkpoints are incompatible."
+    method_refusals={Method.EAGLE: MethodRefusal(
+        "TrtllmNeedsEagle3Checkpoint",
+        "`spec.speculation.method` eagle must not be used with `spec.engine.kind` trtllm: TensorRT-LLM runs only "
+        "EAGLE-3 heads (its decoding_type Eagle is an alias of Eagle3 and EAGLE-1/2 checkpoints are incompatible); "
+        "set method eagle3 with an EAGLE-3 head trained for {target}, or use vllm or sglang for an EAGLE-1/2 head",
+    )},
+    # click does not take abbreviations.
+    managed_flags=ManagedFlags(owned=MANAGED_FLAGS, owned_prefixes={}, removed={}, removed_prefixes={},
+                               abbreviations=False, spelling=str),
+    extra_config=SpeculativeConfigKeys(
+        describe=_decoding_config,
+        known=lambda method: TRTLLM_SPECULATIVE_CONFIG_KEYS.get(DECODING_TYPES.get(method, ""), frozenset()),
+        managed=TRTLLM_MANAGED_KEYS,
+        unsettable={},
+        spelling=str,
+        unmodelled={key: _SCHEDULE_NOT_MODELLED
+                    for key in ("draft_len_schedule", "max_concurrency", "acceptance_rate_threshold")},
+        method_only={},
+        since_default_image=frozenset(),
+        schedule_keys=("draft_len_schedule", "max_concurrency"),
+        tree_verify_tokens=tree_verify_tokens,
+    ),
+    # The plan's budget is utilization × the GPU; kv_cache_config.free_gpu_memory_fraction, a share of what is free
+    # after the weights, is computed from it (planning.budget.trtllm_free_gpu_memory_fraction).
+    memory=MemoryAccounting(budget=MemoryBudget.SHARE_OF_GPU, start_needs_budget_free=False, fixed_kv_cache=False,
+                            kv_fraction_of_free=True),
+    schedules=ScheduleSupport(
+        # draft_len_schedule gives batch sizes up to its smallest key max_draft_len, the most drafted anywhere.
+        expression=ScheduleExpression.LARGEST_K_FIRST_TABLE,
+        methods=frozenset(DECODING_TYPES),
+        single_chain_only=False,
+        limit="",
+        # TensorRT-LLM skips the drafter for an iteration past `max_concurrency` or `draft_len_schedule`'s largest
+        # threshold (tensorrt_llm/_torch/speculative/drafter.py, `should_use_spec_decode`).
+        zero_k_speedup=1.0,
+        zero_k_cost="",
+        threshold_risk="",
+    ),
+    tree_drafting=False,
+    draft_runs_at_own_tp=False,
+    refuses_padded_vocabulary=False,
+    # No --quantization on the PyTorch backend: the checkpoint's quantization_config decides.
+    renders_quantization_flag=False,
+    # docs/source/features/speculative-decoding.md documents MTP for DeepSeek models only.
+    mtp_documented_for=("deepseek",),
+    block_drafter_notes={},
+    acceptance=AcceptanceSignal.POSITION_COUNTERS,
+    metrics=METRICS,
+    metrics_path=METRICS_PATH,
+    default_image=DEFAULT_IMAGE,
+    runs=runs,
+    render=render,
+)

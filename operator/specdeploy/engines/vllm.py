@@ -9,9 +9,17 @@ vLLM PR #15466; everything goes through --speculative-config, whose keys are Spe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from specdeploy.api.spec import NGRAM_METHODS, KvCacheDtype, Method
+from specdeploy.api.spec import NGRAM_METHODS, EngineKind, KvCacheDtype, Method
+from specdeploy.api.speculative_keys import (
+    VLLM_KEYS_SINCE_0_33,
+    VLLM_MANAGED_KEYS,
+    VLLM_SPECULATIVE_CONFIG_KEYS,
+    VLLM_UNSETTABLE_KEYS,
+)
+from specdeploy.api.status import Severity
 from specdeploy.api.units import GIB
 from specdeploy.engines.base import (
     LISTEN_HOST,
@@ -24,6 +32,35 @@ from specdeploy.engines.base import (
     hub_token_env,
     merge_extra_config,
     user_env,
+)
+from specdeploy.engines.profile import (
+    DTYPE_FIELD,
+    HOST_REASON,
+    KV_DTYPE_FIELD,
+    KV_MEMORY_FIELD,
+    MAX_BATCHED_FIELD,
+    MAX_MODEL_LEN_FIELD,
+    MAX_NUM_SEQS_FIELD,
+    MODEL_FIELD,
+    NODES_REASON,
+    PORT_FIELD,
+    PP_FIELD,
+    QUANTIZATION_FIELD,
+    REVISION_FIELD,
+    SERVED_NAME_REASON,
+    SPECULATION_FIELD,
+    TP_FIELD,
+    UTILIZATION_FIELD,
+    AcceptanceSignal,
+    EngineProfile,
+    ManagedFlags,
+    MemoryAccounting,
+    MemoryBudget,
+    ScheduleExpression,
+    ScheduleSupport,
+    SpeculativeConfigKeys,
+    UnmodelledKey,
+    command_head,
 )
 
 # vllm/v1/metrics/loggers.py (PrometheusStatLogger) and vllm/v1/spec_decode/metrics.py (vllm 0.33.0);
@@ -55,6 +92,10 @@ METRICS = MetricNames(
     request_prefill_time="vllm:request_prefill_time_seconds",
     request_inference_time="vllm:request_inference_time_seconds",
 )
+
+# The image whose CLI and metric names this module was checked against: the version in
+# tests/data/engine-flags/vllm.json (extracted from the PyPI release).
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
 
 COMMAND = ("vllm", "serve")    # the console script of the vllm/vllm-openai image; the model is the first argument
 HEALTH_PATH = "/health"        # vllm/entrypoints/serve/instrumentator/health.py
@@ -185,3 +226,144 @@ def node_args(node: NodeRank) -> list[str]:
     args = ["--nnodes", str(node.nodes), "--node-rank", node.rank, "--master-addr", node.leader_address,
             "--master-port", str(MASTER_PORT)]
     return args if node.leader else [*args, "--headless"]
+
+
+# --- profile ------------------------------------------------------------------------------------------------
+
+# vllm/engine/arg_utils.py (EngineArgs.add_cli_args); `--kv-cache-memory-bytes` is the full name, `--kv-cache-memory`
+# its argparse abbreviation (vLLM CLI docs, `vllm serve`). `--spec-method`, `--spec-model` and `--spec-tokens` (vLLM
+# 0.32 and 0.33) are shorthands for the method, model and num_speculative_tokens keys of --speculative-config
+# (EngineArgs.create_speculative_config refuses them beside the same key).
+MANAGED_FLAGS = {
+    "--model": MODEL_FIELD,
+    "--revision": REVISION_FIELD,
+    "--speculative-config": SPECULATION_FIELD,
+    "--spec-method": SPECULATION_FIELD,
+    "--spec-model": SPECULATION_FIELD,
+    "--spec-tokens": SPECULATION_FIELD,
+    "--tensor-parallel-size": TP_FIELD,
+    "-tp": TP_FIELD,
+    "--pipeline-parallel-size": PP_FIELD,
+    "-pp": PP_FIELD,
+    "--nnodes": NODES_REASON,
+    "--node-rank": NODES_REASON,
+    "--master-addr": NODES_REASON,
+    "--master-port": NODES_REASON,
+    "--headless": NODES_REASON,
+    "--gpu-memory-utilization": UTILIZATION_FIELD,
+    "--max-model-len": MAX_MODEL_LEN_FIELD,
+    "--max-num-seqs": MAX_NUM_SEQS_FIELD,
+    "--max-num-batched-tokens": MAX_BATCHED_FIELD,
+    "--quantization": QUANTIZATION_FIELD,
+    "-q": QUANTIZATION_FIELD,
+    "--dtype": DTYPE_FIELD,
+    "--kv-cache-dtype": KV_DTYPE_FIELD,
+    "--kv-cache-memory-bytes": KV_MEMORY_FIELD,
+    "--kv-cache-memory": KV_MEMORY_FIELD,
+    "--port": PORT_FIELD,
+    "--host": HOST_REASON,
+    "--served-model-name": SERVED_NAME_REASON,
+}
+
+REMOVED_FLAGS = {
+    # Deprecated by vLLM PR #14434 and removed by PR #15466: one JSON --speculative-config replaced them.
+    "--speculative-model": "the draft is `model` in --speculative-config",
+    "--num-speculative-tokens": "`num_speculative_tokens` in --speculative-config",
+    "--speculative-draft-tensor-parallel-size": "`draft_tensor_parallel_size` in --speculative-config",
+    "--ngram-prompt-lookup-max": "`prompt_lookup_max` in --speculative-config",
+    "--ngram-prompt-lookup-min": "`prompt_lookup_min` in --speculative-config",
+    # V0's disable-by-batch-size (PR #5000) left with the V0 engine (PR #35060).
+    "--speculative-disable-by-batch-size": "no replacement in the V1 engine",
+    "--speculative-max-model-len": "`max_model_len` in --speculative-config",
+    "--speculative-model-quantization": "`quantization` in --speculative-config",
+    "--spec-decoding-acceptance-method": "no replacement in the V1 engine",
+    "--typical-acceptance-sampler-posterior-threshold": "no replacement in the V1 engine",
+    "--typical-acceptance-sampler-posterior-alpha": "no replacement in the V1 engine",
+    "--disable-logprobs-during-spec-decoding": "no replacement in the V1 engine",
+}
+"""vLLM speculative flags that no longer exist, → what replaced them."""
+
+
+def flag_spelling(name: str) -> str:
+    """A long flag as vLLM's parser reads it: `--json-arg.key` is part of `--json-arg`, and `_` and `-` are alike
+    (vllm/utils FlexibleArgumentParser)."""
+    return name.split(".", 1)[0].replace("_", "-") if name.startswith("--") else name
+
+
+def runs(argv: Sequence[str]) -> bool:
+    """`vllm serve …` or `python3 -m vllm.entrypoints.openai.api_server …`."""
+    return any(word.startswith("vllm") for word in command_head(argv))
+
+
+_SPECULATIVE_CONFIG = "vLLM's SpeculativeConfig (--speculative-config)"
+
+PROFILE = EngineProfile(
+    kind=EngineKind.VLLM,
+    methods=SPECULATIVE_METHODS,
+    method_setting="--speculative-config method",
+    method_refusals={},
+    managed_flags=ManagedFlags(
+        owned=MANAGED_FLAGS, owned_prefixes={}, removed=REMOVED_FLAGS,
+        # Every other vLLM flag starting with --speculative- is gone too.
+        removed_prefixes={"--speculative-": "--speculative-config is the only speculative flag left"},
+        abbreviations=True, spelling=flag_spelling,
+    ),
+    extra_config=SpeculativeConfigKeys(
+        describe=lambda method: _SPECULATIVE_CONFIG,
+        known=lambda method: frozenset(VLLM_SPECULATIVE_CONFIG_KEYS),
+        managed=VLLM_MANAGED_KEYS,
+        unsettable=VLLM_UNSETTABLE_KEYS,
+        spelling=engine_key,
+        unmodelled={
+            "kv_cache_dtype": UnmodelledKey(
+                Severity.WARNING, "ExtraConfigChangesMemory",
+                "the memory plan counts the draft's KV cache at `spec.serving.kvCacheDtype`, so its KV tokens and "
+                "concurrency are off by the difference; set `spec.serving.kvCacheDtype` for both instead if you can",
+            ),
+            "num_speculative_tokens_per_batch_size": UnmodelledKey(
+                Severity.INFO, "ExtraConfigScheduleNotModelled",
+                "the speedup estimate and the acceptance floor assume `spec.speculation.numSpeculativeTokens` at "
+                "every batch size, and while a range drafts 0 tokens vLLM's speculative counters stop, so acceptance "
+                "samples are Inconclusive; `spec.speculation.schedule` (mode Table) renders the same key and is "
+                "modelled",
+            ),
+        },
+        # vllm/config/speculative.py: "dspark_draft_topk is only supported by DSpark".
+        method_only={"dspark_draft_topk": Method.DSPARK},
+        since_default_image=VLLM_KEYS_SINCE_0_33,
+        schedule_keys=("num_speculative_tokens_per_batch_size",),
+        tree_verify_tokens=lambda extra, k: None,   # vLLM drafts chains only
+    ),
+    # CacheConfig.gpu_memory_utilization is a share of the whole GPU; request_memory (vllm/v1/worker/utils.py)
+    # refuses to start when less than that is free; CacheConfig.kv_cache_memory_bytes fixes the KV cache.
+    memory=MemoryAccounting(budget=MemoryBudget.SHARE_OF_GPU, start_needs_budget_free=True, fixed_kv_cache=True,
+                            kv_fraction_of_free=False),
+    schedules=ScheduleSupport(
+        expression=ScheduleExpression.BATCH_TABLE,
+        methods=frozenset(SPECULATIVE_METHODS),
+        single_chain_only=False,
+        limit="",
+        # planning.schedule.ZERO_K_SLOWDOWN: the drafter still runs at k = 0 (vllm#49548, vllm#49986).
+        zero_k_speedup=0.80,
+        zero_k_cost="a step drafting 0 tokens still runs the drafter and costs 20–31% against no speculation "
+                    "(vllm#49986)",
+        # vllm#49548: aggregate throughput collapsed under concurrency at a table threshold (MTP, piecewise CUDA
+        # graphs), from prefills counted in the batch size the lookup uses.
+        threshold_risk="vLLM has been seen to lose throughput when the load hovers at such a threshold (vllm#49548)",
+    ),
+    tree_drafting=False,
+    # vllm/config/speculative.py _verify_and_get_draft_tp: "cannot be other value than 1 or target model
+    # tensor_parallel_size".
+    draft_runs_at_own_tp=True,
+    # "Target and draft model should have the same vocabulary size" (vllm/config/speculative.py).
+    refuses_padded_vocabulary=True,
+    renders_quantization_flag=True,
+    mtp_documented_for=(),
+    block_drafter_notes={},
+    acceptance=AcceptanceSignal.TOKEN_COUNTERS,
+    metrics=METRICS,
+    metrics_path=METRICS_PATH,
+    default_image=DEFAULT_IMAGE,
+    runs=runs,
+    render=render,
+)

@@ -17,8 +17,9 @@ from datetime import datetime
 
 from specdeploy.api.reasons import FailureReason, InconclusiveReason
 from specdeploy.api.resource import SpeculativeDeployment
-from specdeploy.api.spec import EngineKind, Objective, ScheduleMode, SpeculativeDeploymentSpec
+from specdeploy.api.spec import Objective, ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import AnalysisStatus, SpeculationStatus
+from specdeploy.engines import engine_profile
 from specdeploy.judgment import evidence
 from specdeploy.judgment.calibration import MIN_RELATIVE_GAIN
 from specdeploy.judgment.hardware import fit_hardware
@@ -196,10 +197,11 @@ def _policy(spec: SpeculativeDeploymentSpec, sample: DeploymentSample, analysis:
 
 
 def _normalised(spec: SpeculativeDeploymentSpec, sample: DeploymentSample) -> DeploymentSample:
-    """SGLang's own rate divides by the draft tree when eagleTopk > 1; minAcceptanceRate means accepted ÷ proposed
-    chain positions, so trees are judged by (accept length − 1) ÷ k. With topk 1 the tree is the chain and
-    SGLang's rate already means that (its denominator, num_draft_tokens − 1, is k)."""
-    if spec.engine.kind == EngineKind.SGLANG and spec.speculation.eagle_topk > 1:
+    """An engine that drafts trees (its profile's `tree_drafting`: SGLang) divides its own rate by the draft tree when
+    eagleTopk > 1; minAcceptanceRate means accepted ÷ proposed chain positions, so trees are judged by (accept length
+    − 1) ÷ k. With topk 1 the tree is the chain and SGLang's rate already means that (its denominator,
+    num_draft_tokens − 1, is k)."""
+    if engine_profile(spec.engine.kind).tree_drafting and spec.speculation.eagle_topk > 1:
         return chain_acceptance(sample, spec.speculation.num_speculative_tokens)
     return sample
 

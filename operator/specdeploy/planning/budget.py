@@ -38,6 +38,8 @@ from specdeploy.api.spec import (
     SpeculativeDeploymentSpec,
 )
 from specdeploy.api.status import MemoryPlan
+from specdeploy.engines import engine_profile
+from specdeploy.engines.profile import MemoryBudget
 from specdeploy.planning import kv, overhead
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
@@ -249,7 +251,8 @@ def compute(inputs: PlanInputs) -> PlanNumbers:
 
     weights_fit, startup_fits, allocatable = True, True, True
     reserve, reserve_needed = 0.0, 0.0
-    if inputs.engine == EngineKind.SGLANG:
+    accounting = engine_profile(inputs.engine).memory
+    if accounting.budget == MemoryBudget.SHARE_OF_FREE_FOR_WEIGHTS_AND_KV:
         nccl = overhead.non_torch_bytes(tp) - overhead.NON_TORCH_BYTES  # allocated before SGLang measures
         free = memory - (overhead.CUDA_CONTEXT_BYTES + nccl) / GIB
         budget = utilization * free
@@ -257,7 +260,7 @@ def compute(inputs: PlanInputs) -> PlanNumbers:
         weights_fit = target_weights <= budget
         reserve = (1 - utilization) * free
         reserve_needed = draft_weights + activation + cuda_graphs + overhead.NON_TORCH_BYTES / GIB
-    elif inputs.engine == EngineKind.VLLM and inputs.kv_cache_memory_gib is not None:
+    elif accounting.fixed_kv_cache and inputs.kv_cache_memory_gib is not None:
         budget = memory
         kv_cache = inputs.kv_cache_memory_gib
         weights_fit = weights <= memory
@@ -266,7 +269,7 @@ def compute(inputs: PlanInputs) -> PlanNumbers:
         budget = memory * utilization
         kv_cache = budget - weights - overheads
         weights_fit = weights <= budget
-        if inputs.engine == EngineKind.VLLM:
+        if accounting.start_needs_budget_free:
             startup_fits = budget <= memory - overhead.CUDA_CONTEXT_BYTES / GIB
 
     return PlanNumbers(

@@ -31,21 +31,11 @@ from specdeploy.api.spec import (
     ScheduleMode,
     SpeculativeDeploymentSpec,
 )
-from specdeploy.api.speculative_keys import (
-    MAX_EXTRA_CONFIG_TEXT,
-    TRTLLM_MANAGED_KEYS,
-    TRTLLM_SPECULATIVE_CONFIG_KEYS,
-    VLLM_KEYS_SINCE_0_33,
-    VLLM_MANAGED_KEYS,
-    VLLM_SPECULATIVE_CONFIG_KEYS,
-    VLLM_UNSETTABLE_KEYS,
-    ManagedKey,
-)
+from specdeploy.api.speculative_keys import MAX_EXTRA_CONFIG_TEXT, ManagedKey
 from specdeploy.api.status import Compatibility, Finding, Severity
-from specdeploy.engines.base import DEFAULT_IMAGES, explicit_quantization
-from specdeploy.engines.sglang import ADAPTIVE_METHODS as SGLANG_ADAPTIVE_METHODS
-from specdeploy.engines.trtllm import DECODING_TYPES as TRTLLM_DECODING_TYPES
-from specdeploy.engines.vllm import engine_key as vllm_key
+from specdeploy.engines import engine_profile
+from specdeploy.engines.base import explicit_quantization
+from specdeploy.engines.profile import NoSpeculativeConfig, ScheduleExpression
 from specdeploy.planning.acceptance import (
     DEFAULT_ALPHA,
     DRAFT_SIZE_REFERENCE_RATIO,
@@ -56,27 +46,15 @@ from specdeploy.planning.catalog import quantised_checkpoints_of
 from specdeploy.planning.checkpoint import contradiction
 from specdeploy.planning.managed_flags import MANAGED_FLAGS, find_managed_flags
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind, drafter_kind
-from specdeploy.planning.schedule import LARGEST_K_FIRST, ZERO_K_SPEEDUP, ScheduleRange, SpeculationSchedule
+from specdeploy.planning.schedule import ZERO_K_SPEEDUP, ScheduleRange, SpeculationSchedule
 from specdeploy.planning.topology import layout_findings, tensor_parallel_fits, valid_tensor_parallel_sizes
 
 # MANAGED_FLAGS is re-exported for the renderers; it lives in planning.managed_flags with its parsing.
 __all__ = ["MANAGED_FLAGS", "SUPPORTED_METHODS", "check_compatibility", "draft_size_ratio"]
 
-SUPPORTED_METHODS: dict[EngineKind, frozenset[Method]] = {
-    # vLLM --speculative-config methods (vllm/config/speculative.py SpeculativeMethod).
-    EngineKind.VLLM: frozenset(Method),
-    # SGLang --speculative-algorithm STANDALONE | EAGLE | EAGLE3 | NEXTN | NGRAM | DFLASH | DSPARK (server_args.py,
-    # tests/data/engine-flags/sglang.json); no suffix and no GPU n-gram.
-    EngineKind.SGLANG: frozenset(
-        {Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.MTP, Method.NGRAM, Method.DFLASH, Method.DSPARK}
-    ),
-    # TensorRT-LLM decoding_type DraftTarget | Eagle3 | MTP | NGram (docs/source/features/speculative-decoding.md);
-    # "Eagle" is only an alias of Eagle3 there, so EAGLE-1/2 heads have no engine. The release in
-    # tests/data/engine-flags/trtllm.json has no DFlash decoding_type (newer sources name one), so dflash, dspark
-    # and ngram_gpu are refused (the CRD's CEL refuses them at apply).
-    EngineKind.TRTLLM: frozenset({Method.DRAFT_MODEL, Method.EAGLE3, Method.MTP, Method.NGRAM}),
-}
-"""Per engine: the speculation methods it can run."""
+SUPPORTED_METHODS: dict[EngineKind, frozenset[Method]] = {kind: frozenset(engine_profile(kind).methods)
+                                                          for kind in EngineKind}
+"""Per engine: the speculation methods it can run (its profile's `methods`)."""
 
 # The issue's rule of thumb for a separate draft model: 1/8 to 1/12 of the target's parameters.
 DRAFT_RATIO_MIN = 8.0
@@ -125,16 +103,9 @@ def method_supported(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: 
     engine, method = spec.engine.kind, spec.speculation.method
     if method is None or method in SUPPORTED_METHODS[engine]:   # no method: nothing is proposed
         return
-    if engine == EngineKind.TRTLLM and method == Method.EAGLE:
-        # TensorRT-LLM docs: "decoding_type: Eagle is accepted as a backward-compatible alias for Eagle3,
-        # but EAGLE (v1/v2) draft checkpoints are incompatible."
-        yield _error(
-            "TrtllmNeedsEagle3Checkpoint",
-            "`spec.speculation.method` eagle must not be used with `spec.engine.kind` trtllm: TensorRT-LLM "
-            "runs only EAGLE-3 heads (its decoding_type Eagle is an alias of Eagle3 and EAGLE-1/2 "
-            "checkpoints are incompatible); set method eagle3 with an EAGLE-3 head trained for "
-            f"{target.name}, or use vllm or sglang for an EAGLE-1/2 head",
-        )
+    refusal = engine_profile(engine).method_refusals.get(method)
+    if refusal is not None:
+        yield _error(refusal.code, refusal.message.format(target=target.name))
         return
     supported = ", ".join(sorted(m.value for m in SUPPORTED_METHODS[engine]))
     yield _error(
@@ -286,7 +257,7 @@ def vocabulary(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelI
         )
     if draft_vocab != target_vocab:
         same_family = bool(draft.family) and draft.family == target.family
-        severity_is_error = spec.engine.kind == EngineKind.VLLM or not same_family
+        severity_is_error = engine_profile(spec.engine.kind).refuses_padded_vocabulary or not same_family
         message = (
             f"`spec.speculation.draft.name` {draft.name} has a vocabulary of {draft_vocab} tokens but the "
             f"target {target.name} has {target_vocab}: draft and target must share one tokenizer (vLLM "
@@ -355,9 +326,7 @@ def draft_tensor_parallel(
     if draft_spec is None or draft_spec.tensor_parallel_size is None:
         return
     draft_tp, target_tp = draft_spec.tensor_parallel_size, spec.resources.tensor_parallel_size
-    if spec.engine.kind == EngineKind.VLLM:
-        # vllm/config/speculative.py _verify_and_get_draft_tp: "cannot be other value than 1 or target
-        # model tensor_parallel_size".
+    if engine_profile(spec.engine.kind).draft_runs_at_own_tp:
         if draft_tp not in (1, target_tp):
             yield _error(
                 "DraftTensorParallelInvalid",
@@ -410,7 +379,8 @@ def mtp_layers(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelI
             "trained for and acceptance falls with each one (vLLM warns the same); "
             f"{layers} token{'s' if layers > 1 else ''} per step is the setting it was trained for",
         )
-    if spec.engine.kind == EngineKind.TRTLLM and "deepseek" not in f"{target.family} {target.name}".lower():
+    families = engine_profile(spec.engine.kind).mtp_documented_for
+    if families and not any(family in f"{target.family} {target.name}".lower() for family in families):
         yield _warning(
             "TrtllmMtpDeepSeekOnly",
             f"`spec.speculation.method` mtp on `spec.engine.kind` trtllm is documented for DeepSeek models "
@@ -424,14 +394,15 @@ def sglang_topk(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Model
     topk, method = spec.speculation.eagle_topk, spec.speculation.method
     if topk == 1 or method in (*NGRAM_METHODS, Method.SUFFIX):
         return
-    if spec.engine.kind == EngineKind.SGLANG and method in BLOCK_METHODS:
+    tree_drafting = engine_profile(spec.engine.kind).tree_drafting
+    if tree_drafting and method in BLOCK_METHODS:
         # sglang/srt/arg_groups/speculative_hook.py: "DFLASH only supports speculative_eagle_topk == 1; overriding".
         yield _info(
             "EagleTopkIgnored",
             f"`spec.speculation.eagleTopk` {topk} is ignored with `spec.speculation.method` {method.value}: SGLang "
             "drafts one block, not a tree, and sets eagleTopk to 1 itself; remove it",
         )
-    elif spec.engine.kind == EngineKind.SGLANG:
+    elif tree_drafting:
         # sglang server_args.py: topk > 1 sets disable_overlap_schedule with the reason
         # "spec v2 currently only supports topk = 1" and logs that spec v1 is used.
         yield _warning(
@@ -465,31 +436,15 @@ def block_drafter_k(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: M
         )
 
 
-def sglang_block_drafter(
+def block_drafter_notes(
     spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None
 ) -> Iterable[Finding]:
-    """What SGLang changes for a block drafter. sglang/srt/arg_groups/speculative_hook.py `_handle_dflash`:
-    "Overlap scheduler is disabled when using DFLASH speculative decoding (spec v2 is not supported yet)".
-    sglang/srt/server_args.py, --speculative-dspark-sps-table-path: without a profiled cost table "the budget
-    degenerates to verify-all", so DSpark's confidence head schedules nothing and every drafted token is verified."""
+    """What the engine changes for a block drafter (its profile's `block_drafter_notes`, e.g. SGLang's overlap
+    scheduler off for DFlash)."""
     method = spec.speculation.method
-    if spec.engine.kind != EngineKind.SGLANG:
-        return
-    if method == Method.DFLASH:
-        yield _info(
-            "DFlashDisablesOverlapScheduler",
-            "`spec.speculation.method` dflash turns SGLang's overlap scheduler off (SGLang: \"spec v2 is not "
-            "supported yet\"), so CPU scheduling no longer hides behind GPU work; the speedup estimate does not "
-            "price that, so compare with eagle3 on the same target where a head exists",
-        )
-    elif method == Method.DSPARK:
-        yield _info(
-            "DSparkVerifiesWholeBlock",
-            "`spec.speculation.method` dspark on SGLang runs without a profiled cost table "
-            "(--speculative-dspark-sps-table-path, which the operator does not render), so SGLang verifies every "
-            "drafted token and the confidence head chooses nothing: acceptance and cost are those of the whole "
-            "block, as the plan assumes",
-        )
+    note = engine_profile(spec.engine.kind).block_drafter_notes.get(method) if method is not None else None
+    if note is not None:
+        yield _info(note.code, note.message)
 
 
 def quantization(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
@@ -535,7 +490,7 @@ def checkpoint_quantization(
     if stored is None:
         return
     why = contradiction(written, stored, flag_rendered=explicit_quantization(written) is not None
-                        and spec.engine.kind != EngineKind.TRTLLM)
+                        and engine_profile(spec.engine.kind).renders_quantization_flag)
     if why is None:
         return
     if stored.quantised:
@@ -574,13 +529,12 @@ def tensor_parallel_topology(
     draft_spec = spec.speculation.draft
     if not spec.speculation.enabled or draft is None or draft_spec is None:
         return
-    draft_tp = draft_spec.tensor_parallel_size or tp
-    if spec.engine.kind != EngineKind.VLLM:
-        draft_tp = tp   # SGLang and TensorRT-LLM run the draft at the target's TP
+    own_tp = engine_profile(spec.engine.kind).draft_runs_at_own_tp
+    draft_tp = (draft_spec.tensor_parallel_size or tp) if own_tp else tp
     if (draft_tp == tp and not tensor_parallel_fits(arch, tp)) or tensor_parallel_fits(draft.architecture, draft_tp):
         return   # fits, or already reported for the target
     both = [size for size in valid_tensor_parallel_sizes(arch) if tensor_parallel_fits(draft.architecture, size)]
-    draft_fix = "`spec.speculation.draft.tensorParallelSize` to 1, or " if spec.engine.kind == EngineKind.VLLM else ""
+    draft_fix = "`spec.speculation.draft.tensorParallelSize` to 1, or " if own_tp else ""
     yield _error(
         "DraftTensorParallelSizeInvalid",
         f"the draft {draft.name} must run at a tensor-parallel size that divides its "
@@ -592,43 +546,13 @@ def tensor_parallel_topology(
 
 # --- extraConfig ---------------------------------------------------------------------------------------
 
-# vLLM SpeculativeConfig keys that one method only accepts (vllm/config/speculative.py: "dspark_draft_topk is only
-# supported by DSpark").
-_VLLM_METHOD_KEYS = {"dspark_draft_topk": Method.DSPARK}
-
-# Keys that change what the plan assumes: (severity, code, what the plan does not model).
-_UNMODELLED_KEYS: dict[EngineKind, dict[str, tuple[Severity, str, str]]] = {
-    EngineKind.VLLM: {
-        "kv_cache_dtype": (
-            Severity.WARNING, "ExtraConfigChangesMemory",
-            "the memory plan counts the draft's KV cache at `spec.serving.kvCacheDtype`, so its KV tokens and "
-            "concurrency are off by the difference; set `spec.serving.kvCacheDtype` for both instead if you can",
-        ),
-        "num_speculative_tokens_per_batch_size": (
-            Severity.INFO, "ExtraConfigScheduleNotModelled",
-            "the speedup estimate and the acceptance floor assume `spec.speculation.numSpeculativeTokens` at every "
-            "batch size, and while a range drafts 0 tokens vLLM's speculative counters stop, so acceptance "
-            "samples are Inconclusive; `spec.speculation.schedule` (mode Table) renders the same key and is modelled",
-        ),
-    },
-    EngineKind.TRTLLM: {
-        key: (
-            Severity.INFO, "ExtraConfigScheduleNotModelled",
-            "the speedup estimate and the acceptance floor assume `spec.speculation.numSpeculativeTokens` at every "
-            "batch size, and while TensorRT-LLM drafts nothing its speculative counters stop, so acceptance "
-            "samples are Inconclusive",
-        )
-        for key in ("draft_len_schedule", "max_concurrency", "acceptance_rate_threshold")
-    },
-}
-
-
 def _key_list(keys: Iterable[str]) -> str:
     return ", ".join(sorted(keys))
 
 
 def _unknown_key(where: str, key: str, settable: set[str], engine_config: str) -> Finding:
-    close = difflib.get_close_matches(vllm_key(key), sorted(settable), n=1, cutoff=0.75)
+    # Matched with `-` read as `_`, the engines' own spelling of their keys.
+    close = difflib.get_close_matches(key.replace("-", "_"), sorted(settable), n=1, cutoff=0.75)
     hint = f"did you mean {close[0]}? " if close else ""
     return _error(
         "ExtraConfigKeyUnknown",
@@ -656,12 +580,14 @@ def extra_config(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
     if not extra:
         return
     engine = spec.engine.kind
-    if engine == EngineKind.SGLANG:
+    keys = engine_profile(engine).extra_config
+    if isinstance(keys, NoSpeculativeConfig):
+        others = " or ".join(kind.value for kind in EngineKind
+                             if not isinstance(engine_profile(kind).extra_config, NoSpeculativeConfig))
         yield _error(
             "ExtraConfigNotSupported",
-            "`spec.speculation.extraConfig` must not be set with `spec.engine.kind` sglang: SGLang has no "
-            "speculative config object to merge it into (its speculative settings are separate --speculative-* "
-            "flags, which the operator renders from `spec.speculation`); remove it, or use vllm or trtllm",
+            f"`spec.speculation.extraConfig` must not be set with `spec.engine.kind` {engine.value}: {keys.why}; "
+            f"remove it, or use {others}",
         )
         return
     size = len(json.dumps(extra, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
@@ -672,20 +598,15 @@ def extra_config(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
             f"{size}: the operator copies it into every engine pod's configuration; keep large settings in the "
             "image or a mounted file",
         )
-    if engine == EngineKind.VLLM:
-        engine_config = "vLLM's SpeculativeConfig (--speculative-config)"
-        known, managed, unsettable = set(VLLM_SPECULATIVE_CONFIG_KEYS), VLLM_MANAGED_KEYS, VLLM_UNSETTABLE_KEYS
-    else:
-        decoding_type = TRTLLM_DECODING_TYPES.get(spec.speculation.enabled_method)
-        if decoding_type is None:   # method_supported reports the method
-            return
-        engine_config = f"TensorRT-LLM's {decoding_type} speculative_config"
-        known, managed, unsettable = set(TRTLLM_SPECULATIVE_CONFIG_KEYS[decoding_type]), TRTLLM_MANAGED_KEYS, {}
+    method = spec.speculation.enabled_method
+    engine_config = keys.describe(method)
+    if engine_config is None:   # method_supported reports the method
+        return
+    known, managed, unsettable = set(keys.known(method)), keys.managed, keys.unsettable
     settable = known - set(managed) - set(unsettable)
-    unmodelled = _UNMODELLED_KEYS.get(engine, {})
     for key in sorted(extra):
         where = f"`spec.speculation.extraConfig.{key}`"
-        name = vllm_key(key) if engine == EngineKind.VLLM else key
+        name = keys.spelling(key)
         if name in managed:
             yield _managed_key("`spec.speculation.extraConfig`", key, name, managed[name], engine_config)
         elif name in unsettable:
@@ -697,10 +618,10 @@ def extra_config(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
         elif name not in known:
             yield _unknown_key("`spec.speculation.extraConfig`", key, settable, engine_config)
         else:
-            if name in unmodelled:
-                severity, code, note = unmodelled[name]
+            if name in keys.unmodelled:
+                severity, code, note = keys.unmodelled[name]
                 yield Finding(code=code, severity=severity, message=f"{where} is passed to the engine as set, but {note}")
-            method_only = _VLLM_METHOD_KEYS.get(name) if engine == EngineKind.VLLM else None
+            method_only = keys.method_only.get(name)
             if method_only is not None and spec.speculation.method != method_only:
                 yield _error(
                     "ExtraConfigKeyNeedsMethod",
@@ -708,23 +629,17 @@ def extra_config(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mode
                     f"vLLM refuses it for any method but {method_only.value} (\"{name} is only supported by "
                     f"DSpark\"); remove it, or set method {method_only.value}",
                 )
-            if (engine == EngineKind.VLLM and name in VLLM_KEYS_SINCE_0_33 and spec.engine.image
-                    and spec.engine.image != DEFAULT_IMAGES[engine]):
+            default_image = engine_profile(engine).default_image
+            if (name in keys.since_default_image and spec.engine.image
+                    and spec.engine.image != default_image):
                 yield _warning(
                     "ExtraConfigKeyNeedsNewerEngine",
                     f"{where} exists in vLLM's SpeculativeConfig since 0.33 only: an older image than "
-                    f"{DEFAULT_IMAGES[engine]} refuses to start with it; check `spec.engine.image`",
+                    f"{default_image} refuses to start with it; check `spec.engine.image`",
                 )
 
 
 # --- schedule ------------------------------------------------------------------------------------------
-
-# The engine keys a typed schedule renders; set in extraConfig as well they would say it twice.
-_SCHEDULE_KEYS = {
-    EngineKind.VLLM: ("num_speculative_tokens_per_batch_size",),
-    EngineKind.TRTLLM: ("draft_len_schedule", "max_concurrency"),
-}
-
 
 def schedule_support(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: ModelInfo | None) -> Iterable[Finding]:
     """A schedule (mode Auto or Table) needs an engine that changes k per step for the spec's method."""
@@ -732,17 +647,23 @@ def schedule_support(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: 
     mode, engine = speculation.schedule_mode, spec.engine.kind
     if mode == ScheduleMode.FIXED:
         return
-    if engine == EngineKind.SGLANG and (speculation.method not in SGLANG_ADAPTIVE_METHODS
-                                        or speculation.eagle_topk != 1):
+    profile = engine_profile(engine)
+    schedules = profile.schedules
+    if schedules.limit and (speculation.method not in schedules.methods
+                            or (schedules.single_chain_only and speculation.eagle_topk != 1)):
+        others = " or ".join(kind.value for kind in EngineKind if not engine_profile(kind).schedules.limit)
         yield _error(
             "ScheduleNotSupportedByEngine",
-            f"`spec.speculation.schedule.mode` {mode.value} must not be used with `spec.engine.kind` sglang and "
-            f"`spec.speculation.method` {speculation.enabled_method.value} at `spec.speculation.eagleTopk` "
-            f"{speculation.eagle_topk}: SGLang changes the draft length only with --speculative-adaptive, which "
-            "runs eagle and eagle3 with eagleTopk 1; use one of those, vllm or trtllm, or mode Fixed",
+            f"`spec.speculation.schedule.mode` {mode.value} must not be used with `spec.engine.kind` {engine.value} "
+            f"and `spec.speculation.method` {speculation.enabled_method.value} at `spec.speculation.eagleTopk` "
+            f"{speculation.eagle_topk}: {schedules.limit}; use one of those, {others}, or "
+            "mode Fixed",
         )
-    extra = {vllm_key(key) if engine == EngineKind.VLLM else key for key in speculation.extra_config or {}}
-    for key in _SCHEDULE_KEYS.get(engine, ()):
+    keys = profile.extra_config
+    if isinstance(keys, NoSpeculativeConfig):
+        return
+    extra = {keys.spelling(key) for key in speculation.extra_config or {}}
+    for key in keys.schedule_keys:
         if key in extra:
             yield _error(
                 "ScheduleSetTwice",
@@ -753,9 +674,10 @@ def schedule_support(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: 
 
 
 def expressible_on(engine: EngineKind, ranges: Sequence[ScheduleRange]) -> bool:
-    """Whether `engine` can run a table: one that drafts its largest k first (planning.schedule.LARGEST_K_FIRST,
+    """Whether `engine` can run a table: one that drafts its largest k first (ScheduleExpression.LARGEST_K_FIRST_TABLE,
     TensorRT-LLM) cannot draft more at a larger batch than at batch 1. Auto never derives such a table; a Table can."""
-    return engine not in LARGEST_K_FIRST or ranges[0].k == max(r.k for r in ranges)
+    return (engine_profile(engine).schedules.expression != ScheduleExpression.LARGEST_K_FIRST_TABLE
+            or ranges[0].k == max(r.k for r in ranges))
 
 
 def schedule_findings(spec: SpeculativeDeploymentSpec, schedule: SpeculationSchedule) -> Iterable[Finding]:
@@ -781,7 +703,9 @@ def schedule_findings(spec: SpeculativeDeploymentSpec, schedule: SpeculationSche
             "TensorRT-LLM's draft_len_schedule must give its smallest batch sizes max_draft_len, the most "
             "drafted anywhere; draft the most at the smallest batch, or use vllm",
         )
-    if engine == EngineKind.SGLANG:
+    schedules = engine_profile(engine).schedules
+    tiers = schedules.expression == ScheduleExpression.ACCEPTANCE_TIERS
+    if tiers:
         steps = sorted({r.k for r in schedule.ranges if r.k > 0})
         rendered = (f"--speculative-adaptive with candidate_steps {steps}" if len(steps) > 1
                     else f"a fixed {steps[0]} tokens per step")
@@ -791,18 +715,15 @@ def schedule_findings(spec: SpeculativeDeploymentSpec, schedule: SpeculationSche
             "it measures, not by the batch size, so the batch ranges are not enforced"
             + (" and the ranges that draft 0 have no tier (SGLang drafts at least 1)" if zero else ""),
         )
-    if engine == EngineKind.VLLM and len(schedule.ranges) > 1:
-        # vllm#49548: aggregate throughput collapsed under concurrency at a table threshold (MTP, piecewise
-        # CUDA graphs), from prefills counted in the batch size the lookup uses.
+    if schedules.threshold_risk and len(schedule.ranges) > 1:
         edges = ", ".join(str(r.min_batch) for r in schedule.ranges[1:])
         yield _info(
             "ScheduleThresholds",
-            f"`spec.speculation.schedule` changes k at batch sizes {edges}: vLLM has been seen to lose throughput "
-            "when the load hovers at such a threshold (vllm#49548); watch the tokens per second there",
+            f"`spec.speculation.schedule` changes k at batch sizes {edges}: {schedules.threshold_risk}; watch the "
+            "tokens per second there",
         )
-    if zero and engine != EngineKind.SGLANG:
-        cost = ("a step drafting 0 tokens still runs the drafter and costs 20–31% against no speculation "
-                "(vllm#49986); " if engine == EngineKind.VLLM else "")
+    if zero and not tiers:   # acceptance tiers never draft 0
+        cost = f"{schedules.zero_k_cost}; " if schedules.zero_k_cost else ""
         yield _info(
             "ScheduleDraftsZero",
             f"`spec.speculation.schedule` drafts 0 tokens from batch size {zero[0].min_batch}: {cost}the "
@@ -851,7 +772,7 @@ SPECULATION_RULES: tuple[Rule, ...] = (
     mtp_layers,
     sglang_topk,
     block_drafter_k,
-    sglang_block_drafter,
+    block_drafter_notes,
     quantization,
     extra_config,
     schedule_support,

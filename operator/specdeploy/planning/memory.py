@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
+from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import DraftCost, Finding, MemoryPlan, PerGpuMemory, Severity, Verdict
+from specdeploy.engines import engine_profile
+from specdeploy.engines.profile import MemoryBudget
 from specdeploy.planning import memory_findings as findings
 from specdeploy.planning.budget import (
     PlanInputs,
@@ -49,9 +51,11 @@ def reasons(inputs: PlanInputs, numbers: PlanNumbers) -> list[Finding]:
         found.append(findings.kv_cache_too_small(inputs, numbers, longest_max_model_len(inputs, numbers)))
     if numbers.fits and numbers.kv_cache_tokens < inputs.max_model_len * inputs.max_num_seqs:
         found.append(findings.concurrency_below_max_num_seqs(inputs, numbers))
-    if inputs.engine == EngineKind.SGLANG and numbers.reserve_needed_gib > numbers.reserve_gib:
+    accounting = engine_profile(inputs.engine).memory
+    if (accounting.budget == MemoryBudget.SHARE_OF_FREE_FOR_WEIGHTS_AND_KV
+            and numbers.reserve_needed_gib > numbers.reserve_gib):
         found.append(findings.sglang_reserve_too_small(inputs, numbers))
-    if inputs.engine == EngineKind.VLLM and inputs.kv_cache_memory_gib is not None:
+    if accounting.fixed_kv_cache and inputs.kv_cache_memory_gib is not None:
         found.append(findings.kv_cache_memory_fixed(inputs))
     return found
 

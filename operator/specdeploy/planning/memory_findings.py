@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 
-from specdeploy.api.spec import EngineKind
 from specdeploy.api.status import Finding, Severity
+from specdeploy.engines import engine_profile
+from specdeploy.engines.profile import MemoryBudget
 from specdeploy.planning.budget import PlanInputs, PlanNumbers, max_utilization
 from specdeploy.planning.gpus import GPU_PRODUCTS
 from specdeploy.planning.overhead import CUDA_CONTEXT_BYTES, GIB
@@ -38,10 +39,11 @@ def _weights(inputs: PlanInputs, numbers: PlanNumbers) -> str:
 
 def _budget(inputs: PlanInputs, numbers: PlanNumbers) -> str:
     memory, utilization = inputs.gpu_memory_gib, inputs.gpu_memory_utilization
-    if inputs.engine == EngineKind.SGLANG:
+    accounting = engine_profile(inputs.engine).memory
+    if accounting.budget == MemoryBudget.SHARE_OF_FREE_FOR_WEIGHTS_AND_KV:
         return (f"the {numbers.budget_gib:.2f} GiB that --mem-fraction-static {utilization:g} gives weights and "
                 "KV cache")
-    if inputs.engine == EngineKind.VLLM and inputs.kv_cache_memory_gib is not None:
+    if accounting.fixed_kv_cache and inputs.kv_cache_memory_gib is not None:
         return f"the GPU's {memory:g} GiB"
     return f"the {numbers.budget_gib:.2f} GiB budget ({memory:g} GiB × gpuMemoryUtilization {utilization:g})"
 

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specdeploy.api.spec import Architecture, EngineKind, ScheduleMode, SpeculativeDeploymentSpec
+from specdeploy.api.spec import Architecture, ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import Compatibility, MemoryPlan, ScheduleCalibration, Verdict
+from specdeploy.engines import engine_profile
 from specdeploy.engines.base import BatchK
 from specdeploy.modelsource.resolve import (
     ArchitectureSource,
@@ -200,7 +201,7 @@ class Plan:
     def trtllm_free_gpu_memory_fraction(self, speculate: bool) -> float | None:
         """TensorRT-LLM's KV fraction that gives its pods the planned KV cache; None for other engines."""
         memory_gib = gpu_memory_gib(self.spec)
-        if self.spec.engine.kind != EngineKind.TRTLLM or memory_gib is None:
+        if not engine_profile(self.spec.engine.kind).memory.kv_fraction_of_free or memory_gib is None:
             return None
         memory = self.memory if speculate else self.memory_without_speculation
         return trtllm_free_gpu_memory_fraction(memory, memory_gib)

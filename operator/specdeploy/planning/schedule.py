@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from specdeploy.api.spec import EngineKind, Quantization, ScheduleMode, SpeculativeDeploymentSpec
+from specdeploy.api.spec import Quantization, ScheduleMode, SpeculativeDeploymentSpec
 from specdeploy.api.status import ScheduleCalibration
+from specdeploy.engines import engine_profile
 from specdeploy.engines.base import BatchK
+from specdeploy.engines.profile import ScheduleExpression
 from specdeploy.planning.acceptance import (
     acceptance_quantization,
     expected_tokens_from_positions,
@@ -44,17 +46,8 @@ as soon as the best k loses more than the mildest measured k = 0 cost. Turning s
 (1.0) needs a restart, which the schedule cannot do; that is the rollback's job."""
 
 ZERO_K_SPEEDUP = 1.0 - ZERO_K_SLOWDOWN
-
-ZERO_K_SPEEDUP_BY_ENGINE = {EngineKind.TRTLLM: 1.0}
-"""Engines whose k = 0 costs nothing: TensorRT-LLM skips the drafter for an iteration past `max_concurrency` or
-`draft_len_schedule`'s largest threshold (tensorrt_llm/_torch/speculative/drafter.py, `should_use_spec_decode`),
-so its table drafts 0 as soon as no k beats no speculation at all. vLLM (and SGLang, whose adaptive tiers never
-reach 0) keep ZERO_K_SPEEDUP."""
-
-LARGEST_K_FIRST = frozenset({EngineKind.TRTLLM})
-"""Engines whose table drafts its largest k at the smallest batch sizes: TensorRT-LLM's `draft_len_schedule` gives
-batch sizes up to its smallest key `max_draft_len`, the most drafted anywhere. Auto derives for them a table whose k
-never rises with the batch (`derive_schedule`), so the table it renders is the one it derived."""
+"""The k = 0 speed of a cost built without an engine; each engine's own is its profile's
+`schedules.zero_k_speedup` (vLLM's and SGLang's are this one, TensorRT-LLM's 1.0)."""
 
 
 @dataclass(frozen=True)
@@ -211,8 +204,13 @@ def schedule_cost(spec: SpeculativeDeploymentSpec, target: ModelInfo, draft: Mod
     (planning.speedup.context_tokens_for)."""
     cost = speculation_cost(spec, target, draft, gpu if gpu is not None else GPU_PRODUCTS[REFERENCE_GPU],
                             context_tokens=context_tokens)
-    return dataclasses.replace(cost, zero_k_speedup=ZERO_K_SPEEDUP_BY_ENGINE.get(spec.engine.kind, ZERO_K_SPEEDUP),
-                               largest_k_first=spec.engine.kind in LARGEST_K_FIRST)
+    # An engine whose k = 0 costs nothing (TensorRT-LLM) drafts 0 as soon as no k beats no speculation at all; one
+    # whose table drafts its largest k first gets a table whose k never rises with the batch (`derive_schedule`), so
+    # the table it renders is the one it derived.
+    schedules = engine_profile(spec.engine.kind).schedules
+    return dataclasses.replace(
+        cost, zero_k_speedup=schedules.zero_k_speedup,
+        largest_k_first=schedules.expression == ScheduleExpression.LARGEST_K_FIRST_TABLE)
 
 
 def calibration_key(spec: SpeculativeDeploymentSpec) -> str:

@@ -28,12 +28,13 @@ from typing import Any
 from specdeploy.api.spec import (
     BLOCK_METHODS,
     NGRAM_METHODS,
-    EngineKind,
     KvCacheDtype,
     Method,
     Quantization,
     SpeculativeDeploymentSpec,
 )
+from specdeploy.engines import engine_profile
+from specdeploy.engines.profile import NoSpeculativeConfig
 from specdeploy.planning.acceptance import (
     acceptance_quantization,
     acceptance_rate_from_alpha,
@@ -334,7 +335,7 @@ def speculation_cost(
             draft, tensor_parallel_size=draft_tp, quantization=draft_quantization, kv_element_bytes=kv_bytes,
             extra_parameters=borrowed, counts_input_embedding=method == Method.DRAFT_MODEL,
         )
-    tree_width = spec.speculation.eagle_topk if spec.engine.kind == EngineKind.SGLANG else 1
+    tree_width = spec.speculation.eagle_topk if engine_profile(spec.engine.kind).tree_drafting else 1
     return SpeculationCost(
         target_cost, drafter, gpu, context_tokens if context_tokens is not None else context_tokens_for(spec, target),
         verify_tokens=verify_tokens_for(spec), draft_width=tree_width,
@@ -356,19 +357,16 @@ def context_tokens_for(spec: SpeculativeDeploymentSpec, target: ModelInfo) -> in
 def verify_tokens_for(spec: SpeculativeDeploymentSpec) -> int | None:
     """Tokens a draft tree verifies per sequence each step, root included; None for a chain (k + 1).
 
-    SGLang with eagleTopk > 1: `--speculative-num-draft-tokens` (`Speculation.tree_draft_tokens`). TensorRT-LLM
-    with a tree in extraConfig: `max_total_draft_tokens` + 1, or a static tree's `eagle_choices` (one token per
-    choice) + 1 (tensorrt_llm/llmapi/llm_args.py EagleDecodingConfig). vLLM drafts chains only.
+    An engine that drafts trees from eagleTopk (SGLang): `--speculative-num-draft-tokens`
+    (`Speculation.tree_draft_tokens`); one whose speculative config can hold a tree (TensorRT-LLM): what its profile
+    reads from extraConfig (`SpeculativeConfigKeys.tree_verify_tokens`).
     """
     speculation = spec.speculation
-    if spec.engine.kind == EngineKind.SGLANG and speculation.method not in (Method.NGRAM, *BLOCK_METHODS):
+    profile = engine_profile(spec.engine.kind)
+    if profile.tree_drafting and speculation.method not in (Method.NGRAM, *BLOCK_METHODS):
         return speculation.tree_draft_tokens(speculation.num_speculative_tokens)
-    if spec.engine.kind == EngineKind.TRTLLM and speculation.extra_config:
-        total, choices = speculation.extra_config.get("max_total_draft_tokens"), speculation.extra_config.get("eagle_choices")
-        if isinstance(total, int) and not isinstance(total, bool) and total > speculation.num_speculative_tokens:
-            return total + 1
-        if isinstance(choices, list) and len(choices) > speculation.num_speculative_tokens:
-            return len(choices) + 1
+    if not isinstance(profile.extra_config, NoSpeculativeConfig) and speculation.extra_config:
+        return profile.extra_config.tree_verify_tokens(speculation.extra_config, speculation.num_speculative_tokens)
     return None
 
 

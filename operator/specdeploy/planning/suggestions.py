@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 
 from specdeploy.api.spec import METHODS_WITH_DRAFT, EngineKind, Method, Quantization
 from specdeploy.api.status import Suggestion
+from specdeploy.engines import engine_profile
+from specdeploy.engines.profile import MemoryBudget
 from specdeploy.planning.budget import (
     PlanInputs,
     PlanNumbers,
@@ -190,9 +192,10 @@ def _ngram(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candidate]:
 
 def _utilization(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Candidate]:
     assert inputs.gpu_memory_gib is not None
-    if inputs.engine == EngineKind.SGLANG or inputs.kv_cache_memory_gib is not None:
+    accounting = engine_profile(inputs.engine).memory
+    if accounting.budget != MemoryBudget.SHARE_OF_GPU or inputs.kv_cache_memory_gib is not None:
         return
-    highest = max_utilization(inputs.gpu_memory_gib) if inputs.engine == EngineKind.VLLM else 0.95
+    highest = max_utilization(inputs.gpu_memory_gib) if accounting.start_needs_budget_free else 0.95
     target = highest if not numbers.startup_fits else min(0.95, highest)
     if math.isclose(target, inputs.gpu_memory_utilization) or (
             numbers.startup_fits and target <= inputs.gpu_memory_utilization):

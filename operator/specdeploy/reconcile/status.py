@@ -26,7 +26,7 @@ from specdeploy.api.status import (
     VerdictKind,
     set_condition,
 )
-from specdeploy.engines.base import image_for
+from specdeploy.engines import image_for
 from specdeploy.judgment import evidence
 from specdeploy.modelsource.resolve import Origin
 from specdeploy.planning.plan import Plan
