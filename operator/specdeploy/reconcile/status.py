@@ -119,7 +119,8 @@ def pinned_to_record(spec: SpeculativeDeploymentSpec, record: DeployRecord | Non
 
 @dataclass(frozen=True)
 class DeploymentState:
-    """What the apiserver says about one child Deployment."""
+    """What the apiserver says about one child Deployment, or the LeaderWorkerSet that stands for it when the
+    layout spans nodes (`kind`; its replicas are groups)."""
 
     name: str
     variant: Variant
@@ -134,6 +135,7 @@ class DeploymentState:
     current_replicas: int = 0   # its status.replicas: pods that exist, of any ReplicaSet
     replicas_manager: str | None = None   # another field manager that set spec.replicas after the operator did
     rendered_replicas: int | None = None  # the replicas the operator last rendered for it from the SD
+    kind: str = "Deployment"    # or LeaderWorkerSet
 
     @property
     def replicas_held_elsewhere(self) -> bool:
@@ -187,7 +189,7 @@ def _compatible_condition(planned: Planned) -> tuple[ConditionStatus, str, str]:
     if planned.plan is None:
         error = planned.error
         assert error is not None
-        if error.code == Reason.ENGINE_CANNOT_RUN:
+        if error.code in (Reason.ENGINE_CANNOT_RUN, Reason.LEADER_WORKER_SETS_UNAVAILABLE):
             return ConditionStatus.FALSE, error.code, error.message
         return ConditionStatus.UNKNOWN, error.code, error.message
     compatibility = planned.plan.compatibility
@@ -206,6 +208,8 @@ _STUCK_FIXES = {
     "InvalidImageName": "check spec.engine.image",
     "CrashLoopBackOff": "see `kubectl logs --previous` of the pod and its lastState",
     "CreateContainerConfigError": "see `kubectl describe pod`",
+    Reason.GROUP_MEMBER_FAILED: "see `kubectl logs --previous` of the pod, or its lastState: one pod's death "
+                                "restarts its whole group",
 }
 STUCK_SHOWN = 3
 
@@ -221,16 +225,19 @@ def _ready_condition(
     planned: Planned, expected: tuple[Variant, ...], deployments: list[DeploymentState], generation: int,
     stuck: tuple[StuckPod, ...] | None, previous_ready: Condition | None,
 ) -> tuple[ConditionStatus, str, str]:
-    """Ready, and RolloutStuck when a rollout waits on pods that cannot come: seen in the pods (`stuck`)
-    on every pass that lists them — all but analysis samples, which keep what the last listing saw."""
+    """Ready, and RolloutStuck when a rollout waits on pods that cannot come (GroupMemberFailed when one is a
+    group's pod that died): seen in the pods (`stuck`) on every pass that lists them — all but analysis samples,
+    which keep what the last listing saw."""
     found = _rollout_condition(planned, expected, deployments, generation)
     if found[0] == ConditionStatus.TRUE or found[1] not in (Reason.PROGRESSING, Reason.UNAVAILABLE):
         return found
     if stuck:
-        return ConditionStatus.FALSE, Reason.ROLLOUT_STUCK, _stuck_message(found[2], stuck)
-    if stuck is None and previous_ready is not None and previous_ready.reason == Reason.ROLLOUT_STUCK \
-            and previous_ready.observed_generation == generation:
-        return ConditionStatus.FALSE, Reason.ROLLOUT_STUCK, previous_ready.message
+        failed = any(p.reason == Reason.GROUP_MEMBER_FAILED for p in stuck)
+        return (ConditionStatus.FALSE, Reason.GROUP_MEMBER_FAILED if failed else Reason.ROLLOUT_STUCK,
+                _stuck_message(found[2], stuck))
+    if stuck is None and previous_ready is not None and previous_ready.observed_generation == generation \
+            and previous_ready.reason in (Reason.ROLLOUT_STUCK, Reason.GROUP_MEMBER_FAILED):
+        return ConditionStatus.FALSE, previous_ready.reason, previous_ready.message
     return found
 
 
