@@ -253,6 +253,7 @@ def test_a_worker_that_died_is_a_group_failure_the_ready_condition_names() -> No
     ready = next(c for c in status.conditions if c.type == "Ready")
     assert (ready.status, ready.reason) == (ConditionStatus.FALSE, "GroupMemberFailed")
     assert "pod big-0-1 GroupMemberFailed" in ready.message and "kubectl logs --previous" in ready.message
+    assert "0/1 speculative groups available" in ready.message
 
 
 def test_an_out_of_memory_death_of_any_member_counts() -> None:

@@ -157,7 +157,8 @@ class DeploymentState:
 
     def summary(self) -> str:
         held = f" (replicas set by {self.replicas_manager})" if self.replicas_manager else ""
-        return f"{self.available_replicas}/{self.replicas} {self.variant.value} pods available{held}"
+        units = "pods" if self.kind == "Deployment" else "groups"   # a LeaderWorkerSet's replicas
+        return f"{self.available_replicas}/{self.replicas} {self.variant.value} {units} available{held}"
 
 
 def _first_error(findings: list[Finding]) -> Finding | None:
@@ -264,7 +265,8 @@ def _rollout_condition(
     if not missing and all(d.rolled_out for d in states):
         return ConditionStatus.TRUE, Reason.AVAILABLE, summary
     if missing or any(d.rolling or d.sd_generation != generation for d in states):
-        created = f"creating the {', '.join(v.value for v in missing)} Deployment" if missing else ""
+        kind = "LeaderWorkerSet" if planned.plan is not None and planned.plan.layout.spans_nodes else "Deployment"
+        created = f"creating the {', '.join(v.value for v in missing)} {kind}" if missing else ""
         return ConditionStatus.FALSE, Reason.PROGRESSING, (
             f"rolling out generation {generation}: " + "; ".join(p for p in (summary, created) if p)
         )
