@@ -27,7 +27,7 @@ from specdeploy.reconcile.leaderworkerset import (
     LeaderWorkerSets,
 )
 from specdeploy.reconcile.observed import failed_group_members, observe_pods, speculative_pods_state
-from specdeploy.reconcile.status import DeploymentState, Planned, next_status
+from specdeploy.reconcile.status import DeploymentState, Planned, next_status, with_scale
 
 SD = """
 apiVersion: specdeploy.io/v1alpha1
@@ -189,6 +189,14 @@ def test_a_group_is_available_when_every_pod_of_it_is_ready() -> None:
     assert rolling is not None and rolling.rolling and not rolling.rolled_out
     down = deployment_state(lws_body(ready=0, updated=1), "big")
     assert down is not None and not down.rolled_out and down.available_replicas == 0
+
+
+def test_the_scale_subresource_counts_groups_and_selects_their_leaders() -> None:
+    speculative = deployment_state(lws_body(ready=2, updated=2, replicas=2), "big")
+    assert speculative is not None
+    scaled = with_scale(SpeculativeDeploymentStatus(), "big", load().spec, [speculative])
+    assert scaled.replicas == 2 and scaled.ready == "2/3"   # and one control group not there yet
+    assert scaled.selector == "specdeploy.io/name=big,specdeploy.io/variant=speculative,specdeploy.io/role=leader"
 
 
 def test_a_deployment_left_from_a_single_node_layout_is_not_what_was_applied() -> None:

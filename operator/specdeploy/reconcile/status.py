@@ -32,6 +32,7 @@ from specdeploy.modelsource.resolve import Origin
 from specdeploy.planning.plan import Plan
 from specdeploy.reconcile.children import Variant, pod_selector, variant_replicas, variants
 from specdeploy.reconcile.conditions import ConditionType, Reason, condition
+from specdeploy.reconcile.leaderworkerset import LWS_KIND, leaders_only
 from specdeploy.reconcile.observed import StuckPod
 
 STATUS_REFRESH_SECONDS = 60.0
@@ -439,12 +440,15 @@ def with_scale(status: SpeculativeDeploymentStatus, name: str, spec: Speculative
                deployments: list[DeploymentState]) -> SpeculativeDeploymentStatus:
     """`status` with what the scale subresource and `kubectl get` read: the speculative pods that exist and their
     selector, and READY — ready pods ÷ the pods wanted (each Deployment's replicas; the SD's count for one not
-    there yet), over both variants."""
+    there yet), over both variants. Across nodes a replica is a group: the selector picks its leader."""
     by_variant = {d.variant: d for d in deployments}
     wanted = sorted(set(variants(spec)) | set(by_variant))
     desired = sum(by_variant[v].replicas if v in by_variant else variant_replicas(spec, v) for v in wanted)
     ready = sum(d.ready_replicas for d in deployments)
     speculative = by_variant.get(Variant.SPECULATIVE)
-    selector = ",".join(f"{key}={value}" for key, value in pod_selector(name, Variant.SPECULATIVE).items())
+    pods = pod_selector(name, Variant.SPECULATIVE)
+    if speculative is not None and speculative.kind == LWS_KIND:
+        pods = leaders_only(pods)   # one pod per group, as the LeaderWorkerSet's own hpaPodSelector
+    selector = ",".join(f"{key}={value}" for key, value in pods.items())
     return status.model_copy(update={"replicas": speculative.current_replicas if speculative is not None else 0,
                                      "selector": selector, "ready": f"{ready}/{desired}"})
