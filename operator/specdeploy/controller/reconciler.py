@@ -318,11 +318,12 @@ class Reconciler:
         children = [deployment_name(name, v) for v in wanted]
         across = planned.plan is not None and planned.accepted and planned.plan.layout.spans_nodes
         # A variant runs as a Deployment or, across nodes, as a LeaderWorkerSet of the same name: a pass reads the
-        # kind its plan runs, one that reads everything both (to prune the other after the layout moved).
+        # kind its plan runs, one that reads everything both (to prune the other after the layout moved), and one
+        # whose generation is rejected both (what a rejected generation leaves running may be either).
         bodies = await self._deployments(namespace, children if everything or not across else [],
                                          watched=_watched_deployments(trigger))
         groups = (await kube.read_deployments(self.client, namespace, children, kind=LWS_KIND)
-                  if self.leader_worker_sets.usable and (everything or across) else {})
+                  if self.leader_worker_sets.usable and (everything or across or not planned.accepted) else {})
         deployments = [state for body in [*bodies.values(), *groups.values()]
                        if (state := kube.deployment_state(body, name)) is not None]
         live: dict[tuple[str, str], dict[str, Any]] = {("Deployment", child): body for child, body in bodies.items()
