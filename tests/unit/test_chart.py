@@ -233,6 +233,8 @@ OPERATOR_CALLS = {
     ("monitoring.coreos.com", "podmonitors", "create"),
     ("monitoring.coreos.com", "podmonitors", "patch"), ("monitoring.coreos.com", "podmonitors", "delete"),
 }
+#: Granted only with rbac.leaderWorkerSets (SDs whose layout spans nodes): read by name, apply, prune.
+LEADER_WORKER_SET_CALLS = {("leaderworkerset.x-k8s.io", "leaderworkersets", v) for v in ("get", "create", "patch", "delete")}
 CLUSTER_READS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
 LEASE_CALLS = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
 
@@ -298,6 +300,18 @@ def test_secrets_and_pod_monitors_can_be_left_out() -> None:
     grants = set().union(*(_grants(r) for r in roles.values()))
     assert not {g for g in grants if g[1] in ("secrets", "podmonitors")}
     assert ("apps", "deployments", "patch") in grants
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_leader_worker_sets_are_granted_only_when_switched_on(mode: str) -> None:
+    def granted(*sets: str) -> set[tuple[str, str, str]]:
+        roles = _operator_roles(_render(*MODES[mode], *sets))
+        return set().union(*(_grants(r) for r in roles.values()))
+
+    assert not {g for g in granted() if g[1] == "leaderworkersets"}
+    with_groups = granted("rbac.leaderWorkerSets=true")
+    assert {g for g in with_groups if g[1] == "leaderworkersets"} == LEADER_WORKER_SET_CALLS
+    assert with_groups - LEADER_WORKER_SET_CALLS == granted()
 
 
 def test_users_get_sd_rights_through_the_aggregated_default_roles() -> None:

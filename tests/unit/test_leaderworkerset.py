@@ -1,6 +1,7 @@
 """A layout across nodes renders LeaderWorkerSets instead of Deployments (issue 33 point 2): groups of one pod per
 node, the engine's multi-node flags per role, probes and the Service on the leaders, rollback without speculation;
-and the live reconciler refuses such an SD with the reason until it can watch a group."""
+the live reconciler runs them where the cluster has LeaderWorkerSets and it may write them, refuses with the fix
+where not, observes the groups (their status, what their pods run) and names a member that died (point 4)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,24 @@ from typing import Any
 import pytest
 
 from specdeploy.api.resource import SpeculativeDeployment, load_resource
-from specdeploy.api.status import SpeculationStatus, SpeculativeDeploymentStatus
+from specdeploy.api.status import ConditionStatus, SpeculationStatus, SpeculativeDeploymentStatus
+from specdeploy.clients.kube import deployment_state
+from specdeploy.controller.probe_loop import ready_speculative_pod
 from specdeploy.controller.reconciler import plan_resource
 from specdeploy.engines import EngineRenderError, NodeRank, node_args
+from specdeploy.judgment.oom import out_of_memory
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT, PodMonitoring, Variant, desired_children
-from specdeploy.reconcile.leaderworkerset import LABEL_ROLE, LWS_API_VERSION, LWS_KIND
+from specdeploy.reconcile.decide import already_applied
+from specdeploy.reconcile.leaderworkerset import (
+    ANNOTATION_SPECULATING,
+    LABEL_ROLE,
+    LWS_API_VERSION,
+    LWS_KIND,
+    LeaderWorkerSets,
+)
+from specdeploy.reconcile.observed import failed_group_members, observe_pods, speculative_pods_state
+from specdeploy.reconcile.status import DeploymentState, Planned, next_status, with_scale
 
 SD = """
 apiVersion: specdeploy.io/v1alpha1
@@ -132,9 +145,136 @@ def test_tensorrt_llm_has_no_multi_node_launch() -> None:
         node_args(load("trtllm").spec.engine.kind, NodeRank(2, "0", "leader"))
 
 
-def test_the_live_reconciler_refuses_a_layout_across_nodes_with_the_reason() -> None:
-    planned = plan_resource(load())
+def test_without_leader_worker_sets_a_layout_across_nodes_is_refused_with_the_fix() -> None:
+    no_crd = LeaderWorkerSets(why_not="the cluster has no LeaderWorkerSet CRD (…): install the controller")
+    planned = plan_resource(load(), groups=no_crd)
     assert planned.plan is None and planned.error is not None
-    assert planned.error.code == "EngineCannotRun"
-    assert "spans 2 nodes" in planned.error.message and "specdeploy render" in planned.error.message
+    assert planned.error.code == "LeaderWorkerSetsUnavailable"
+    assert "spans 2 nodes" in planned.error.message and "install the controller" in planned.error.message
+    status = next_status(SpeculativeDeploymentStatus(), load().spec, 1, planned, [], "2026-12-06T03:00:00Z",
+                         SpeculationStatus(decided=True), None)
+    compatible = next(c for c in status.conditions if c.type == "Compatible")
+    assert (compatible.status, compatible.reason) == (ConditionStatus.FALSE, "LeaderWorkerSetsUnavailable")
+    # one node's layout needs none; where the operator may run them, the layout across nodes is planned
     assert plan_resource(load(pp=1, models=("meta-llama/Llama-3.1-70B-Instruct", "{method: ngram}"))).plan is not None
+    assert plan_resource(load(), groups=LeaderWorkerSets(usable=True, why_not="")).accepted
+
+
+def test_each_pod_of_a_group_says_whether_it_speculates_and_the_observation_reads_it() -> None:
+    resource = load()
+    plan = make_plan(resource.spec)
+    speculating = desired_children(resource, plan).deployments[Variant.SPECULATIVE]
+    rolled_back = desired_children(resource.model_copy(update={"status": SpeculativeDeploymentStatus(
+        speculation=SpeculationStatus(decided=False, active=True))}), plan).deployments[Variant.SPECULATIVE]
+    for lws, said in ((speculating, "true"), (rolled_back, "false")):
+        assert {t["metadata"]["annotations"][ANNOTATION_SPECULATING] for t in templates(lws)} == {said}
+    # the pods of a group are a StatefulSet's: their own annotation decides, whatever ReplicaSet is listed
+    old, new = group_pod("big-0", "leader", "true"), group_pod("big-0-1", "worker", "false")
+    state = speculative_pods_state([old, new], [])
+    assert state.speculating == ("big-0",) and state.without_speculation == ("big-0-1",)
+
+
+def lws_body(ready: int, updated: int, replicas: int = 1, kind: str = LWS_KIND) -> dict[str, Any]:
+    return {"kind": kind, "metadata": {"name": "big", "generation": 3, "labels": {LABEL_NAME: "big",
+                                       LABEL_VARIANT: "speculative"}},
+            "spec": {"replicas": replicas}, "status": {"replicas": replicas, "readyReplicas": ready,
+                                                       "updatedReplicas": updated}}
+
+
+def test_a_group_is_available_when_every_pod_of_it_is_ready() -> None:
+    state = deployment_state(lws_body(ready=1, updated=1), "big")
+    assert state is not None and state.kind == LWS_KIND
+    assert state.rolled_out and state.available_replicas == 1
+    rolling = deployment_state(lws_body(ready=1, updated=0), "big")
+    assert rolling is not None and rolling.rolling and not rolling.rolled_out
+    down = deployment_state(lws_body(ready=0, updated=1), "big")
+    assert down is not None and not down.rolled_out and down.available_replicas == 0
+
+
+def test_the_scale_subresource_counts_groups_and_selects_their_leaders() -> None:
+    speculative = deployment_state(lws_body(ready=2, updated=2, replicas=2), "big")
+    assert speculative is not None
+    scaled = with_scale(SpeculativeDeploymentStatus(), "big", load().spec, [speculative])
+    assert scaled.replicas == 2 and scaled.ready == "2/3"   # and one control group not there yet
+    assert scaled.selector == "specdeploy.io/name=big,specdeploy.io/variant=speculative,specdeploy.io/role=leader"
+
+
+def test_a_deployment_left_from_a_single_node_layout_is_not_what_was_applied() -> None:
+    resource = load()
+    children = desired_children(resource, make_plan(resource.spec))
+    fingerprint = children.fingerprint(1)
+
+    def state(variant: Variant, kind: str) -> DeploymentState:
+        return DeploymentState(name=children.deployments[variant]["metadata"]["name"], variant=variant, replicas=1,
+                               updated_replicas=1, available_replicas=1, generation=1, observed_generation=1,
+                               sd_generation=1, children_fingerprint=fingerprint, kind=kind)
+
+    groups = [state(Variant.SPECULATIVE, LWS_KIND), state(Variant.CONTROL, LWS_KIND)]
+    assert already_applied(children, 1, tuple(groups))
+    # the same names as Deployments: the layout moved, so they are applied as groups and the Deployments pruned
+    assert not already_applied(children, 1, tuple(state(v, "Deployment") for v in Variant))
+    assert not already_applied(children, 1, (*groups, state(Variant.SPECULATIVE, "Deployment")))
+
+
+def group_pod(name: str, role: str, speculating: str = "true", *, terminated: dict[str, Any] | None = None,
+              last: dict[str, Any] | None = None, deleting: bool = False, phase: str = "Running") -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": name, "labels": {LABEL_NAME: "big", LABEL_VARIANT: "speculative", LABEL_ROLE: role},
+        "annotations": {ANNOTATION_SPECULATING: speculating},
+        "ownerReferences": [{"kind": "StatefulSet", "name": "big"}]}
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-12-06T03:00:00Z"
+    container: dict[str, Any] = {"name": "engine", "state": {"terminated": terminated} if terminated else
+                                 {"running": {}}, "lastState": {"terminated": last} if last else {}}
+    return {"metadata": metadata, "spec": {"nodeName": "gpu-node-2"},
+            "status": {"phase": phase, "containerStatuses": [container]}}
+
+
+OOM_KILLED = {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2026-12-06T03:00:00Z"}
+
+
+def test_a_worker_that_died_is_a_group_failure_the_ready_condition_names() -> None:
+    died = group_pod("big-0-1", "worker", last={"exitCode": 1, "reason": "Error", "finishedAt": "2026-12-06T03:00:00Z",
+                                               "message": "NCCL error: remote process exited\n"})
+    pods = [group_pod("big-0", "leader"), died,
+            # killed by a rollout's deletion: not a death of its own
+            group_pod("big-1-1", "worker", terminated={"exitCode": 143, "reason": "Error"}, deleting=True)]
+    failed = failed_group_members(pods)
+    assert [p.name for p in failed] == ["big-0-1"]
+    assert failed[0].reason == "GroupMemberFailed"
+    assert "worker's engine container exited with code 1 (Error): NCCL error: remote process exited" in \
+        failed[0].message
+    # named once though its container also waits in a crash loop; pods of one node (no role) are as before
+    looping = {**died, "status": {**died["status"], "containerStatuses": [{
+        **died["status"]["containerStatuses"][0], "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
+    single = {"metadata": {"name": "small-1", "labels": {LABEL_VARIANT: "speculative"}}, "status": {
+        "phase": "Running", "containerStatuses": [{"name": "engine", "lastState": {"terminated": OOM_KILLED}}]}}
+    assert [p.name for p in observe_pods([looping, single], [], LABEL_VARIANT, "speculative").stuck] == ["big-0-1"]
+
+    resource = load()
+    down = deployment_state(lws_body(ready=0, updated=1), "big")
+    control = deployment_state({**lws_body(ready=1, updated=1), "metadata": {
+        "name": "big-control", "generation": 3, "labels": {LABEL_NAME: "big", LABEL_VARIANT: "control"}}}, "big")
+    assert down is not None and control is not None
+    status = next_status(SpeculativeDeploymentStatus(), resource.spec, 1, Planned(make_plan(resource.spec)),
+                         [down, control], "2026-12-06T03:00:00Z", SpeculationStatus(decided=True), None, failed)
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == (ConditionStatus.FALSE, "GroupMemberFailed")
+    assert "pod big-0-1 GroupMemberFailed" in ready.message and "kubectl logs --previous" in ready.message
+    assert "0/1 speculative groups available" in ready.message
+
+
+def test_an_out_of_memory_death_of_any_member_counts() -> None:
+    pods = [group_pod("big-0", "leader"), group_pod("big-0-1", "worker", last=OOM_KILLED)]
+    observed = observe_pods(pods, [], LABEL_VARIANT, "speculative")
+    assert [death.pod for death in out_of_memory(observed.speculative)] == ["big-0-1"]
+
+
+def test_the_probe_asks_a_leader_never_a_worker_ready_without_a_server() -> None:
+    def ready(pod: dict[str, Any], ip: str) -> dict[str, Any]:
+        return {**pod, "status": {**pod["status"], "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    worker = ready(group_pod("a-0-1", "worker"), "10.0.0.2")   # first by name
+    leader = ready(group_pod("big-0", "leader"), "10.0.0.1")
+    assert ready_speculative_pod([worker, leader]) is leader
+    assert ready_speculative_pod([worker]) is None

@@ -111,4 +111,11 @@ Server-side apply of a child that does not exist yet is a create, so apply needs
   resources: [podmonitors]
   verbs: [get, list, create, patch, delete]
 {{- end }}
+{{- if .Values.rbac.leaderWorkerSets }}
+# An SD's engines as LeaderWorkerSets where its layout spans nodes: read by name (readiness), applied, deleted
+# when the layout moves back to one node. Their pods are listed and watched as above.
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, create, patch, delete]
+{{- end }}
 {{- end }}

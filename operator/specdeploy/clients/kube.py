@@ -19,6 +19,7 @@ from typing import Any, cast
 import httpx2
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
+from lightkube.core.resource import NamespacedResource
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.models.core_v1 import EventSource, ObjectReference
@@ -41,6 +42,13 @@ from specdeploy.reconcile.children import (
     Variant,
 )
 from specdeploy.reconcile.conditions import Event as SdEvent
+from specdeploy.reconcile.leaderworkerset import (
+    LWS_CRD,
+    LWS_GROUP,
+    LWS_KIND,
+    LWS_PLURAL,
+    LeaderWorkerSets,
+)
 from specdeploy.reconcile.status import DeploymentState
 
 FIELD_MANAGER = "specdeploy"
@@ -50,6 +58,9 @@ POD_MONITOR_CRD = "podmonitors.monitoring.coreos.com"
 
 SpeculativeDeploymentResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 PodMonitor = create_namespaced_resource("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors")
+LeaderWorkerSet = create_namespaced_resource(LWS_GROUP, "v1", LWS_KIND, LWS_PLURAL)
+ENGINE_KINDS: dict[str, type[NamespacedResource]] = {"Deployment": Deployment, LWS_KIND: LeaderWorkerSet}
+"""The kinds a variant's engine runs as: a Deployment, or a LeaderWorkerSet for a layout across nodes."""
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +76,11 @@ async def get_resource(client: AsyncClient, namespace: str, name: str) -> dict[s
     return obj.to_dict()
 
 
-async def pod_monitors_supported(client: AsyncClient) -> bool:
-    """Whether the cluster has the prometheus-operator PodMonitor CRD."""
+async def crd_exists(client: AsyncClient, crd: str) -> bool:
+    """Whether the cluster has the CustomResourceDefinition named `crd` (one the operator may not read counts
+    as absent)."""
     try:
-        await client.get(CustomResourceDefinition, POD_MONITOR_CRD)
+        await client.get(CustomResourceDefinition, crd)
     except ApiError as error:
         if error.status.code in (403, 404):
             return False
@@ -76,21 +88,51 @@ async def pod_monitors_supported(client: AsyncClient) -> bool:
     return True
 
 
+async def pod_monitors_supported(client: AsyncClient) -> bool:
+    """Whether the cluster has the prometheus-operator PodMonitor CRD."""
+    return await crd_exists(client, POD_MONITOR_CRD)
+
+
 POD_MONITOR_VERBS = ("get", "list", "create", "patch", "delete")
 """What the operator does with PodMonitors: read (drift), apply (create or patch), list and delete (prune)."""
+LWS_VERBS = ("get", "create", "patch", "delete")
+"""What the operator does with LeaderWorkerSets, and the chart's rbac.leaderWorkerSets grants: read by name
+(readiness, drift), apply (create or patch), delete (prune). Neither listed nor watched: pod events and the resync
+bring a group's changes."""
 
 
-async def may_write_pod_monitors(client: AsyncClient, namespaces: Sequence[str | None]) -> bool:
-    """Whether the operator may do every POD_MONITOR_VERBS in each of `namespaces` (None: every namespace), as
-    the apiserver's authorizer answers a SelfSubjectAccessReview (which anyone may ask)."""
+async def _may(client: AsyncClient, namespaces: Sequence[str | None], group: str, resource: str,
+               verbs: Sequence[str]) -> bool:
+    """Whether the operator may do every one of `verbs` on `group`'s `resource` in each of `namespaces` (None:
+    every namespace), as the apiserver's authorizer answers a SelfSubjectAccessReview (which anyone may ask)."""
     for namespace in namespaces:
-        for verb in POD_MONITOR_VERBS:
+        for verb in verbs:
             review = await client.create(SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(
-                resourceAttributes=ResourceAttributes(group="monitoring.coreos.com", resource="podmonitors",
-                                                      verb=verb, namespace=namespace))))
+                resourceAttributes=ResourceAttributes(group=group, resource=resource, verb=verb,
+                                                      namespace=namespace))))
             if review.status is None or not review.status.allowed:
                 return False
     return True
+
+
+async def may_write_pod_monitors(client: AsyncClient, namespaces: Sequence[str | None]) -> bool:
+    """Whether the operator may do every POD_MONITOR_VERBS in each of `namespaces` (None: every namespace)."""
+    return await _may(client, namespaces, "monitoring.coreos.com", "podmonitors", POD_MONITOR_VERBS)
+
+
+async def leader_worker_sets(client: AsyncClient, namespaces: Sequence[str | None]) -> LeaderWorkerSets:
+    """Whether SDs whose layout spans nodes can run: the LeaderWorkerSet CRD exists and the operator may do every
+    LWS_VERBS; when not, why and the fix. Checked at start: installing either takes an operator restart."""
+    if not await crd_exists(client, LWS_CRD):
+        return LeaderWorkerSets(why_not=(
+            f"the cluster has no LeaderWorkerSet CRD ({LWS_CRD}): install the LeaderWorkerSet controller "
+            "(sigs.k8s.io/lws, v0.7.0 or later), set the chart's rbac.leaderWorkerSets: true, and restart the "
+            "operator"))
+    if not await _may(client, namespaces, LWS_GROUP, LWS_PLURAL, LWS_VERBS):
+        return LeaderWorkerSets(why_not=(
+            "the operator may not write LeaderWorkerSets (the chart's rbac.leaderWorkerSets is false): set it "
+            "true and upgrade the release, then restart the operator"))
+    return LeaderWorkerSets(usable=True, why_not="")
 
 
 async def pod_monitoring(client: AsyncClient, namespaces: Sequence[str | None], *, enabled: bool,
@@ -112,8 +154,13 @@ async def pod_monitoring(client: AsyncClient, namespaces: Sequence[str | None], 
 
 
 def deployment_state(body: Mapping[str, Any], owner: str) -> DeploymentState | None:
-    """What a pass needs of a Deployment (as JSON: read, or delivered by the watch) of SD `owner`; None when
-    it is not one of that SD's engine Deployments."""
+    """What a pass needs of a Deployment or LeaderWorkerSet (as JSON: read, or delivered by the watch) of SD
+    `owner`; None when it is not one of that SD's engine Deployments.
+
+    A LeaderWorkerSet's replicas are groups, ready when every pod of the group is (its readyReplicas; it has no
+    availableReplicas). LeaderWorkerSet v0.7.0 reports no observedGeneration (api/leaderworkerset/v1
+    LeaderWorkerSetStatus): its status is taken as of its generation, so in the moment between an apply and its
+    controller's answer a rollout reads as done; the pods' own readiness follows within a pass."""
     metadata = body.get("metadata") or {}
     labels = metadata.get("labels") or {}
     if labels.get(LABEL_NAME) != owner:
@@ -127,20 +174,23 @@ def deployment_state(body: Mapping[str, Any], owner: str) -> DeploymentState | N
     sd_generation = annotations.get(ANNOTATION_SD_GENERATION)
     rendered = annotations.get(ANNOTATION_REPLICAS)
     replicas = spec.get("replicas")
+    kind = body.get("kind") or "Deployment"
+    group = kind == LWS_KIND
     return DeploymentState(
         name=metadata.get("name") or "",
         variant=variant,
         replicas=replicas if replicas is not None else 1,
         updated_replicas=status.get("updatedReplicas") or 0,
-        available_replicas=status.get("availableReplicas") or 0,
+        available_replicas=status.get("readyReplicas" if group else "availableReplicas") or 0,
         generation=metadata.get("generation") or 0,
-        observed_generation=status.get("observedGeneration") or 0,
+        observed_generation=(metadata.get("generation") if group else status.get("observedGeneration")) or 0,
         sd_generation=int(sd_generation) if sd_generation and sd_generation.isdigit() else None,
         children_fingerprint=annotations.get(ANNOTATION_CHILDREN_FINGERPRINT),
         ready_replicas=status.get("readyReplicas") or 0,
         current_replicas=status.get("replicas") or 0,
         replicas_manager=replicas_manager(metadata.get("managedFields") or []),
         rendered_replicas=int(rendered) if rendered and rendered.isdigit() else None,
+        kind=kind,
     )
 
 
@@ -171,12 +221,14 @@ async def _optional(read: Awaitable[Any]) -> Any:
         raise
 
 
-async def read_deployments(client: AsyncClient, namespace: str, names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """The Deployments named `names` that exist now, as JSON by name. Got by their names: a get is answered
-    at once, where a label list right after a write waits ~90 ms for the apiserver's watch cache
-    (benchmarks/analysis_profile.py)."""
-    read = await asyncio.gather(*(_optional(client.get(Deployment, name, namespace=namespace)) for name in names))
-    return {name: obj.to_dict() for name, obj in zip(names, read, strict=True) if obj is not None}
+async def read_deployments(client: AsyncClient, namespace: str, names: Sequence[str],
+                           kind: str = "Deployment") -> dict[str, dict[str, Any]]:
+    """The Deployments (or LeaderWorkerSets: `kind`) named `names` that exist now, as JSON by name. Got by their
+    names: a get is answered at once, where a label list right after a write waits ~90 ms for the apiserver's
+    watch cache (benchmarks/analysis_profile.py)."""
+    read = await asyncio.gather(*(_optional(client.get(ENGINE_KINDS[kind], name, namespace=namespace))
+                                  for name in names))
+    return {name: {**obj.to_dict(), "kind": kind} for name, obj in zip(names, read, strict=True) if obj is not None}
 
 
 async def read_children(client: AsyncClient, namespace: str, name: str, *, kinds: frozenset[str],
@@ -212,7 +264,7 @@ async def apply_children(
     `applied_version` is told each Deployment's name and the resourceVersion the apply returned. When an
     apply fails, the others are still waited for, and the first failure is raised."""
     events: list[SdEvent] = []
-    before = {state.name: state.generation for state in existing}
+    before = {(state.kind, state.name): state.generation for state in existing}
     manifests = [children.config_map]
     fingerprint = children.fingerprint(generation)
     manifests += [_annotated(d, generation, fingerprint) for d in children.deployments.values()]
@@ -225,16 +277,18 @@ async def apply_children(
     if failed:
         raise failed[0]
     for manifest, applied in zip(manifests, cast(list[Any], answers), strict=True):
-        if manifest["kind"] != "Deployment":
+        kind = manifest["kind"]
+        if kind not in ENGINE_KINDS:
             continue
         name = manifest["metadata"]["name"]
-        applied_version(name, applied.metadata.resourceVersion if applied.metadata else None)
+        if kind == "Deployment":   # the watched kind (a LeaderWorkerSet is read on every pass)
+            applied_version(name, applied.metadata.resourceVersion if applied.metadata else None)
         new_generation = applied.metadata.generation if applied.metadata else None
-        if name not in before:
-            events.append(SdEvent.normal("DeploymentCreated", f"created Deployment {name} from generation {generation}"))
-        elif new_generation is not None and new_generation != before[name]:
+        if (kind, name) not in before:
+            events.append(SdEvent.normal("DeploymentCreated", f"created {kind} {name} from generation {generation}"))
+        elif new_generation is not None and new_generation != before[(kind, name)]:
             events.append(SdEvent.normal(
-                "DeploymentUpdated", f"updated Deployment {name} to generation {generation}; its pods roll"
+                "DeploymentUpdated", f"updated {kind} {name} to generation {generation}; its pods roll"
             ))
     return events
 
@@ -243,15 +297,17 @@ async def prune_children(
     client: AsyncClient, namespace: str, name: str, children: Children, existing: list[DeploymentState],
     pod_monitors: bool, *, deleted: Callable[[str], None],
 ) -> list[SdEvent]:
-    """Delete child Deployments (and a PodMonitor) that `children` no longer has, e.g. Control after the
-    baseline changed; `deleted` is told each Deployment's name."""
+    """Delete child Deployments and LeaderWorkerSets (and a PodMonitor) that `children` no longer has, e.g.
+    Control after the baseline changed, or a variant's Deployment once its layout spans nodes (its
+    LeaderWorkerSet, of the same name, replaces it) and back; `deleted` is told each Deployment's name."""
     events: list[SdEvent] = []
-    wanted = {d["metadata"]["name"] for d in children.deployments.values()}
+    wanted = {(d["kind"], d["metadata"]["name"]) for d in children.deployments.values()}
     for state in existing:
-        if state.name not in wanted:
-            await client.delete(Deployment, state.name, namespace=namespace)
-            deleted(state.name)
-            events.append(SdEvent.normal("DeploymentDeleted", f"deleted Deployment {state.name}: no longer wanted"))
+        if (state.kind, state.name) not in wanted:
+            await client.delete(ENGINE_KINDS[state.kind], state.name, namespace=namespace)
+            if state.kind == "Deployment":
+                deleted(state.name)
+            events.append(SdEvent.normal("DeploymentDeleted", f"deleted {state.kind} {state.name}: no longer wanted"))
     if pod_monitors and children.pod_monitor is None:
         async for monitor in client.list(PodMonitor, namespace=namespace, labels={LABEL_NAME: name}):
             if monitor.metadata and monitor.metadata.name:

@@ -135,7 +135,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # and a retry must not find tasks of the first attempt running, or a lease it holds itself.
     monitoring = await kube.pod_monitoring(client, list(options.namespaces) or [None], enabled=options.pod_monitors,
                                            labels=options.pod_monitor_labels)
-    reconciler = Reconciler(client, pod_monitoring=monitoring,
+    groups = await kube.leader_worker_sets(client, list(options.namespaces) or [None])
+    reconciler = Reconciler(client, pod_monitoring=monitoring, leader_worker_sets=groups,
                             alertmanager_url=options.alertmanager_url,
                             alertmanager_headers_dir=options.alertmanager_headers_dir, hub=_hub(options),
                             allowed_endpoints=AllowedEndpoints.of(options.allowed_endpoints, options.prometheus_url,

@@ -45,6 +45,7 @@ from specdeploy.judgment.probe import (
 )
 from specdeploy.reconcile.children import LABEL_VARIANT, Variant, deployment_name
 from specdeploy.reconcile.conditions import Reason
+from specdeploy.reconcile.leaderworkerset import LABEL_ROLE, Role
 
 PROBE_TICK_SECONDS = 10.0
 
@@ -57,9 +58,11 @@ def _wants_probe(body: Mapping[str, Any]) -> bool:
 
 
 def ready_speculative_pod(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """A Ready speculative pod with an address (the first by name, so a retry picks the same one)."""
+    """A Ready speculative pod with an address (the first by name, so a retry picks the same one); of a group, a
+    leader (a worker has no probes, so it is Ready with no server to answer)."""
     ready = [pod for pod in pods
              if ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_VARIANT) == Variant.SPECULATIVE.value
+             and ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE) != Role.WORKER
              and (pod.get("status") or {}).get("podIP")
              and not (pod.get("metadata") or {}).get("deletionTimestamp")
              and any(c.get("type") == "Ready" and c.get("status") == "True"

@@ -72,6 +72,7 @@ from specdeploy.reconcile.children import (
 )
 from specdeploy.reconcile.conditions import Event, Reason
 from specdeploy.reconcile.decide import Actions, Notice, Observed, decide, noticed, observing, refused
+from specdeploy.reconcile.leaderworkerset import LWS_KIND, LeaderWorkerSets
 from specdeploy.reconcile.observed import PodsObserved, observe_pods
 from specdeploy.reconcile.status import (
     Planned,
@@ -155,11 +156,13 @@ def _resolution_key(spec: SpeculativeDeploymentSpec, target: Supplied, draft: Su
 
 def plan_resource(resource: SpeculativeDeployment, models: ResolvedModels | None = None,
                   spec: SpeculativeDeploymentSpec | None = None,
-                  previous: SpeculativeDeploymentStatus | None = None) -> Planned:
+                  previous: SpeculativeDeploymentStatus | None = None,
+                  groups: LeaderWorkerSets | None = None) -> Planned:
     """Plan `resource`'s spec (or `spec`, the same with revisions pinned) with `models` as resolved (None:
-    the spec's architecture and the catalog); a model the planner cannot resolve or an engine that cannot
-    render it is an outcome (with a finding), not an exception. `previous`: the status as read, whose
-    measured acceptance per draft position an Auto schedule follows (status.speculation.calibration)."""
+    the spec's architecture and the catalog); a model the planner cannot resolve, an engine that cannot
+    render it, or a layout across nodes in a cluster where the operator cannot run `groups` is an outcome (with
+    a finding), not an exception. `previous`: the status as read, whose measured acceptance per draft position an
+    Auto schedule follows (status.speculation.calibration)."""
     speculation = previous.speculation if previous is not None else None
     calibration = speculation.calibration if speculation is not None else None
     # The table follows the hardware fit only through calibration (judgment/recalibration.py records the GPU time it
@@ -175,13 +178,12 @@ def plan_resource(resource: SpeculativeDeployment, models: ResolvedModels | None
                 engine_command(plan, variant, speculate=True)
         except EngineRenderError as error:
             return Planned(None, Finding(code=Reason.ENGINE_CANNOT_RUN, severity=Severity.ERROR, message=str(error)))
-    if plan.accepted and plan.layout.spans_nodes:
-        # The LeaderWorkerSets are rendered (`specdeploy render`), but the observation, RBAC and judgment of a group
-        # are not built yet (issue 33 points 2-4): refuse with the reason rather than run what cannot be watched.
-        return Planned(None, Finding(code=Reason.ENGINE_CANNOT_RUN, severity=Severity.ERROR, message=(
-            f"the layout spans {plan.layout.nodes} nodes ({plan.layout.describe()}): this operator version renders "
-            "its LeaderWorkerSets (`specdeploy render`) but does not run them yet; fit the model in one node "
-            "(`spec.model.quantization` fp8, or a GPU with more memory) or apply the rendered manifests yourself")))
+    groups = groups or LeaderWorkerSets()
+    if plan.accepted and plan.layout.spans_nodes and not groups.usable:
+        return Planned(None, Finding(code=Reason.LEADER_WORKER_SETS_UNAVAILABLE, severity=Severity.ERROR, message=(
+            f"the layout spans {plan.layout.nodes} nodes ({plan.layout.describe()}), which runs as a "
+            f"LeaderWorkerSet per variant, and {groups.why_not}; or fit the model in one node "
+            "(`spec.model.quantization` fp8, or a GPU with more memory)")))
     return Planned(plan)
 
 
@@ -197,6 +199,7 @@ class Reconciler:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     hub: HubConfigs | None = None    # None: offline, the spec, ConfigMaps and the catalog only
     watched: Watched = field(default_factory=Watched)   # the SDs and Deployments kopf's watches delivered
+    leader_worker_sets: LeaderWorkerSets = field(default_factory=LeaderWorkerSets)   # runs layouts across nodes
     _resolved: dict[str, tuple[float, ResolvedModels]] = field(default_factory=dict)
     _noticed: dict[tuple[str, str], int] = field(default_factory=dict)  # rollback notices posted, by number
     _requested: dict[tuple[str, str], Trigger] = field(default_factory=dict)  # passes asked for, not yet begun
@@ -312,11 +315,22 @@ class Reconciler:
         # pruned by a pass that reads everything).
         wanted = (() if never_reconciled else
                   variants(resource.spec) if planned.accepted and not everything else tuple(Variant))
-        bodies = await self._deployments(namespace, [deployment_name(name, v) for v in wanted],
+        children = [deployment_name(name, v) for v in wanted]
+        across = planned.plan is not None and planned.accepted and planned.plan.layout.spans_nodes
+        # A variant runs as a Deployment or, across nodes, as a LeaderWorkerSet of the same name: a pass reads the
+        # kind its plan runs, one that reads everything both (to prune the other after the layout moved), and one
+        # whose generation is rejected both (what a rejected generation leaves running may be either).
+        bodies = await self._deployments(namespace, children if everything or not across else [],
                                          watched=_watched_deployments(trigger))
-        deployments = [state for body in bodies.values() if (state := kube.deployment_state(body, name)) is not None]
+        groups = (await kube.read_deployments(self.client, namespace, children, kind=LWS_KIND)
+                  if self.leader_worker_sets.usable and (everything or across or not planned.accepted) else {})
+        deployments = [state for body in [*bodies.values(), *groups.values()]
+                       if (state := kube.deployment_state(body, name)) is not None]
         live: dict[tuple[str, str], dict[str, Any]] = {("Deployment", child): body for child, body in bodies.items()
                                                        if "Deployment" in kinds}
+        if "Deployment" in kinds and groups:
+            live |= {(LWS_KIND, child): body for child, body in groups.items()}
+            kinds |= {LWS_KIND}
         live |= await kube.read_children(self.client, namespace, name, kinds=kinds,
                                                pod_monitors=self.pod_monitoring.render)
         pods = await self._pods(resource, planned, created=bool(deployments) or previous.speculation is not None
@@ -422,7 +436,7 @@ class Reconciler:
                            resource.metadata.name, error)
             return Planned(None, Finding(code=error.reason, severity=Severity.ERROR, message=str(error)),
                            transient=error.transient)
-        return plan_resource(resource, models, pinned, previous)
+        return plan_resource(resource, models, pinned, previous, self.leader_worker_sets)
 
     def _remember(self, key: str, models: ResolvedModels) -> None:
         """Keep a resolution for RESOLVED_SECONDS (one that fell back to the catalog for FALLBACK_SECONDS):

@@ -24,16 +24,11 @@ from specdeploy.engines.base import MODEL_CACHE_ENV, default_host_requests, uses
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.plan import Plan
 from specdeploy.reconcile import podsecurity
-from specdeploy.reconcile.leaderworkerset import leader_worker_set, leaders_only
+from specdeploy.reconcile.leaderworkerset import ANNOTATION_SPECULATING, leader_worker_set, leaders_only
 
 LABEL_NAME = "specdeploy.io/name"
 LABEL_VARIANT = "specdeploy.io/variant"
 ANNOTATION_CONFIG_HASH = "specdeploy.io/config-hash"
-ANNOTATION_SPECULATING = "specdeploy.io/speculating"
-"""On each engine Deployment ("true" or "false"): whether its pod template speculates. Not in the template,
-so it restarts nothing; the Deployment controller copies a Deployment's annotations onto the ReplicaSet it
-rolls to, so each ReplicaSet — and through it each pod — says whether it runs with a speculative config
-(reconcile/observed.py)."""
 ANNOTATION_REPLICAS = "specdeploy.io/replicas"
 """On each engine Deployment: the replicas the operator last rendered for it from the SD (`variant_replicas`).
 While the SD still asks for that many, a count someone else set on the Deployment since is left to them

@@ -27,11 +27,13 @@ class Reason(StrEnum):
     # Compatible
     COMPATIBLE = "Compatible"
     ENGINE_CANNOT_RUN = "EngineCannotRun"
+    LEADER_WORKER_SETS_UNAVAILABLE = "LeaderWorkerSetsUnavailable"   # a layout across nodes, and no LWS to run it
     # Ready
     AVAILABLE = "Available"
     PROGRESSING = "Progressing"
     UNAVAILABLE = "Unavailable"
     ROLLOUT_STUCK = "RolloutStuck"
+    GROUP_MEMBER_FAILED = "GroupMemberFailed"   # a pod of a LeaderWorkerSet's group died: the group is recreated
     REJECTED = "Rejected"
     INVALID_SPEC = "InvalidSpec"        # admitted by the CRD installed, refused by the operator's own model
     APPLY_REFUSED = "ApplyRefused"      # the apiserver refused a child (400/403/413/422)

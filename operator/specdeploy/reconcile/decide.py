@@ -112,12 +112,13 @@ class Actions:
 
 
 def already_applied(children: Children, generation: int, existing: tuple[DeploymentState, ...]) -> bool:
-    """Whether the last apply wrote exactly `children` of `generation`: every wanted Deployment exists with
-    their fingerprint and no other does. (The ConfigMap and Service are in the fingerprint, but only a
-    pass other than an analysis sample, which always applies, restores them when deleted by hand.)"""
-    wanted = {manifest["metadata"]["name"] for manifest in children.deployments.values()}
+    """Whether the last apply wrote exactly `children` of `generation`: every wanted Deployment (or
+    LeaderWorkerSet) exists with their fingerprint and no other does. (The ConfigMap and Service are in the
+    fingerprint, but only a pass other than an analysis sample, which always applies, restores them when deleted
+    by hand.)"""
+    wanted = {(manifest["kind"], manifest["metadata"]["name"]) for manifest in children.deployments.values()}
     fingerprint = children.fingerprint(generation)
-    return {state.name for state in existing} == wanted and all(
+    return {(state.kind, state.name) for state in existing} == wanted and all(
         state.children_fingerprint == fingerprint for state in existing)
 
 

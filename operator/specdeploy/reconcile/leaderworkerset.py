@@ -9,11 +9,16 @@ sets in every container LWS_LEADER_ADDRESS (the leader's address), LWS_GROUP_SIZ
 leader). The pods are the Deployment's pod template, same labels, volumes and GPUs per pod (one node's), with
 `specdeploy.io/role` added; the engine gets its multi-node flags (engines `node_args`), the leader keeps the
 probes and the HTTP port, and the Service and PodMonitor select leaders only: a worker serves nothing.
+
+Each pod carries `specdeploy.io/speculating` itself (in both templates): LeaderWorkerSet makes StatefulSets that
+copy no annotation of the LeaderWorkerSet onto them, so the pod is where observed.py reads what it runs. Its value
+changes only with the engine's args, so it restarts nothing that was not restarting anyway.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -22,6 +27,14 @@ from specdeploy.planning.plan import Plan
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 LWS_KIND = "LeaderWorkerSet"
+LWS_GROUP = "leaderworkerset.x-k8s.io"
+LWS_PLURAL = "leaderworkersets"
+LWS_CRD = f"{LWS_PLURAL}.{LWS_GROUP}"
+ANNOTATION_SPECULATING = "specdeploy.io/speculating"
+"""On each engine Deployment ("true" or "false"): whether its pod template speculates. Not in the template,
+so it restarts nothing; the Deployment controller copies a Deployment's annotations onto the ReplicaSet it
+rolls to, so each ReplicaSet — and through it each pod — says whether it runs with a speculative config
+(reconcile/observed.py). On a LeaderWorkerSet, in its pod templates too (see above)."""
 LABEL_ROLE = "specdeploy.io/role"
 LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
 """The leader's address as a container's args expand it: LeaderWorkerSet sets the variable in every container."""
@@ -35,11 +48,22 @@ class Role(StrEnum):
     WORKER = "worker"
 
 
-def _role_template(template: dict[str, Any], plan: Plan, role: Role) -> dict[str, Any]:
-    """The Deployment's pod template for `role`: the role label, the engine's multi-node flags, and for a worker no
-    probes and no HTTP port (it runs the engine's ranks without a server)."""
+@dataclass(frozen=True)
+class LeaderWorkerSets:
+    """Whether the operator can run a layout across nodes: the cluster has the LeaderWorkerSet CRD and the operator
+    may write LeaderWorkerSets (checked at start, as for PodMonitors); when not, why and the fix, in a sentence for
+    the status of an SD that needs them."""
+
+    usable: bool = False
+    why_not: str = "the operator has not checked whether the cluster runs LeaderWorkerSets"
+
+
+def _role_template(template: dict[str, Any], plan: Plan, role: Role, speculating: str) -> dict[str, Any]:
+    """The Deployment's pod template for `role`: the role label, whether it speculates, the engine's multi-node
+    flags, and for a worker no probes and no HTTP port (it runs the engine's ranks without a server)."""
     result = copy.deepcopy(template)
     result["metadata"]["labels"][LABEL_ROLE] = role.value
+    result["metadata"]["annotations"][ANNOTATION_SPECULATING] = speculating
     rank = "0" if role == Role.LEADER else WORKER_INDEX
     flags = node_args(plan.spec.engine.kind, NodeRank(plan.layout.nodes, rank, LEADER_ADDRESS))
     engine = next(c for c in result["spec"]["containers"] if c["name"] == "engine")
@@ -59,6 +83,7 @@ def leader_worker_set(deployment: dict[str, Any], plan: Plan) -> dict[str, Any]:
     spec = deployment["spec"]
     rolling = spec["strategy"]["rollingUpdate"]
     template = spec["template"]
+    speculating = deployment["metadata"]["annotations"][ANNOTATION_SPECULATING]
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
@@ -71,8 +96,8 @@ def leader_worker_set(deployment: dict[str, Any], plan: Plan) -> dict[str, Any]:
             "leaderWorkerTemplate": {
                 "size": plan.layout.nodes,
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": _role_template(template, plan, Role.LEADER),
-                "workerTemplate": _role_template(template, plan, Role.WORKER),
+                "leaderTemplate": _role_template(template, plan, Role.LEADER, speculating),
+                "workerTemplate": _role_template(template, plan, Role.WORKER, speculating),
             },
         },
     }

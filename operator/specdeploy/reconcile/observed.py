@@ -5,6 +5,7 @@ the operator annotates each engine Deployment with `specdeploy.io/speculating`, 
 controller copies that annotation onto the ReplicaSet it rolls to. A pod being deleted still counts while
 its engine runs; a pod no node took (Pending for want of GPUs) runs nothing. A ReplicaSet without the
 annotation (made before the operator wrote it) counts as speculating: "stopped" is said only when known.
+A LeaderWorkerSet's pods carry the annotation themselves (reconcile/leaderworkerset.py), which then decides.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdeploy.reconcile.children import ANNOTATION_SPECULATING
+from specdeploy.reconcile.conditions import Reason
+from specdeploy.reconcile.leaderworkerset import LABEL_ROLE
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -50,9 +53,10 @@ def speculative_pods_state(pods: Iterable[Mapping[str, Any]],
         name = pod["metadata"]["name"]
         if (pod.get("status") or {}).get("phase") in FINISHED_PHASES:
             continue
+        own = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_SPECULATING)
         if not (pod.get("spec") or {}).get("nodeName"):
             unscheduled.append(name)
-        elif speculates.get(_owner(pod) or "", True):
+        elif (own == "true") if own is not None else speculates.get(_owner(pod) or "", True):
             speculating.append(name)
         else:
             without.append(name)
@@ -121,6 +125,39 @@ def stuck_pods(pods: Iterable[Mapping[str, Any]]) -> tuple[StuckPod, ...]:
     return tuple(sorted(stuck, key=lambda p: p.name))
 
 
+def failed_group_members(pods: Iterable[Mapping[str, Any]]) -> tuple[StuckPod, ...]:
+    """The pods of a LeaderWorkerSet's groups (labelled `specdeploy.io/role`) whose engine died: the pod Failed, or
+    a container of it terminated, now or last, with a non-zero exit code. LeaderWorkerSet then recreates the whole
+    group (restartPolicy RecreateGroupOnPodRestart), so one member's death takes its group's leader out of the
+    Service: the status names the member that died rather than only the leader that went unready. The current
+    state of a pod being deleted is its deletion's doing (a rollout's SIGTERM), not a death; a pod deleted by
+    hand leaves no termination to read: the group's readiness shows it, not this."""
+    failed = []
+    for pod in pods:
+        metadata, status = pod["metadata"], pod.get("status") or {}
+        role = (metadata.get("labels") or {}).get(LABEL_ROLE)
+        if role is None:
+            continue
+        words = ""
+        states = ("lastState",) if metadata.get("deletionTimestamp") else ("state", "lastState")
+        for container in status.get("containerStatuses") or []:
+            for state in states:
+                ended = (container.get(state) or {}).get("terminated") or {}
+                if ended.get("exitCode"):
+                    said = last_words(ended.get("message") or "")
+                    words = (f"its {role}'s {container.get('name', '?')} container exited with code "
+                             f"{ended['exitCode']} ({ended.get('reason') or 'Error'})" + (f": {said}" if said else ""))
+                    break
+            if words:
+                break
+        if not words and status.get("phase") == "Failed":
+            words = f"the {role} pod failed: {(status.get('message') or status.get('reason') or '').strip()}".rstrip(": ")
+        if words:
+            failed.append(StuckPod(metadata["name"], Reason.GROUP_MEMBER_FAILED,
+                                   f"{words}; its LeaderWorkerSet recreates the group"))
+    return tuple(sorted(failed, key=lambda p: p.name))
+
+
 @dataclass(frozen=True)
 class PodsObserved:
     """One listing of an SD's engine pods: the speculative ones as the API returned them (their container
@@ -133,7 +170,11 @@ class PodsObserved:
 
 def observe_pods(pods: Iterable[Mapping[str, Any]], replica_sets: Iterable[Mapping[str, Any]],
                  variant_label: str, speculative: str) -> PodsObserved:
-    """`pods` of both variants, told apart by their `variant_label`; `replica_sets` the speculative ones."""
+    """`pods` of both variants, told apart by their `variant_label`; `replica_sets` the speculative ones. A group
+    member that died is stuck for its whole group (`failed_group_members`), named once."""
     every = list(pods)
     mine = tuple(p for p in every if (p["metadata"].get("labels") or {}).get(variant_label) == speculative)
-    return PodsObserved(mine, speculative_pods_state(mine, replica_sets), stuck_pods(every))
+    failed = failed_group_members(every)
+    dead = {p.name for p in failed}
+    stuck = tuple(sorted([*failed, *(p for p in stuck_pods(every) if p.name not in dead)], key=lambda p: p.name))
+    return PodsObserved(mine, speculative_pods_state(mine, replica_sets), stuck)

@@ -32,6 +32,7 @@ from specdeploy.modelsource.resolve import Origin
 from specdeploy.planning.plan import Plan
 from specdeploy.reconcile.children import Variant, pod_selector, variant_replicas, variants
 from specdeploy.reconcile.conditions import ConditionType, Reason, condition
+from specdeploy.reconcile.leaderworkerset import LWS_KIND, leaders_only
 from specdeploy.reconcile.observed import StuckPod
 
 STATUS_REFRESH_SECONDS = 60.0
@@ -119,7 +120,8 @@ def pinned_to_record(spec: SpeculativeDeploymentSpec, record: DeployRecord | Non
 
 @dataclass(frozen=True)
 class DeploymentState:
-    """What the apiserver says about one child Deployment."""
+    """What the apiserver says about one child Deployment, or the LeaderWorkerSet that stands for it when the
+    layout spans nodes (`kind`; its replicas are groups)."""
 
     name: str
     variant: Variant
@@ -134,6 +136,7 @@ class DeploymentState:
     current_replicas: int = 0   # its status.replicas: pods that exist, of any ReplicaSet
     replicas_manager: str | None = None   # another field manager that set spec.replicas after the operator did
     rendered_replicas: int | None = None  # the replicas the operator last rendered for it from the SD
+    kind: str = "Deployment"    # or LeaderWorkerSet
 
     @property
     def replicas_held_elsewhere(self) -> bool:
@@ -155,7 +158,8 @@ class DeploymentState:
 
     def summary(self) -> str:
         held = f" (replicas set by {self.replicas_manager})" if self.replicas_manager else ""
-        return f"{self.available_replicas}/{self.replicas} {self.variant.value} pods available{held}"
+        units = "pods" if self.kind == "Deployment" else "groups"   # a LeaderWorkerSet's replicas
+        return f"{self.available_replicas}/{self.replicas} {self.variant.value} {units} available{held}"
 
 
 def _first_error(findings: list[Finding]) -> Finding | None:
@@ -187,7 +191,7 @@ def _compatible_condition(planned: Planned) -> tuple[ConditionStatus, str, str]:
     if planned.plan is None:
         error = planned.error
         assert error is not None
-        if error.code == Reason.ENGINE_CANNOT_RUN:
+        if error.code in (Reason.ENGINE_CANNOT_RUN, Reason.LEADER_WORKER_SETS_UNAVAILABLE):
             return ConditionStatus.FALSE, error.code, error.message
         return ConditionStatus.UNKNOWN, error.code, error.message
     compatibility = planned.plan.compatibility
@@ -206,6 +210,8 @@ _STUCK_FIXES = {
     "InvalidImageName": "check spec.engine.image",
     "CrashLoopBackOff": "see `kubectl logs --previous` of the pod and its lastState",
     "CreateContainerConfigError": "see `kubectl describe pod`",
+    Reason.GROUP_MEMBER_FAILED: "see `kubectl logs --previous` of the pod, or its lastState: one pod's death "
+                                "restarts its whole group",
 }
 STUCK_SHOWN = 3
 
@@ -221,16 +227,19 @@ def _ready_condition(
     planned: Planned, expected: tuple[Variant, ...], deployments: list[DeploymentState], generation: int,
     stuck: tuple[StuckPod, ...] | None, previous_ready: Condition | None,
 ) -> tuple[ConditionStatus, str, str]:
-    """Ready, and RolloutStuck when a rollout waits on pods that cannot come: seen in the pods (`stuck`)
-    on every pass that lists them — all but analysis samples, which keep what the last listing saw."""
+    """Ready, and RolloutStuck when a rollout waits on pods that cannot come (GroupMemberFailed when one is a
+    group's pod that died): seen in the pods (`stuck`) on every pass that lists them — all but analysis samples,
+    which keep what the last listing saw."""
     found = _rollout_condition(planned, expected, deployments, generation)
     if found[0] == ConditionStatus.TRUE or found[1] not in (Reason.PROGRESSING, Reason.UNAVAILABLE):
         return found
     if stuck:
-        return ConditionStatus.FALSE, Reason.ROLLOUT_STUCK, _stuck_message(found[2], stuck)
-    if stuck is None and previous_ready is not None and previous_ready.reason == Reason.ROLLOUT_STUCK \
-            and previous_ready.observed_generation == generation:
-        return ConditionStatus.FALSE, Reason.ROLLOUT_STUCK, previous_ready.message
+        failed = any(p.reason == Reason.GROUP_MEMBER_FAILED for p in stuck)
+        return (ConditionStatus.FALSE, Reason.GROUP_MEMBER_FAILED if failed else Reason.ROLLOUT_STUCK,
+                _stuck_message(found[2], stuck))
+    if stuck is None and previous_ready is not None and previous_ready.observed_generation == generation \
+            and previous_ready.reason in (Reason.ROLLOUT_STUCK, Reason.GROUP_MEMBER_FAILED):
+        return ConditionStatus.FALSE, previous_ready.reason, previous_ready.message
     return found
 
 
@@ -257,7 +266,8 @@ def _rollout_condition(
     if not missing and all(d.rolled_out for d in states):
         return ConditionStatus.TRUE, Reason.AVAILABLE, summary
     if missing or any(d.rolling or d.sd_generation != generation for d in states):
-        created = f"creating the {', '.join(v.value for v in missing)} Deployment" if missing else ""
+        kind = "LeaderWorkerSet" if planned.plan is not None and planned.plan.layout.spans_nodes else "Deployment"
+        created = f"creating the {', '.join(v.value for v in missing)} {kind}" if missing else ""
         return ConditionStatus.FALSE, Reason.PROGRESSING, (
             f"rolling out generation {generation}: " + "; ".join(p for p in (summary, created) if p)
         )
@@ -430,12 +440,15 @@ def with_scale(status: SpeculativeDeploymentStatus, name: str, spec: Speculative
                deployments: list[DeploymentState]) -> SpeculativeDeploymentStatus:
     """`status` with what the scale subresource and `kubectl get` read: the speculative pods that exist and their
     selector, and READY — ready pods ÷ the pods wanted (each Deployment's replicas; the SD's count for one not
-    there yet), over both variants."""
+    there yet), over both variants. Across nodes a replica is a group: the selector picks its leader."""
     by_variant = {d.variant: d for d in deployments}
     wanted = sorted(set(variants(spec)) | set(by_variant))
     desired = sum(by_variant[v].replicas if v in by_variant else variant_replicas(spec, v) for v in wanted)
     ready = sum(d.ready_replicas for d in deployments)
     speculative = by_variant.get(Variant.SPECULATIVE)
-    selector = ",".join(f"{key}={value}" for key, value in pod_selector(name, Variant.SPECULATIVE).items())
+    pods = pod_selector(name, Variant.SPECULATIVE)
+    if speculative is not None and speculative.kind == LWS_KIND:
+        pods = leaders_only(pods)   # one pod per group, as the LeaderWorkerSet's own hpaPodSelector
+    selector = ",".join(f"{key}={value}" for key, value in pods.items())
     return status.model_copy(update={"replicas": speculative.current_replicas if speculative is not None else 0,
                                      "selector": selector, "ready": f"{ready}/{desired}"})
