@@ -107,7 +107,7 @@ DEFAULT_TEMPERATURE = "0:0.7,1.0:0.3"
 
 
 def resource_document(gpu: str, analysis: dict[str, Any]) -> dict[str, Any]:
-    """The demo's EAGLE-3 SD (operator/specdeploy/demo.py) with one speculative and one control pod."""
+    """The demo's EAGLE-3 SD (operator/specdeploy/devcluster/demo.py) with one speculative and one control pod."""
     return {
         "apiVersion": "specdeploy.io/v1alpha1", "kind": "SpeculativeDeployment",
         "metadata": {"name": NAME, "namespace": NAMESPACE},

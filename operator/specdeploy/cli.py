@@ -25,7 +25,6 @@ from specdeploy.api.reference import reference_markdown
 from specdeploy.api.resource import InvalidResource, SpeculativeDeployment, load_resource
 from specdeploy.api.spec import SpeculativeDeploymentSpec
 from specdeploy.api.status import CountsFrom, ProbeTrigger
-from specdeploy.devcluster.cli import dev_cluster, sim_admin_cmd
 from specdeploy.judgment.verdict import objective_checks
 from specdeploy.modelsource import ModelSourceError
 from specdeploy.modelsource.local import is_true, resolve_here
@@ -125,7 +124,41 @@ def _hub_resolver(offline: bool) -> Resolver:
     return resolve
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+HARNESS_COMMANDS = {"demo": "demo_cmd", "dev-cluster": "dev_cluster", "load": "load_cmd", "sim-admin": "sim_admin_cmd"}
+NOT_INSTALLED = ("`specdeploy {name}` needs the dev cluster, which is not part of the installed operator package: "
+                 "it runs from a checkout of the repository, `pip install -e '.[dev]'` (docs/dev-cluster.md)")
+
+
+class _Commands(click.Group):
+    """The operator's commands and, loaded only when named, the dev cluster's (specdeploy.devcluster.cli): the
+    operator's wheel and image do not contain the dev cluster, and every other command works without it."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *HARNESS_COMMANDS])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in HARNESS_COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        try:
+            import specdeploy.devcluster.cli as harness
+        except ModuleNotFoundError as missing:
+            return _not_installed(cmd_name, missing)
+        command: click.Command = getattr(harness, HARNESS_COMMANDS[cmd_name])
+        return command
+
+
+def _not_installed(name: str, missing: ModuleNotFoundError) -> click.Command:
+    """A stand-in that says where the dev cluster's command is, instead of a traceback."""
+
+    def fail(args: tuple[str, ...]) -> NoReturn:
+        _fail(f"{NOT_INSTALLED.format(name=name)} (missing module: {missing.name})")
+
+    return click.Command(name, callback=fail, short_help="Not installed: the dev cluster runs from a checkout.",
+                         params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
+                         context_settings={"ignore_unknown_options": True, "help_option_names": []})
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="specdeploy", message="%(prog)s %(version)s")
 def main() -> None:
     """Speculative decoding on Kubernetes: plan it, render it, run it, roll it back."""
@@ -712,18 +745,6 @@ def run(namespaces: tuple[str, ...], liveness: str, log_format: str, lease_names
 
 
 @main.command()
-@click.option("--no-tty", is_flag=True, help="Plain line output (CI, logs).")
-@click.option("--cleanup", is_flag=True, help="Tear the cluster down at the end.")
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The dev cluster's state directory (default: the user's dev cluster).")
-def demo(no_tty: bool, cleanup: bool, state_dir: Path | None) -> None:
-    """The whole loop on this machine: dev cluster, chart, operator, simulated engines, a rollback."""
-    from specdeploy.demo import run_demo
-
-    sys.exit(run_demo(tty=not no_tty and sys.stdout.isatty(), cleanup=cleanup, state_dir=state_dir))
-
-
-@main.command()
 def reference() -> None:
     """Print the configuration reference (docs/configuration.md) generated from the models."""
     click.echo(reference_markdown(), nl=False)
@@ -735,35 +756,6 @@ def crd() -> None:
     click.echo(crd_yaml(), nl=False)
 
 
-@main.command()
-@click.option("--sd", required=True, metavar="NAMESPACE/NAME", help="The SD whose simulators get the traffic.")
-@click.option("--qps", type=float, default=2.0, show_default=True, help="Requests per second (Poisson).")
-@click.option("--duration", default="60s", show_default=True, help="How long to send, e.g. 60s or 2m.")
-@click.option("--output-tokens", default="32-96", show_default=True, help='Output length: "64", "32-96" …')
-@click.option("--temperature", default="0.7", show_default=True, help='Temperature, or a mix "0:0.5,1.0:0.5".')
-@click.option("--prompts", type=click.Choice(["english", "predictable", "unpredictable", "standin"]),
-              default="english", show_default=True,
-              help="Prompt words: English for the simulators; the stand-in models' words for real vLLM "
-              "(`dev-cluster up --engine vllm`): the half its draft predicts, the half it does not, or both.")
-@click.option("--state-dir", type=click.Path(file_okay=False), default=None, help="The dev cluster's state.")
-def load(sd: str, qps: float, duration: str, output_tokens: str, temperature: str, prompts: str,
-         state_dir: str | None) -> None:
-    """Drive load through a dev-cluster SD's engine pods, as its Service would; print percentiles."""
-    from specdeploy.devcluster import DevCluster
-    from specdeploy.devcluster.standins import PREDICTABLE, UNPREDICTABLE, half_words
-    from specdeploy.devcluster.traffic import Traffic
-    from specdeploy_engine.loadgen import parse_duration
-    from specdeploy_engine.loadgen.client import PROMPT_WORDS
-
-    words = {"english": PROMPT_WORDS, "predictable": half_words(PREDICTABLE),
-             "unpredictable": half_words(UNPREDICTABLE),
-             "standin": half_words(PREDICTABLE) + half_words(UNPREDICTABLE)}[prompts]
-    cluster = DevCluster(Path(state_dir) if state_dir else None)
-    report = Traffic(cluster, sd, qps, parse_duration(duration), output_tokens=output_tokens,
-                     temperature=temperature, prompt_words=words).run()
-    click.echo(report.to_text())
-
-
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
 @click.argument("arguments", nargs=-1, type=click.UNPROCESSED)
 def sim(arguments: tuple[str, ...]) -> None:
@@ -771,10 +763,6 @@ def sim(arguments: tuple[str, ...]) -> None:
     from specdeploy_engine.sim.__main__ import main as simulator
 
     sys.exit(simulator(list(arguments)))
-
-
-main.add_command(dev_cluster)
-main.add_command(sim_admin_cmd, "sim-admin")
 
 
 if __name__ == "__main__":

@@ -373,6 +373,9 @@ def test_operator_image_runs_specdeploy_as_a_non_root_user() -> None:
     assert users and users[-1].split(":")[0] not in ("root", "0")
     assert users[-1].split(":")[0].isdigit()        # numeric, so runAsNonRoot can verify it
     assert _json_form(instructions, "ENTRYPOINT") == ["specdeploy", "run"]
+    runs = " ".join(rest for keyword, rest in instructions if keyword == "RUN")
+    assert "install --no-index --find-links /wheels specdeploy " in runs   # no extra: no dev cluster's cryptography
+    assert "('cryptography', 'specdeploy.devcluster')" in runs               # the build fails if either is there
 
 
 def test_dockerignore_keeps_the_virtualenv_and_git_out() -> None:

@@ -9,7 +9,9 @@ Usage::
     specdeploy dev-cluster endpoints --sd demo/llama
     specdeploy dev-cluster down
 
-`sim_admin_cmd` and `endpoints_cmd` are plain click commands, so the top-level CLI can register them too.
+`sim_admin_cmd` and `endpoints_cmd` are plain click commands, so the top-level CLI can register them too; so are
+`demo_cmd` and `load_cmd`. The top-level CLI loads this module only when one of them runs (or --help lists them):
+the operator's wheel does not contain the dev cluster.
 """
 
 from __future__ import annotations
@@ -285,3 +287,43 @@ def endpoints_cmd(state_dir: Path | None, sd: str, variant: str | None, output: 
 
 dev_cluster.add_command(sim_admin_cmd)
 dev_cluster.add_command(endpoints_cmd)
+
+
+@click.command("demo")
+@click.option("--no-tty", is_flag=True, help="Plain line output (CI, logs).")
+@click.option("--cleanup", is_flag=True, help="Tear the cluster down at the end.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The dev cluster's state directory (default: the user's dev cluster).")
+def demo_cmd(no_tty: bool, cleanup: bool, state_dir: Path | None) -> None:
+    """The whole loop on this machine: dev cluster, chart, operator, simulated engines, a rollback."""
+    from specdeploy.devcluster.demo import run_demo
+
+    sys.exit(run_demo(tty=not no_tty and sys.stdout.isatty(), cleanup=cleanup, state_dir=state_dir))
+
+
+@click.command("load")
+@click.option("--sd", required=True, metavar="NAMESPACE/NAME", help="The SD whose simulators get the traffic.")
+@click.option("--qps", type=float, default=2.0, show_default=True, help="Requests per second (Poisson).")
+@click.option("--duration", default="60s", show_default=True, help="How long to send, e.g. 60s or 2m.")
+@click.option("--output-tokens", default="32-96", show_default=True, help='Output length: "64", "32-96" …')
+@click.option("--temperature", default="0.7", show_default=True, help='Temperature, or a mix "0:0.5,1.0:0.5".')
+@click.option("--prompts", type=click.Choice(["english", "predictable", "unpredictable", "standin"]),
+              default="english", show_default=True,
+              help="Prompt words: English for the simulators; the stand-in models' words for real vLLM "
+              "(`dev-cluster up --engine vllm`): the half its draft predicts, the half it does not, or both.")
+@click.option("--state-dir", type=click.Path(file_okay=False), default=None, help="The dev cluster's state.")
+def load_cmd(sd: str, qps: float, duration: str, output_tokens: str, temperature: str, prompts: str,
+             state_dir: str | None) -> None:
+    """Drive load through a dev-cluster SD's engine pods, as its Service would; print percentiles."""
+    from specdeploy.devcluster.standins import PREDICTABLE, UNPREDICTABLE, half_words
+    from specdeploy.devcluster.traffic import Traffic
+    from specdeploy_engine.loadgen import parse_duration
+    from specdeploy_engine.loadgen.client import PROMPT_WORDS
+
+    words = {"english": PROMPT_WORDS, "predictable": half_words(PREDICTABLE),
+             "unpredictable": half_words(UNPREDICTABLE),
+             "standin": half_words(PREDICTABLE) + half_words(UNPREDICTABLE)}[prompts]
+    cluster = DevCluster(Path(state_dir) if state_dir else None)
+    report = Traffic(cluster, sd, qps, parse_duration(duration), output_tokens=output_tokens,
+                     temperature=temperature, prompt_words=words).run()
+    click.echo(report.to_text())

@@ -34,7 +34,7 @@ from specdeploy.judgment.evidence import parse_rfc3339
 from specdeploy.planning.plan import make_plan
 from specdeploy.report import schedule_table
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "specdeploy"
 RELEASE, OPERATOR_NAMESPACE, NAMESPACE, NAME = "specdeploy", "specdeploy-system", "demo", "llama-8b-eagle3"
 SD = f"{NAMESPACE}/{NAME}"
