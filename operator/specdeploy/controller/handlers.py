@@ -131,32 +131,39 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     options: OperatorSettings = memo.get("settings") or OperatorSettings.from_environment(os.environ)
     namespaces = list(options.namespaces) or [ALL_NS]
     client = AsyncClient(field_manager=kube.FIELD_MANAGER)
-    # Everything that can fail comes before the lease: kopf retries a failed startup handler from the top,
-    # and a retry must not find tasks of the first attempt running, or a lease it holds itself.
-    monitoring = await kube.pod_monitoring(client, list(options.namespaces) or [None], enabled=options.pod_monitors,
-                                           labels=options.pod_monitor_labels)
-    groups = await kube.leader_worker_sets(client, list(options.namespaces) or [None])
-    reconciler = Reconciler(client, pod_monitoring=monitoring, leader_worker_sets=groups,
-                            alertmanager_url=options.alertmanager_url,
-                            alertmanager_headers_dir=options.alertmanager_headers_dir, hub=_hub(options),
-                            allowed_endpoints=AllowedEndpoints.of(options.allowed_endpoints, options.prometheus_url,
-                                                                  options.alertmanager_url))
-    port = options.metrics_port
     try:
-        memo.metrics_server = await serve_metrics(reconciler.metrics, port) if port else None
-    except OSError as error:   # a port in use stays in use: stop, and say which
-        raise kopf.PermanentError(f"cannot serve /metrics on port {port}: {error}") from error
-    election = LeaderElection(client, namespace=options.lease_namespace)
-    await election.acquire()
-    memo.election = election
-    memo.lease_task = asyncio.create_task(election.keep(on_lost=_lost_lease))
-    memo.reconciler = reconciler
-    memo.resync_task = asyncio.create_task(resync_forever(reconciler, namespaces, options.resync_seconds))
-    memo.analysis_task = asyncio.create_task(analyse_forever(
-        reconciler, namespaces, options.prometheus_url, options.analysis_tick_seconds,
-        options.prometheus_headers_dir,
-    ))
-    memo.probe_task = asyncio.create_task(probe_forever(reconciler, namespaces))
+        # Everything that can fail comes before the lease: kopf retries a failed startup handler from the top,
+        # and a retry must not find tasks of the first attempt running, or a lease it holds itself.
+        monitoring = await kube.pod_monitoring(client, list(options.namespaces) or [None], enabled=options.pod_monitors,
+                                               labels=options.pod_monitor_labels)
+        groups = await kube.leader_worker_sets(client, list(options.namespaces) or [None])
+        reconciler = Reconciler(client, pod_monitoring=monitoring, leader_worker_sets=groups,
+                                alertmanager_url=options.alertmanager_url,
+                                alertmanager_headers_dir=options.alertmanager_headers_dir, hub=_hub(options),
+                                allowed_endpoints=AllowedEndpoints.of(options.allowed_endpoints, options.prometheus_url,
+                                                                      options.alertmanager_url))
+        port = options.metrics_port
+        try:
+            memo.metrics_server = await serve_metrics(reconciler.metrics, port) if port else None
+        except OSError as error:   # a port in use stays in use: stop, and say which
+            raise kopf.PermanentError(f"cannot serve /metrics on port {port}: {error}") from error
+        election = LeaderElection(client, namespace=options.lease_namespace)
+        await election.acquire()
+        memo.election = election
+        memo.lease_task = asyncio.create_task(election.keep(on_lost=_lost_lease))
+        memo.reconciler = reconciler
+        memo.resync_task = asyncio.create_task(resync_forever(reconciler, namespaces, options.resync_seconds))
+        memo.analysis_task = asyncio.create_task(analyse_forever(
+            reconciler, namespaces, options.prometheus_url, options.analysis_tick_seconds,
+            options.prometheus_headers_dir,
+        ))
+        memo.probe_task = asyncio.create_task(probe_forever(reconciler, namespaces))
+    except BaseException:
+        # A start-up that fails (kopf retries it from the top, with a new client) or is cancelled (the operator
+        # stopped while it waited for the lease) leaves no connection to the apiserver open: the cleanup handler
+        # closes only the client of a start-up that got the lease.
+        await client.close()
+        raise
 
 
 def _hub(options: OperatorSettings) -> HubConfigs | None:
