@@ -13,22 +13,35 @@ from pydantic import ValidationError
 
 from specdeploy.api.spec import METHODS_WITH_DRAFT, EngineKind, Method, SpeculativeDeploymentSpec
 from specdeploy.api.speculative_keys import MANAGED_KEYS
-from specdeploy.engines import EngineInputs, MetricNames, engine_of, engine_profile, render_engine
+from specdeploy.engines import (
+    MULTI_NODE_ENGINES,
+    EngineInputs,
+    MetricNames,
+    NodeRank,
+    engine_of,
+    engine_profile,
+    render_engine,
+)
 from specdeploy.engines.profile import (
+    NODES_REASON,
     AcceptanceSignal,
     EngineProfile,
+    MultiNode,
+    NoMultiNodeLaunch,
     NoSpeculativeConfig,
     ScheduleExpression,
 )
 from specdeploy.planning.gpus import find_gpu
 from specdeploy.planning.schedule import ZERO_K_SPEEDUP
+from specdeploy.planning.topology import layout_findings
 from specdeploy_engine.preflight import engine_of as preflight_engine_of
 from specdeploy_engine.sim.argv import parse_engine_argv
 from specdeploy_engine.sim.engines import SIMULATED_ENGINES
 
-# Answers that must not be empty: an engine runs some method, the operator renders some flags, exports metrics.
-NON_EMPTY = ("methods", "method_setting", "managed_flags.owned", "schedules.methods", "metrics_path",
-             "default_image")
+# Answers that must not be empty: an engine runs some method, the operator renders some flags, exports metrics,
+# and says why it has no launch across nodes when it has none.
+NON_EMPTY = ("methods", "method_setting", "managed_flags.owned", "schedules.methods", "multi_node.launch.why",
+             "metrics_path", "default_image")
 
 
 def unanswered(value: Any, path: str = "") -> list[str]:
@@ -56,8 +69,12 @@ def test_a_profile_without_an_answer_is_caught() -> None:
     assert unanswered(dataclasses.replace(profile, default_image="")) == ["default_image"]
     blank = dataclasses.replace(profile.schedules, methods=frozenset())
     assert unanswered(dataclasses.replace(profile, schedules=blank, runs=None)) == ["schedules.methods", "runs"]
+    no_launch = MultiNode(launch=NoMultiNodeLaunch(why=""), pipeline_speculation_refusal="")
+    assert unanswered(dataclasses.replace(profile, multi_node=no_launch)) == ["multi_node.launch.why"]
     with pytest.raises(TypeError):   # no field has a default: an engine that leaves one out does not construct
         EngineProfile(kind=EngineKind.VLLM)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        MultiNode(launch=NoMultiNodeLaunch(why="no launcher"))  # type: ignore[call-arg]
 
 
 def test_only_methods_an_engine_runs_can_be_scheduled() -> None:
@@ -72,6 +89,41 @@ def test_a_drafter_that_runs_at_k_0_costs_what_the_schedule_assumes() -> None:
     assert engine_profile(EngineKind.VLLM).schedules.zero_k_speedup == ZERO_K_SPEEDUP
     assert engine_profile(EngineKind.SGLANG).schedules.zero_k_speedup == ZERO_K_SPEEDUP
     assert engine_profile(EngineKind.TRTLLM).schedules.zero_k_speedup == 1.0
+
+
+@pytest.mark.parametrize("kind", list(EngineKind))
+def test_an_engine_launched_across_nodes_renders_only_flags_the_operator_owns(kind: EngineKind) -> None:
+    """Every flag of a rank's launch is one the profile's managed flags give to the node layout, so extraArgs cannot
+    set it; an engine without a launch is left out of the multi-node engines, and every other engine is in them."""
+    profile = engine_profile(kind)
+    launch = profile.multi_node.launch
+    assert (kind in MULTI_NODE_ENGINES) == (not isinstance(launch, NoMultiNodeLaunch))
+    if isinstance(launch, NoMultiNodeLaunch):
+        return
+    for rank in ("0", "$(LWS_WORKER_INDEX)"):
+        flags = [word for word in launch(NodeRank(2, rank, "leader")) if word.startswith("--")]
+        assert flags and all(profile.managed_flags.owned.get(flag) == NODES_REASON for flag in flags), flags
+
+
+def _layout_codes(kind: EngineKind, pp: int, speculating: bool) -> list[str]:
+    spec = SpeculativeDeploymentSpec.model_validate({
+        "engine": {"kind": kind.value}, "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "resources": {"tensorParallelSize": 8, "pipelineParallelSize": pp, "gpu": {"product": "H100-80GB"}},
+        "speculation": {"method": "ngram", "numSpeculativeTokens": 3, "enabled": speculating},
+    })
+    return [finding.code for finding in layout_findings(spec)]
+
+
+@pytest.mark.parametrize("kind", list(EngineKind))
+def test_the_node_layout_follows_the_profiles_multi_node_answers(kind: EngineKind) -> None:
+    """planning/topology.py asks the profile, not the engine's name: a layout across nodes is refused exactly where
+    the profile has no launch, pipeline stages with speculation exactly where it gives a refusal."""
+    multi_node = engine_profile(kind).multi_node
+    no_launch = ["MultiNodeUnsupported"] if isinstance(multi_node.launch, NoMultiNodeLaunch) else []
+    stages_refused = ["PipelineWithSpeculationUnsupported"] if multi_node.pipeline_speculation_refusal else []
+    assert _layout_codes(kind, pp=2, speculating=False) == no_launch
+    assert _layout_codes(kind, pp=2, speculating=True) == stages_refused + no_launch
+    assert _layout_codes(kind, pp=1, speculating=True) == []
 
 
 def _rendered(kind: EngineKind) -> list[str]:

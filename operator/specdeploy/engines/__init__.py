@@ -12,7 +12,7 @@ Pure functions: no I/O, no Kubernetes. The operator places the result in a pod; 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import MappingProxyType
 
 from specdeploy.api.spec import EngineKind, SpeculativeDeploymentSpec
@@ -26,11 +26,12 @@ from specdeploy.engines.base import (
     NodeRank,
     probes,
 )
-from specdeploy.engines.profile import EngineProfile
+from specdeploy.engines.profile import EngineProfile, NoMultiNodeLaunch
 
 __all__ = [
     "CONFIG_MOUNT_PATH",
     "DEFAULT_IMAGES",
+    "MULTI_NODE_ENGINES",
     "EngineCommand",
     "EngineInputs",
     "EngineRenderError",
@@ -61,23 +62,22 @@ DEFAULT_IMAGES: MappingProxyType[EngineKind, str] = MappingProxyType(
 _RECOGNITION_ORDER = (EngineKind.TRTLLM, EngineKind.SGLANG, EngineKind.VLLM)
 
 
-_NODE_ARGS: MappingProxyType[EngineKind, Callable[[NodeRank], list[str]]] = MappingProxyType({
-    EngineKind.VLLM: vllm.node_args,
-    EngineKind.SGLANG: sglang.node_args,
-})
+MULTI_NODE_ENGINES: tuple[EngineKind, ...] = tuple(
+    kind for kind, profile in _PROFILES.items() if not isinstance(profile.multi_node.launch, NoMultiNodeLaunch))
+"""The engines whose launch across nodes the operator renders (each profile's `multi_node.launch`)."""
 
 
 def node_args(kind: EngineKind, node: NodeRank) -> list[str]:
-    """The flags that make engine `kind` one rank-group of a layout across nodes.
+    """The flags that make engine `kind` one rank-group of a layout across nodes (its profile's `multi_node.launch`).
 
     Raises EngineRenderError for an engine without a multi-node launch the operator renders (TensorRT-LLM starts
     ranks on other nodes only under MPI); planning.topology rejects such specs earlier with a finding.
     """
-    if kind not in _NODE_ARGS:
-        raise EngineRenderError(
-            f"`spec.engine.kind` {kind.value} must not run a layout across nodes: its serve command starts ranks on "
-            "other nodes only under MPI, which the operator does not render; use vllm or sglang")
-    return _NODE_ARGS[kind](node)
+    launch = _PROFILES[kind].multi_node.launch
+    if isinstance(launch, NoMultiNodeLaunch):
+        raise EngineRenderError(f"`spec.engine.kind` {kind.value} must not run a layout across nodes: {launch.why}; "
+                                f"use {' or '.join(engine.value for engine in MULTI_NODE_ENGINES)}")
+    return launch(node)
 
 
 def render_engine(inputs: EngineInputs) -> EngineCommand:

@@ -3,10 +3,11 @@
     profile = engine_profile(EngineKind.SGLANG)      # from specdeploy.engines
     profile.methods[Method.MTP]                      # "NEXTN"
     profile.memory.budget                            # MemoryBudget.SHARE_OF_FREE_FOR_WEIGHTS_AND_KV
+    profile.multi_node.pipeline_speculation_refusal  # "SGLang refuses pipeline parallelism with speculative …"
 
 Each engine module (vllm.py, sglang.py, trtllm.py) builds its profile next to its renderer; the plan's rules, the
-memory budget, the schedule and the pod runner read the profile instead of asking which engine runs. Every field
-is an answer: an engine that lacks one does not construct (no field has a default), and
+memory budget, the schedule, the node layout and the pod runner read the profile instead of asking which engine
+runs. Every field is an answer: an engine that lacks one does not construct (no field has a default), and
 tests/unit/test_engine_profiles.py refuses a None. An empty mapping or "" is an answer ("none").
 """
 
@@ -20,7 +21,7 @@ from typing import Any, NamedTuple
 from specdeploy.api.spec import EngineKind, Method
 from specdeploy.api.speculative_keys import ManagedKey
 from specdeploy.api.status import Severity
-from specdeploy.engines.base import EngineCommand, EngineInputs, MetricNames
+from specdeploy.engines.base import EngineCommand, EngineInputs, MetricNames, NodeRank
 
 # Field paths, as a user writes them in YAML: the owners of the flags the operator renders (`managed_flags`).
 MODEL_FIELD = "spec.model.name"
@@ -159,6 +160,25 @@ class BlockDrafterNote(NamedTuple):
 
 
 @dataclass(frozen=True)
+class NoMultiNodeLaunch:
+    """The operator renders no launch of the engine across nodes: a layout that spans nodes is refused, for `why`."""
+
+    why: str     # as a finding says it, after "must not run a layout across N nodes: "
+
+
+@dataclass(frozen=True)
+class MultiNode:
+    """How the engine runs a layout of more GPUs than a node holds: tensor parallelism within a node, pipeline stages
+    across nodes, one pod per node with the same serve command plus its rank's flags (planning/topology.py,
+    reconcile/leaderworkerset.py)."""
+
+    launch: Callable[[NodeRank], list[str]] | NoMultiNodeLaunch   # the flags that make a pod one node of the layout
+    # Why the engine refuses to speculate with pipeline stages (on one node as well), with the fix, as a finding
+    # says it after "must be 1 for <engine> with speculation, got N: "; "" when it speculates with them.
+    pipeline_speculation_refusal: str
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """Everything specdeploy knows about one engine: its renderer and the answers the plan, the schedule and the pod
     runner ask of it."""
@@ -177,6 +197,7 @@ class EngineProfile:
     renders_quantization_flag: bool          # passes spec.model.quantization to the engine as a flag
     mtp_documented_for: tuple[str, ...]      # model families its MTP is documented for; () for any
     block_drafter_notes: Mapping[Method, BlockDrafterNote]
+    multi_node: MultiNode
     acceptance: AcceptanceSignal
     metrics: MetricNames
     metrics_path: str

@@ -49,6 +49,7 @@ from specdeploy.engines.profile import (
     ManagedFlags,
     MemoryAccounting,
     MemoryBudget,
+    MultiNode,
     NoSpeculativeConfig,
     ScheduleExpression,
     ScheduleSupport,
@@ -352,6 +353,16 @@ PROFILE = EngineProfile(
             "block, as the plan assumes",
         ),
     },
+    multi_node=MultiNode(
+        launch=node_args,
+        # sgl-project/sglang: server_args' validation asserts "Pipeline parallelism is not compatible with overlap
+        # schedule, speculative decoding" (quoted in PR 37154, 2026-08); PR 30775 lifts it only behind the
+        # experimental SGLANG_ENABLE_PP_SPEC=1, which the operator does not set.
+        pipeline_speculation_refusal=(
+            "SGLang refuses pipeline parallelism with speculative decoding (\"Pipeline parallelism is not compatible "
+            "with overlap schedule, speculative decoding\"); use `spec.engine.kind` vllm, which drafts on the last "
+            "stage, or fit the model in one node (`spec.model.quantization`)"),
+    ),
     acceptance=AcceptanceSignal.GAUGES,
     metrics=METRICS,
     metrics_path=METRICS_PATH,

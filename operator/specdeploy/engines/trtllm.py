@@ -49,6 +49,8 @@ from specdeploy.engines.profile import (
     MemoryAccounting,
     MemoryBudget,
     MethodRefusal,
+    MultiNode,
+    NoMultiNodeLaunch,
     ScheduleExpression,
     ScheduleSupport,
     SpeculativeConfigKeys,
@@ -323,6 +325,17 @@ PROFILE = EngineProfile(
     # docs/source/features/speculative-decoding.md documents MTP for DeepSeek models only.
     mtp_documented_for=("deepseek",),
     block_drafter_notes={},
+    multi_node=MultiNode(
+        # That trtllm-serve starts ranks on other nodes only under MPI is an assumption (not read in its source
+        # here); the operator renders no MPI launcher.
+        launch=NoMultiNodeLaunch(
+            "trtllm-serve starts ranks on other nodes only under MPI (mpirun or trtllm-llmapi-launch), which the "
+            "operator does not render"),
+        # Not refused by the plan. TensorRT-LLM 1.2.0rc2 refused drafting with pipeline stages ("Drafting is not
+        # supported for selected executor loop", NVIDIA/TensorRT-LLM issue 9009, 2025-11); whether the default
+        # 1.3 image still does was not read.
+        pipeline_speculation_refusal="",
+    ),
     acceptance=AcceptanceSignal.POSITION_COUNTERS,
     metrics=METRICS,
     metrics_path=METRICS_PATH,

@@ -56,6 +56,7 @@ from specdeploy.engines.profile import (
     ManagedFlags,
     MemoryAccounting,
     MemoryBudget,
+    MultiNode,
     ScheduleExpression,
     ScheduleSupport,
     SpeculativeConfigKeys,
@@ -360,6 +361,9 @@ PROFILE = EngineProfile(
     renders_quantization_flag=True,
     mtp_documented_for=(),
     block_drafter_notes={},
+    # Speculates with pipeline stages: it builds the whole drafter on the last pipeline rank (GPUModelRunner.__init__,
+    # vllm/v1/worker/gpu_model_runner.py: "we put the entire draft model on the last PP rank"; planning/budget.py).
+    multi_node=MultiNode(launch=node_args, pipeline_speculation_refusal=""),
     acceptance=AcceptanceSignal.TOKEN_COUNTERS,
     metrics=METRICS,
     metrics_path=METRICS_PATH,

@@ -11,9 +11,9 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from specdeploy.api.spec import METHODS_WITH_DRAFT, EngineKind, Method, Quantization
+from specdeploy.api.spec import METHODS_WITH_DRAFT, Method, Quantization
 from specdeploy.api.status import Suggestion
-from specdeploy.engines import engine_profile
+from specdeploy.engines import MULTI_NODE_ENGINES, engine_profile
 from specdeploy.engines.profile import MemoryBudget
 from specdeploy.planning.budget import (
     PlanInputs,
@@ -25,7 +25,7 @@ from specdeploy.planning.budget import (
 from specdeploy.planning.catalog import CATALOG, quantised_checkpoints_of
 from specdeploy.planning.gpus import GPU_PRODUCTS
 from specdeploy.planning.modelinfo import ModelInfo, ModelKind
-from specdeploy.planning.topology import MULTI_NODE_ENGINES, tensor_parallel_fits
+from specdeploy.planning.topology import tensor_parallel_fits
 
 MAX_SUGGESTIONS = 8
 
@@ -123,8 +123,10 @@ def _pipeline_parallel(inputs: PlanInputs, numbers: PlanNumbers) -> Iterator[_Ca
     TP (else the most, with how far they get); only for engines that launch across nodes. Below a node's TP,
     `_tensor_parallel` comes first: one field at a time."""
     per_node, tp = inputs.gpus_per_node, inputs.tensor_parallel_size
+    # planning/topology.py refuses pipeline stages to an engine that cannot speculate with them (SGLang).
+    stages_refused = inputs.speculating and bool(engine_profile(inputs.engine).multi_node.pipeline_speculation_refusal)
     if (inputs.engine not in MULTI_NODE_ENGINES or numbers.weights_fit or inputs.pipeline_parallel_size > 1
-            or (inputs.engine == EngineKind.SGLANG and inputs.speculating)   # topology: SGLang refuses PP there
+            or stages_refused
             or tp != per_node or inputs.gpu_count not in (None, per_node)):
         return
     candidate: _Candidate | None = None

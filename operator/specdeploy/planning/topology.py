@@ -14,10 +14,10 @@ head that every rank keeps; only their attention heads divide.
 A pod runs on one node, so it has at most the GPUs of one node: `spec.resources.gpu.perNode`, else the product's
 (planning/gpus.py, 8 on the HGX/DGX boards). A layout of more GPUs (tensorParallelSize × pipelineParallelSize) runs
 as one pod per node, grouped by a LeaderWorkerSet: tensor parallelism stays within a node (its all-reduces, two per
-layer, need NVLink) and the pipeline stages span the nodes, one activation hop between stages per step. vLLM
-(`--nnodes`, vllm/config/parallel.py) and SGLang (`--nnodes`, `--pp-size`) launch such a layout; TensorRT-LLM's
-`trtllm-serve` starts multi-node ranks only under MPI (an assumption: the operator renders no MPI launcher), so it
-is refused there.
+layer, need NVLink) and the pipeline stages span the nodes, one activation hop between stages per step. Whether an
+engine launches such a layout and whether it speculates with pipeline stages, its profile answers with the sources
+(engines/profile.py `MultiNode`): vLLM and SGLang launch it (`--nnodes`), TensorRT-LLM only under MPI, which the
+operator does not render, so it is refused there; SGLang refuses pipeline stages while it speculates.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from specdeploy.api.spec import Architecture, EngineKind, SpeculativeDeploymentSpec
+from specdeploy.api.spec import Architecture, SpeculativeDeploymentSpec
 from specdeploy.api.status import Finding, Severity
+from specdeploy.engines import MULTI_NODE_ENGINES, engine_profile
+from specdeploy.engines.profile import NoMultiNodeLaunch
 from specdeploy.planning.gpus import find_gpu
 
 __all__ = ["GPUS_PER_NODE", "NodeLayout", "gpus_per_node", "layout_findings", "node_layout", "tensor_parallel_fits",
@@ -36,8 +38,6 @@ __all__ = ["GPUS_PER_NODE", "NodeLayout", "gpus_per_node", "layout_findings", "n
 
 GPUS_PER_NODE = 8
 """GPUs of one node where neither the spec nor the product table says: the 8-GPU HGX/DGX boards."""
-MULTI_NODE_ENGINES = (EngineKind.VLLM, EngineKind.SGLANG)
-"""Engines whose serve command starts one rank group per node (vLLM `--nnodes/--node-rank`, SGLang the same)."""
 
 
 def gpus_per_node(spec: SpeculativeDeploymentSpec) -> int:
@@ -126,23 +126,19 @@ def layout_findings(spec: SpeculativeDeploymentSpec) -> Iterator[Finding]:
             f"{layout.gpus_per_pod} GPUs of one pod when the layout spans nodes: every node runs the same number of "
             f"ranks; {fix}",
         )
-    if pp > 1 and spec.engine.kind == EngineKind.SGLANG and spec.speculation.enabled:
-        # sgl-project/sglang: server_args' validation asserts "Pipeline parallelism is not compatible with overlap
-        # schedule, speculative decoding" (quoted in PR 37154, 2026-08); PR 30775 lifts it only behind the
-        # experimental SGLANG_ENABLE_PP_SPEC=1, which the operator does not set.
+    engine, multi_node = spec.engine.kind.value, engine_profile(spec.engine.kind).multi_node
+    if pp > 1 and spec.speculation.enabled and multi_node.pipeline_speculation_refusal:
         yield _error(
             "PipelineWithSpeculationUnsupported",
-            f"`spec.resources.pipelineParallelSize` must be 1 for sglang with speculation, got {pp}: SGLang refuses "
-            "pipeline parallelism with speculative decoding (\"Pipeline parallelism is not compatible with overlap "
-            "schedule, speculative decoding\"); use `spec.engine.kind` vllm, which drafts on the last stage, or "
-            "fit the model in one node (`spec.model.quantization`)",
+            f"`spec.resources.pipelineParallelSize` must be 1 for {engine} with speculation, got {pp}: "
+            f"{multi_node.pipeline_speculation_refusal}",
         )
-    if layout.spans_nodes and spec.engine.kind not in MULTI_NODE_ENGINES:
+    if layout.spans_nodes and isinstance(multi_node.launch, NoMultiNodeLaunch):
+        engines = " or ".join(kind.value for kind in MULTI_NODE_ENGINES)
         yield _error(
             "MultiNodeUnsupported",
-            f"`spec.engine.kind` {spec.engine.kind.value} must not run a layout across {layout.nodes} nodes: "
-            "trtllm-serve starts ranks on other nodes only under MPI (mpirun or trtllm-llmapi-launch), which the "
-            f"operator does not render; use vllm or sglang, or a layout within {per_node} GPUs (quantise the model)",
+            f"`spec.engine.kind` {engine} must not run a layout across {layout.nodes} nodes: {multi_node.launch.why}; "
+            f"use {engines}, or a layout within {per_node} GPUs (quantise the model)",
         )
 
 
