@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import http.server
 import ipaddress
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,6 +13,7 @@ import httpx
 import pytest
 import yaml
 from click.testing import CliRunner
+from loopback_exposition import expositions_on_loopback
 
 from specdeploy.devcluster import DevCluster, processes, versions, wait_for
 from specdeploy.devcluster.cli import dev_cluster as dev_cluster_cli
@@ -184,35 +183,14 @@ def test_service_account_token_works_as_kubeconfig(dev_cluster: DevCluster, name
     assert still_denied.returncode != 0 and "Forbidden" in still_denied.stderr
 
 
-class _Metrics(http.server.BaseHTTPRequestHandler):
-    body = b"# TYPE specdeploy_e2e_probe gauge\nspecdeploy_e2e_probe{color=\"blue\"} 42\n"
-
-    def do_GET(self) -> None:  # noqa: N802 - the http.server API
-        if self.path != "/metrics":
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
-        pass
+PROBE_EXPOSITION = "# TYPE specdeploy_e2e_probe gauge\nspecdeploy_e2e_probe{color=\"blue\"} 42\n"
 
 
 @pytest.fixture
 def metrics_server() -> Iterator[str]:
     """A loopback HTTP server serving a fixed /metrics; yields host:port."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with expositions_on_loopback({"/metrics": lambda: PROBE_EXPOSITION}) as address:
+        yield address
 
 
 def _query(prometheus_url: str, promql: str) -> list[dict]:

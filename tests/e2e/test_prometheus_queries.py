@@ -10,16 +10,15 @@ one histogram bucket, interpolated as histogram_quantile does.
 from __future__ import annotations
 
 import asyncio
-import http.server
 import math
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 import httpx
 import pytest
+from loopback_exposition import expositions_on_loopback
 
 from specdeploy.api.reasons import FailureReason
 from specdeploy.api.spec import BaselineMode, Checks, EngineKind
@@ -78,29 +77,6 @@ def _vllm_metrics(seconds: float, speculative: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _serve(pages: dict[str, Callable[[], str]]) -> tuple[http.server.ThreadingHTTPServer, threading.Thread]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
-            page = pages.get(self.path)
-            if page is None:
-                self.send_error(404)
-                return
-            body = page().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    return server, thread
-
-
 @pytest.fixture
 def engine_pods(dev_cluster: DevCluster, namespace: str) -> Iterator[str]:
     """Two fake vLLM pods of SD `llama` in `namespace`, scraped by Prometheus; yields the SD name."""
@@ -108,24 +84,20 @@ def engine_pods(dev_cluster: DevCluster, namespace: str) -> Iterator[str]:
     def page(speculative: bool) -> Callable[[], str]:
         return lambda: _vllm_metrics(time.time() - started, speculative)
 
-    server, thread = _serve({"/speculative/metrics": page(True), "/control/metrics": page(False)})
-    address = f"127.0.0.1:{server.server_address[1]}"
-    targets = []
-    try:
-        for variant in ("speculative", "control"):
-            target = f"{namespace}-{variant}"
-            dev_cluster.add_scrape_target(target, address, {
-                "namespace": namespace, "pod": f"llama-{variant}-0", "specdeploy_io_name": "llama",
-                "specdeploy_io_variant": variant,
-            }, metrics_path=f"/{variant}/metrics")
-            targets.append(target)
-        yield "llama"
-    finally:
-        for target in targets:
-            dev_cluster.remove_scrape_target(target)
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with expositions_on_loopback({"/speculative/metrics": page(True), "/control/metrics": page(False)}) as address:
+        targets = []
+        try:
+            for variant in ("speculative", "control"):
+                target = f"{namespace}-{variant}"
+                dev_cluster.add_scrape_target(target, address, {
+                    "namespace": namespace, "pod": f"llama-{variant}-0", "specdeploy_io_name": "llama",
+                    "specdeploy_io_variant": variant,
+                }, metrics_path=f"/{variant}/metrics")
+                targets.append(target)
+            yield "llama"
+        finally:
+            for target in targets:
+                dev_cluster.remove_scrape_target(target)
 
 
 def _query_all(prometheus_url: str, groups: list[QueryGroup]) -> Samples:
@@ -238,20 +210,17 @@ def test_prometheus_scrapes_the_operator_metrics(dev_cluster: DevCluster, namesp
     metrics.rollback(namespace, "llama", "SpeculativePodOutOfMemory")
     metrics.speculation_active(namespace, "llama", False)
     metrics.queries([0.003, 0.02])
-    server, thread = _serve({"/metrics": metrics.render})
     target = f"{namespace}-operator"
-    dev_cluster.add_scrape_target(target, f"127.0.0.1:{server.server_address[1]}", {"job_role": "operator"})
-    try:
-        def scraped() -> list[dict]:
-            response = httpx.get(f"{dev_cluster.prometheus_url}/api/v1/query", timeout=5, params={
-                "query": f'specdeploy_rollbacks_total{{instance_name="{target}"}}'})
-            return list(response.json()["data"]["result"])
+    with expositions_on_loopback({"/metrics": metrics.render}) as address:
+        dev_cluster.add_scrape_target(target, address, {"job_role": "operator"})
+        try:
+            def scraped() -> list[dict]:
+                response = httpx.get(f"{dev_cluster.prometheus_url}/api/v1/query", timeout=5, params={
+                    "query": f'specdeploy_rollbacks_total{{instance_name="{target}"}}'})
+                return list(response.json()["data"]["result"])
 
-        [series] = wait_for(scraped, timeout=30, what="Prometheus to scrape the operator metrics")
-        assert series["metric"]["reason"] == "SpeculativePodOutOfMemory"
-        assert float(series["value"][1]) == 1.0
-    finally:
-        dev_cluster.remove_scrape_target(target)
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+            [series] = wait_for(scraped, timeout=30, what="Prometheus to scrape the operator metrics")
+            assert series["metric"]["reason"] == "SpeculativePodOutOfMemory"
+            assert float(series["value"][1]) == 1.0
+        finally:
+            dev_cluster.remove_scrape_target(target)

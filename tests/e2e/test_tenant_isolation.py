@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import http.server
+import itertools
 import json
 import socket
 import subprocess
@@ -23,6 +24,7 @@ import httpx
 import pytest
 import yaml
 from e2e_resources import SCENARIO_NAME, SCENARIO_SD, serve_scenario
+from loopback_exposition import expositions_on_loopback
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdeploy.devcluster import DevCluster, monitoring, wait_for
@@ -242,47 +244,29 @@ FORGER_POD = "forger-0"
 FORGED_DRAFTS_PER_SCRAPE, FORGED_ACCEPTED_PER_SCRAPE = 5000, 50   # acceptance 0.01, and most of the SD's drafts
 
 
-class ForgingExporter(_LoopbackHttp):
-    """A loopback /metrics whose vLLM counters grow on every scrape with acceptance 0.01: series that, labelled as
-    another SD's speculative pod, would collapse its acceptance. `close()` stops it."""
-
-    def __init__(self) -> None:
-        scrapes = [0]
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:   # noqa: N802 - http.server's naming
-                scrapes[0] += 1
-                n = scrapes[0]
-                body = (f"vllm:spec_decode_num_draft_tokens_total {n * FORGED_DRAFTS_PER_SCRAPE}\n"
-                        f"vllm:spec_decode_num_accepted_tokens_total {n * FORGED_ACCEPTED_PER_SCRAPE}\n"
-                        f"vllm:spec_decode_num_drafts_total {n * FORGED_DRAFTS_PER_SCRAPE // 4}\n").encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._serve(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler))
-        self.address = f"127.0.0.1:{self._server.server_address[1]}"
-
-
 @contextlib.contextmanager
 def _forging(cluster: DevCluster, namespace: str) -> Iterator[None]:
-    """A ForgingExporter registered with the dev Prometheus as a target whose labels say it is the test namespace's
-    SD's speculative pod (what a scrape that relabels, or honours a target's own labels, can write); removed after."""
-    exporter = ForgingExporter()
+    """A loopback /metrics whose vLLM counters grow on every scrape with acceptance 0.01 (series that, labelled as
+    another SD's speculative pod, would collapse its acceptance), registered with the dev Prometheus as a target
+    whose labels say it is the test namespace's SD's speculative pod (what a scrape that relabels, or honours a
+    target's own labels, can write); removed after."""
+    scrapes = itertools.count(1)
+
+    def forged() -> str:
+        n = next(scrapes)
+        return (f"vllm:spec_decode_num_draft_tokens_total {n * FORGED_DRAFTS_PER_SCRAPE}\n"
+                f"vllm:spec_decode_num_accepted_tokens_total {n * FORGED_ACCEPTED_PER_SCRAPE}\n"
+                f"vllm:spec_decode_num_drafts_total {n * FORGED_DRAFTS_PER_SCRAPE // 4}\n")
+
     name = f"forger-{uuid.uuid4().hex[:6]}"
-    try:
-        monitoring.write_target(cluster.monitoring_paths, name, exporter.address, {
-            "namespace": namespace, "pod": FORGER_POD, "specdeploy_io_name": NAME,
-            "specdeploy_io_variant": "speculative"})
-        yield
-    finally:
-        monitoring.remove_target(cluster.monitoring_paths, name)
-        exporter.close()
+    with expositions_on_loopback({"/metrics": forged}) as address:
+        try:
+            monitoring.write_target(cluster.monitoring_paths, name, address, {
+                "namespace": namespace, "pod": FORGER_POD, "specdeploy_io_name": NAME,
+                "specdeploy_io_variant": "speculative"})
+            yield
+        finally:
+            monitoring.remove_target(cluster.monitoring_paths, name)
 
 
 def _prometheus_value(cluster: DevCluster, promql: str) -> float | None:

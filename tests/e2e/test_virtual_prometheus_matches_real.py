@@ -14,13 +14,10 @@ behind the series, one SD's pinned selector) at a few instants, two windows each
 from __future__ import annotations
 
 import asyncio
-import http.server
-import importlib.util
 import math
 import random
 import re
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +28,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from benchmark_modules import load_virtual_prometheus
+from loopback_exposition import expositions_on_loopback
 
 from specdeploy.api.spec import EngineKind
 from specdeploy.clients.prometheus import PrometheusClient
@@ -47,16 +46,6 @@ WINDOWS = (10.0, 5.0)        # 5 s: slices of 500 ms, durations in ms
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0)
 SEQUENCE = "harness_exposition_sequence"
 REL, ABS = 1e-9, 1e-12
-
-
-def _load_virtual_prometheus() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "virtual_prometheus.py"
-    spec = importlib.util.spec_from_file_location("virtual_prometheus", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["virtual_prometheus"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 # --- the engine pods: expositions advancing in seeded steps ------------------------------------------------------
@@ -172,64 +161,39 @@ PODS = [
 
 # --- the real Prometheus scraping them ---------------------------------------------------------------------------
 
-def _serve(pods: list[Pod]) -> http.server.ThreadingHTTPServer:
-    by_path = {f"/{pod.name}/metrics": pod for pod in pods}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the http.server API
-            pod = by_path.get(self.path)
-            if pod is None:
-                self.send_error(404)
-                return
-            body = pod.serve().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 @pytest.fixture
 def scraped(tmp_path: Path) -> Iterator[str]:
     """The pods served and scraped by a real Prometheus until each has served SCRAPES texts; yields its URL."""
-    server = _serve(PODS)
-    address = f"127.0.0.1:{server.server_address[1]}"
-    port = free_port()
-    config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "engines", "static_configs": [
-            {"targets": [address], "labels": {"namespace": pod.namespace, "pod": pod.name,
-                                              "specdeploy_io_name": pod.sd, "specdeploy_io_variant": pod.variant,
-                                              "__metrics_path__": f"/{pod.name}/metrics"}}
-            for pod in PODS]}],
-    }
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    log = (tmp_path / "prometheus.log").open("w")
-    process = subprocess.Popen([str(PROMETHEUS), f"--config.file={tmp_path / 'prometheus.yml'}",
-                                f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                               stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: min(len(pod.expositions) for pod in PODS) >= SCRAPES, timeout=60,
-                 what=f"{SCRAPES} scrapes of each engine pod by {PROMETHEUS}",
-                 describe=lambda: (tmp_path / "prometheus.log").read_text()[-2000:], interval=0.5)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
+    with expositions_on_loopback({f"/{pod.name}/metrics": pod.serve for pod in PODS}) as address:
+        port = free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "engines", "static_configs": [
+                {"targets": [address], "labels": {"namespace": pod.namespace, "pod": pod.name,
+                                                  "specdeploy_io_name": pod.sd,
+                                                  "specdeploy_io_variant": pod.variant,
+                                                  "__metrics_path__": f"/{pod.name}/metrics"}}
+                for pod in PODS]}],
+        }
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        log = (tmp_path / "prometheus.log").open("w")
+        process = subprocess.Popen([str(PROMETHEUS), f"--config.file={tmp_path / 'prometheus.yml'}",
+                                    f"--storage.tsdb.path={tmp_path / 'data'}",
+                                    f"--web.listen-address=127.0.0.1:{port}"],
+                                   stdout=log, stderr=subprocess.STDOUT)
         try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
-        server.shutdown()
-        server.server_close()
+            wait_for(lambda: min(len(pod.expositions) for pod in PODS) >= SCRAPES, timeout=60,
+                     what=f"{SCRAPES} scrapes of each engine pod by {PROMETHEUS}",
+                     describe=lambda: (tmp_path / "prometheus.log").read_text()[-2000:], interval=0.5)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            log.close()
 
 
 # --- the same scrapes into the virtual Prometheus -----------------------------------------------------------------
@@ -320,7 +284,7 @@ class Tally:
 
 
 def test_the_virtual_prometheus_answers_every_operator_query_as_the_real_one(scraped: str) -> None:
-    vp = _load_virtual_prometheus()
+    vp = load_virtual_prometheus()
 
     async def compare() -> tuple[Tally, list[float]]:
         async with PrometheusClient(scraped, timeout=10.0) as client:

@@ -4,32 +4,18 @@ and the operator's own queries over a scraped simulator."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from benchmark_modules import load_virtual_prometheus
 
 from specdeploy.api.spec import EngineKind
 from specdeploy.clients.prometheus import PrometheusBadQuery, PrometheusBadResponse, query_all
 from specdeploy.judgment.queries import queries_for
 from specdeploy.judgment.samples import QueryGroup, Signal
 
-
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "virtual_prometheus.py"
-    spec = importlib.util.spec_from_file_location("virtual_prometheus", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["virtual_prometheus"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-vp = _load()
+vp = load_virtual_prometheus()
 T0 = 1_749_999_600.0   # a multiple of an hour, so step alignment is easy to read
 
 
