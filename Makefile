@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo plan test test-long unit lint system-deps cluster-binaries real-vllm clean
+.PHONY: venv demo plan test test-long unit lint system-deps cluster-binaries leader-worker-sets real-vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ system-deps:
 cluster-binaries: $(STAMP)
 	$(BIN)/specdeploy dev-cluster build
 
+# The LeaderWorkerSet controller the e2e tests' cluster runs, for SDs laid out across nodes (a few minutes the
+# first time).
+leader-worker-sets: $(STAMP)
+	$(BIN)/specdeploy dev-cluster build --leader-worker-sets
+
 # vLLM's CPU build and its stand-in models, cached under ~/.cache/specdeploy (6-15 minutes the first time).
 real-vllm: $(STAMP)
 	$(BIN)/specdeploy dev-cluster build --engine vllm
@@ -39,13 +44,13 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -m "not e2e" tests
 
-test: $(STAMP) system-deps cluster-binaries real-vllm lint
+test: $(STAMP) system-deps cluster-binaries leader-worker-sets real-vllm lint
 	SPECDEPLOY_REAL_VLLM=1 $(BIN)/pytest -m "not long" tests
 
 # The long runs: the operator SIGKILLed at 20 seeded random points of the rollback, 400 hostile
 # SpeculativeDeployments against the apiserver, and the ten-minute soak of healthy noisy traffic
 # (about 40 minutes).
-test-long: $(STAMP) system-deps cluster-binaries
+test-long: $(STAMP) system-deps cluster-binaries leader-worker-sets
 	SPECDEPLOY_FAULT_RUNS=20 SPECDEPLOY_HOSTILE_EXAMPLES=400 $(BIN)/pytest tests/e2e/test_faults.py \
 		tests/e2e/test_hostile_input.py
 	$(BIN)/pytest -m long tests

@@ -144,10 +144,16 @@ class EngineArgs:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """plan.json: the memory plan of this variant's pods and the engine's command line."""
+    """plan.json: the memory plan of this variant's pods, the engine's command line, and over how many pods (one
+    per node) the engine's GPUs are spread: a layout across nodes puts TP × PP ÷ nodes GPUs in each pod."""
 
     memory: PlannedMemory
     argv: tuple[str, ...]
+    nodes: int = 1
+
+    @property
+    def gpus_per_pod(self) -> int:
+        return math.ceil(self.engine_args.gpus / self.nodes)
 
     @property
     def engine_args(self) -> EngineArgs:
@@ -258,7 +264,10 @@ def launch_plan(data: Any) -> LaunchPlan:
     argv = data.get("argv", [])
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         raise PlanError(f"plan.json: `argv` must be a list of strings, got {argv!r}")
-    return LaunchPlan(memory=planned_memory(data["memoryPlan"]), argv=tuple(argv))
+    nodes = data.get("nodes", 1)
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise PlanError(f"plan.json: `nodes` must be a whole number of at least 1, got {nodes!r}")
+    return LaunchPlan(memory=planned_memory(data["memoryPlan"]), argv=tuple(argv), nodes=nodes)
 
 
 # ----------------------------------------------------------------------------------------- command line
@@ -388,10 +397,11 @@ def check(plan: LaunchPlan, gpus: Sequence[GpuMemory]) -> PreflightResult:
     if not gpus:
         problems.append("No GPU is visible to this container: check the pod's `nvidia.com/gpu` limit and the "
                         "node's NVIDIA device plugin.")
-    elif len(gpus) < args.gpus:
-        problems.append(f"The engine needs {args.gpus} GPUs (tensor parallel × pipeline parallel) but "
+    elif len(gpus) < plan.gpus_per_pod:
+        spread = f", {plan.gpus_per_pod} in each of its {plan.nodes} pods," if plan.nodes > 1 else ""
+        problems.append(f"The engine needs {args.gpus} GPUs (tensor parallel × pipeline parallel){spread} but "
                         f"{len(gpus)} are visible: check the pod's `nvidia.com/gpu` limit.")
-    used = sorted(gpus, key=lambda g: g.index)[: max(args.gpus, 1)]
+    used = sorted(gpus, key=lambda g: g.index)[: max(plan.gpus_per_pod, 1)]
     checks = tuple(_check_gpu(plan.memory, gpu, args) for gpu in used)
     return PreflightResult(engine=args.engine, plan=plan.memory, checks=checks, problems=tuple(problems))
 

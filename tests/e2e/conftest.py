@@ -31,10 +31,11 @@ def _progress(message: str) -> None:
 
 @pytest.fixture(scope="session")
 def dev_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    """A running dev cluster (4 GPU nodes, Prometheus, Alertmanager), shared by the session."""
+    """A running dev cluster (4 GPU nodes, Prometheus, Alertmanager, the LeaderWorkerSet controller), shared by the
+    session."""
     reuse = os.environ.get("SPECDEPLOY_E2E_CLUSTER_DIR")
     state_dir = Path(reuse) if reuse else tmp_path_factory.mktemp("dev-cluster")
-    cluster = DevCluster(state_dir, nodes=4, monitoring=True, progress=_progress, audit=True)
+    cluster = DevCluster(state_dir, nodes=4, monitoring=True, progress=_progress, audit=True, leader_worker_sets=True)
     owned = not cluster.running()
     # SIGTERM (CI stopping the run, `timeout`) would skip finalizers; as SystemExit they run.
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -118,6 +118,17 @@ def test_the_service_and_pod_monitor_select_the_leaders() -> None:
     assert children.pod_monitor["spec"]["selector"]["matchLabels"] == {LABEL_NAME: "big", LABEL_ROLE: "leader"}
 
 
+def test_no_group_service_takes_the_name_of_the_sds_service() -> None:
+    """LeaderWorkerSet's default (Shared) headless Service is named after the LeaderWorkerSet — the speculative
+    variant's name, which is the SD's Service's — and owned by it: the apiserver then refuses the operator's Service
+    (two controller owners). Per group, its Service is named after the leader pod."""
+    resource = load()
+    children = desired_children(resource, make_plan(resource.spec))
+    assert children.service["metadata"]["name"] == children.deployments[Variant.SPECULATIVE]["metadata"]["name"]
+    for lws in children.deployments.values():
+        assert lws["spec"]["networkConfig"] == {"subdomainPolicy": "UniquePerReplica"}
+
+
 def test_a_layout_within_a_node_still_renders_deployments_selected_as_before() -> None:
     resource = load(pp=1, models=("meta-llama/Llama-3.1-70B-Instruct", "{method: ngram}"))
     children = desired_children(resource, make_plan(resource.spec))
@@ -262,6 +273,25 @@ def test_a_worker_that_died_is_a_group_failure_the_ready_condition_names() -> No
     assert (ready.status, ready.reason) == (ConditionStatus.FALSE, "GroupMemberFailed")
     assert "pod big-0-1 GroupMemberFailed" in ready.message and "kubectl logs --previous" in ready.message
     assert "0/1 speculative groups available" in ready.message
+
+
+def test_a_death_is_named_before_the_leader_worker_set_counts_the_group_down() -> None:
+    died = group_pod("big-0-1", "worker", last={"exitCode": 137, "reason": "Error",
+                                               "finishedAt": "2026-12-06T03:00:00Z"})
+    failed = failed_group_members([group_pod("big-0", "leader"), died])
+    resource = load()
+    up = deployment_state(lws_body(ready=1, updated=1), "big")
+    control = deployment_state({**lws_body(ready=1, updated=1), "metadata": {
+        "name": "big-control", "generation": 3, "labels": {LABEL_NAME: "big", LABEL_VARIANT: "control"}}}, "big")
+    assert up is not None and control is not None
+    status = next_status(SpeculativeDeploymentStatus(), resource.spec, 1, Planned(make_plan(resource.spec)),
+                         [up, control], "2026-12-06T03:00:00Z", SpeculationStatus(decided=True), None, failed)
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == (ConditionStatus.FALSE, "GroupMemberFailed")
+    assert "1/1 speculative groups available" in ready.message and "a group is recreated: pod big-0-1" in ready.message
+    again = next_status(SpeculativeDeploymentStatus(), resource.spec, 1, Planned(make_plan(resource.spec)),
+                        [up, control], "2026-12-06T03:00:00Z", SpeculationStatus(decided=True), None, ())
+    assert next(c for c in again.conditions if c.type == "Ready").status == ConditionStatus.TRUE
 
 
 def test_an_out_of_memory_death_of_any_member_counts() -> None:

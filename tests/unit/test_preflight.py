@@ -148,6 +148,20 @@ def test_too_few_visible_gpus_refuse() -> None:
     assert "needs 2 GPUs (tensor parallel × pipeline parallel) but 1 are visible" in result.report()
 
 
+def test_a_layout_across_nodes_checks_one_nodes_share_in_each_pod() -> None:
+    """TP 8 × PP 2 over two pods (one per node): each pod holds 8 GPUs, not 16 (the operator writes `nodes`)."""
+    argv = [*VLLM_ARGV[:5], "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2"]
+    memory = {**MEMORY_PLAN, "perGpu": {**MEMORY_PLAN["perGpu"]}}
+    eight = [_gpu(i, 78.6) for i in range(8)]
+    across = launch_plan({"memoryPlan": memory, "argv": argv, "nodes": 2})
+    assert across.gpus_per_pod == 8 and check(across, eight).ok
+    alone = check(launch_plan({"memoryPlan": memory, "argv": argv}), eight)
+    assert "needs 16 GPUs (tensor parallel × pipeline parallel) but 8 are visible" in alone.report()
+    short = check(across, eight[:4])
+    assert "needs 16 GPUs (tensor parallel × pipeline parallel), 8 in each of its 2 pods, but 4 are visible" \
+        in short.report()
+
+
 def test_no_gpu_refuses() -> None:
     result = check(_plan(), [])
     assert not result.ok
@@ -197,6 +211,7 @@ def test_reads_the_plan_json_the_operator_writes(example: str) -> None:
     ({"memoryPlan": {"perGpu": {**MEMORY_PLAN["perGpu"], "kvCacheGiB": "lots"}}},
      "`memoryPlan.perGpu.kvCacheGiB` must be a number, got 'lots'"),
     ({"memoryPlan": MEMORY_PLAN, "argv": "vllm serve"}, "`argv` must be a list of strings"),
+    ({"memoryPlan": MEMORY_PLAN, "nodes": 0}, "`nodes` must be a whole number of at least 1, got 0"),
 ])
 def test_an_invalid_plan_names_the_field(data: Any, expected: str) -> None:
     with pytest.raises(PlanError, match=expected.replace("(", r"\(").replace("[", r"\[")):

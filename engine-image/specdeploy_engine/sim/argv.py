@@ -84,6 +84,9 @@ class EngineConfig:
     health_path: str
     metrics_path: str | None             # None: these flags expose no Prometheus metrics
     kv_cache_memory_bytes: int | None = None   # vLLM --kv-cache-memory-bytes: a fixed KV cache per GPU
+    # pipeline stages (vLLM --pipeline-parallel-size, SGLang --pp-size): each stage holds its share of the layers;
+    # a layout across nodes runs one stage group per node, this process standing for the leader's
+    pipeline_parallel_size: int = 1
     # vLLM --per-request-spec-decode-metrics: none, summary or detailed (metrics.speculative_decoding in
     # each response); "none" for the other engines
     per_request_spec_decode_metrics: str = "none"
@@ -226,6 +229,8 @@ def _vllm(args: list[str], gpu: GpuProduct | None) -> EngineConfig:
         host=values.get("host") or "0.0.0.0",
         port=values.get("port") or 8000,
         tensor_parallel_size=_positive(values.get("tensor_parallel_size") or 1, "tensor_parallel_size", "vllm"),
+        pipeline_parallel_size=_positive(values.get("pipeline_parallel_size") or 1, "pipeline_parallel_size",
+                                         "vllm"),
         max_model_len=values.get("max_model_len"),
         max_num_seqs=_positive(values.get("max_num_seqs") or seqs_default, "max_num_seqs", "vllm"),
         max_num_batched_tokens=values.get("max_num_batched_tokens") or tokens_default,
@@ -393,6 +398,7 @@ def _sglang(args: list[str], config_dir: Path | None) -> EngineConfig:
         host=values.get("host") or "127.0.0.1",
         port=values.get("port") or SGLANG_DEFAULT_PORT,
         tensor_parallel_size=_positive(values.get("tp_size") or 1, "tp_size", "sglang.launch_server"),
+        pipeline_parallel_size=_positive(values.get("pp_size") or 1, "pp_size", "sglang.launch_server"),
         max_model_len=values.get("context_length"),
         max_num_seqs=_positive(values.get("max_running_requests") or SGLANG_DEFAULT_MAX_RUNNING_REQUESTS,
                                "max_running_requests", "sglang.launch_server"),

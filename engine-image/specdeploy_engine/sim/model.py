@@ -265,6 +265,7 @@ def spec_for(config: EngineConfig, gpu: GpuProduct) -> SpeculativeDeploymentSpec
         "speculation": speculation,
         "resources": {
             "tensorParallelSize": config.tensor_parallel_size,
+            "pipelineParallelSize": config.pipeline_parallel_size,
             "gpu": {"product": gpu.name, "count": config.tensor_parallel_size},
             "gpuMemoryUtilization": min(1.0, max(0.01, config.gpu_memory_utilization)),
         },

@@ -1,4 +1,5 @@
-"""Find or build the control-plane binaries: etcd, kube-*, kubectl, kwok and helm, from Go modules.
+"""Find or build the control-plane binaries: etcd, kube-*, kubectl, kwok and helm, from Go modules, and the
+LeaderWorkerSet controller when a cluster asks for it.
 
 Why from Go modules: this machine has no container engine and reaches only package registries, so
 the only way to a real kube-apiserver is `go build` from the module proxy. Each group of binaries is
@@ -11,6 +12,7 @@ Usage::
 
     binaries = ensure_binaries(progress=print)
     binaries["kube-apiserver"]  # -> Path
+    ensure_binaries(names=LEADER_WORKER_SET)   # the LWS controller: five minutes more, only when asked
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Binary:
     version: str
     package: str
     ldflags: tuple[str, ...]
-    version_args: tuple[str, ...]
+    version_args: tuple[str, ...]   # empty: it cannot say its version, so only the manifest vouches for it
 
 
 def _kubernetes_ldflags(version: str) -> tuple[str, ...]:
@@ -84,11 +86,16 @@ def _catalog() -> tuple[Binary, ...]:
         Binary("helm", "helm", "helm.sh/helm/v3", versions.HELM, "helm.sh/helm/v3/cmd/helm",
                (f"-X helm.sh/helm/v3/internal/version.version={versions.HELM}",
                 "-X helm.sh/helm/v3/internal/version.gitTreeState=clean"), ("version", "--short")),
+        Binary("lws-controller", "lws", "sigs.k8s.io/lws", versions.LWS, "sigs.k8s.io/lws/cmd",
+               (f"-X sigs.k8s.io/lws/pkg/version.GitVersion={versions.LWS}",), ()),
     )
 
 
 BINARIES: tuple[Binary, ...] = _catalog()
-NAMES: tuple[str, ...] = tuple(b.name for b in BINARIES)
+#: Only built for a cluster started with LeaderWorkerSets (`up --leader-worker-sets`).
+LEADER_WORKER_SET: tuple[str, ...] = ("lws-controller",)
+#: What every dev cluster runs: the default of `ensure_binaries`.
+NAMES: tuple[str, ...] = tuple(b.name for b in BINARIES if b.name not in LEADER_WORKER_SET)
 
 
 def bin_dir() -> Path:
@@ -108,6 +115,8 @@ def go_binary() -> Path:
 
 def probe_version(path: Path, binary: Binary) -> str | None:
     """The x.y.z a binary reports about itself, or None when it cannot say."""
+    if not binary.version_args:
+        return None
     try:
         out = subprocess.run([str(path), *binary.version_args], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
@@ -280,15 +289,21 @@ def _build(go: Path, binary: Binary, say: Progress) -> Path:
     return out
 
 
-def kwok_stage_dir() -> Path:
-    """kwok's published stage files (``kustomize/stage``) in the Go module cache, downloading if needed."""
+def module_dir(module: str, version: str) -> Path:
+    """Where `module`@`version`'s source lies in the Go module cache, downloading it if needed: for the files a
+    module publishes beside its code (kwok's stages, LeaderWorkerSet's CRD and webhook manifests)."""
     go = go_binary()
-    log = cache_dir() / "logs" / f"kwok-{versions.KWOK}.log"
+    log = cache_dir() / "logs" / f"{module.rsplit('/', 1)[-1]}-{version}.log"
     workdir = cache_dir() / "src"
     workdir.mkdir(parents=True, exist_ok=True)
-    info = json.loads(_run_go(go, ["mod", "download", "-json", f"sigs.k8s.io/kwok@{versions.KWOK}"],
-                              workdir, log, f"go mod download sigs.k8s.io/kwok@{versions.KWOK}"))
-    stage = Path(info["Dir"]) / "kustomize" / "stage"
+    info = json.loads(_run_go(go, ["mod", "download", "-json", f"{module}@{version}"], workdir, log,
+                              f"go mod download {module}@{version}"))
+    return Path(info["Dir"])
+
+
+def kwok_stage_dir() -> Path:
+    """kwok's published stage files (``kustomize/stage``) in the Go module cache, downloading if needed."""
+    stage = module_dir("sigs.k8s.io/kwok", versions.KWOK) / "kustomize" / "stage"
     if not stage.is_dir():
         raise BuildError(f"kwok {versions.KWOK} has no stage directory at {stage}")
     return stage

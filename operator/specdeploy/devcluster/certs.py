@@ -1,4 +1,5 @@
-"""The dev cluster's PKI: one CA, the apiserver's serving certificate, client certificates, SA keys.
+"""The dev cluster's PKI: one CA, the apiserver's and the webhooks' serving certificates, client certificates, SA
+keys.
 
 Why generated here: kube-apiserver needs TLS and client-certificate identities for RBAC (admin in
 `system:masters`, the controller-manager and scheduler under their own well-known user names), and
@@ -24,6 +25,8 @@ CLIENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "admin": ("kubernetes-admin", ("system:masters",)),
     "controller-manager": ("system:kube-controller-manager", ()),
     "scheduler": ("system:kube-scheduler", ()),
+    # its own name in the audit log (tests count the operator's writes as kubernetes-admin's)
+    "lws-controller": ("specdeploy-dev:lws-controller", ("system:masters",)),
 }
 
 APISERVER_DNS = (
@@ -56,6 +59,15 @@ class Pki:
     @property
     def serving_key(self) -> Path:
         return self.directory / "apiserver.key"
+
+    @property
+    def webhook_cert(self) -> Path:
+        """The serving certificate of webhooks the dev cluster runs on loopback (the LeaderWorkerSet controller's)."""
+        return self.directory / "webhooks.crt"
+
+    @property
+    def webhook_key(self) -> Path:
+        return self.directory / "webhooks.key"
 
     @property
     def sa_key(self) -> Path:
@@ -141,6 +153,8 @@ def generate(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
     for ip in ("127.0.0.1", "10.96.0.1", *extra_ips):
         sans.append(x509.IPAddress(ipaddress.ip_address(ip)))
     leaf(pki.serving_cert, pki.serving_key, _name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, sans)
+    leaf(pki.webhook_cert, pki.webhook_key, _name("dev-cluster-webhooks"), ExtendedKeyUsageOID.SERVER_AUTH,
+         [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
     for stem, (user, groups) in CLIENTS.items():
         leaf(pki.client_cert(stem), pki.client_key(stem), _name(user, groups), ExtendedKeyUsageOID.CLIENT_AUTH)
 

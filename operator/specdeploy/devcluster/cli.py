@@ -50,21 +50,32 @@ def dev_cluster() -> None:
     """A real local control plane: etcd, kube-apiserver, controller-manager, scheduler, kwok GPU nodes."""
 
 
+_leader_worker_sets = click.option(
+    "--leader-worker-sets", is_flag=True,
+    help=f"Also the LeaderWorkerSet controller (sigs.k8s.io/lws {versions.LWS}, a few minutes to build the first "
+         "time), for SDs laid out across nodes; `up` runs it with its CRD and its webhooks on loopback.")
+
+
 @dev_cluster.command("build")
 @click.option("--engine", type=click.Choice(["sim", "vllm"]), default="sim", show_default=True,
               help="vllm: also install real vLLM's CPU build and its stand-in models (what `up --engine vllm` "
                    "and the real-vLLM tests run; ~3 GiB download on first use, then a no-op).")
-def build_cmd(engine: str) -> None:
+@_leader_worker_sets
+def build_cmd(engine: str, leader_worker_sets: bool) -> None:
     """Build (or find) every binary; a quick no-op when the cache is warm."""
     started = time.monotonic()
     _echo_err(f"dev-cluster binaries for Kubernetes {versions.KUBERNETES}, etcd {versions.ETCD}, "
-              f"kwok {versions.KWOK}, helm {versions.HELM} (cache: {build.bin_dir()})")
+              f"kwok {versions.KWOK}, helm {versions.HELM}"
+              + (f", LeaderWorkerSet {versions.LWS}" if leader_worker_sets else "") + f" (cache: {build.bin_dir()})")
+    names = (*build.NAMES, *build.LEADER_WORKER_SET) if leader_worker_sets else build.NAMES
     try:
-        binaries = build.ensure_binaries(progress=_echo_err)
+        binaries = build.ensure_binaries(progress=_echo_err, names=names)
         stage = build.kwok_stage_dir()
     except DevClusterError as exc:
         _fail(exc)
     for binary in build.BINARIES:
+        if binary.name not in binaries or not binary.version_args:
+            continue   # not asked for, or cannot say its version (its build manifest vouches for it)
         found = build.probe_version(binaries[binary.name], binary)
         if found is None or found.split(".")[:2] != binary.version.lstrip("v").split(".")[:2]:
             raise click.ClickException(f"{binaries[binary.name]} reports version {found!r}, "
@@ -86,13 +97,16 @@ def build_cmd(engine: str) -> None:
 @click.option("--engine", type=click.Choice(ENGINES), default="sim", show_default=True,
               help="What engine pods run: the simulator, or (vllm, with --monitoring) real vLLM's CPU build with "
                    "stand-in models for pods that run `vllm serve`, installed on first use (~3 GiB download).")
+@_leader_worker_sets
 @click.option("--timeout", default=180.0, show_default=True, help="Seconds to wait for readiness.")
-def up_cmd(state_dir: Path | None, nodes: int, monitoring: bool, engine: str, timeout: float) -> None:
+def up_cmd(state_dir: Path | None, nodes: int, monitoring: bool, engine: str, leader_worker_sets: bool,
+           timeout: float) -> None:
     """Start the cluster (building binaries if missing) and wait until it is ready."""
     if engine != "sim" and not monitoring:
         raise click.BadParameter(f"--engine {engine} needs --monitoring (the pod runner starts with it)",
                                  param_hint="--engine")
-    cluster = DevCluster(state_dir, nodes=nodes, monitoring=monitoring, progress=_echo_err, engine=engine)
+    cluster = DevCluster(state_dir, nodes=nodes, monitoring=monitoring, progress=_echo_err, engine=engine,
+                         leader_worker_sets=leader_worker_sets)
     try:
         cluster.up(timeout=timeout)
     except DevClusterError as exc:

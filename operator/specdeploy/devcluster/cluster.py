@@ -32,6 +32,7 @@ from lightkube import KubeConfig
 from lightkube.config import client_adapter
 
 from specdeploy.devcluster import audit, build, certs, monitoring, processes, simregistry, versions, vllm_env
+from specdeploy.devcluster import leaderworkersets as lws
 from specdeploy.devcluster import nodes as gpu_nodes
 from specdeploy.devcluster.errors import ClusterNotRunning, DevClusterError, KubectlError, ProcessFailed
 from specdeploy.devcluster.kubeconfig import write_cert_kubeconfig, write_token_kubeconfig
@@ -45,7 +46,7 @@ SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 #: Start order, and the order `status` lists them in.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "lws-controller",
               "prometheus", "alertmanager", "pod-runner")
 
 #: The monitoring components: Prometheus, Alertmanager, and the pod runner whose simulators they scrape.
@@ -57,7 +58,7 @@ RESTARTABLE_COMPONENTS = ("kube-apiserver", "prometheus", "alertmanager")
 
 #: Everything `up` creates inside the state directory (and `down` removes).
 _STATE_ENTRIES = ("state.json", "state.tmp", "kubeconfig", "kubeconfig.tmp", "kubeconfigs", "pki", "etcd",
-                  "kcm-certs", "kwok-home", "monitoring", "podrunner", "logs", "audit-policy.yaml")
+                  "kcm-certs", "kwok-home", "lws", "monitoring", "podrunner", "logs", "audit-policy.yaml")
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ class DevCluster:
 
     def __init__(self, state_dir: Path | str | None = None, nodes: int = 4, monitoring: bool = False,
                  progress: Progress | None = None, scrape_interval: str = "2s",
-                 gpu_shape: gpu_nodes.GpuNodeShape | None = None, engine: str = "sim", audit: bool = False) -> None:
+                 gpu_shape: gpu_nodes.GpuNodeShape | None = None, engine: str = "sim", audit: bool = False,
+                 leader_worker_sets: bool = False) -> None:
         if nodes < 0:
             raise ValueError(f"nodes must be 0 or more, got {nodes!r}")
         if engine not in ENGINES:
@@ -100,6 +102,7 @@ class DevCluster:
             raise ValueError(f"engine {engine!r} needs monitoring: the pod runner that runs engines starts with it")
         self.engine = engine
         self.audit_enabled = audit   # the apiserver keeps `audit_log` (tests count writes; benchmarks leave it off)
+        self.leader_worker_sets = leader_worker_sets   # runs the LeaderWorkerSet controller (devcluster/leaderworkersets)
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.node_count = nodes
         self.monitoring = monitoring
@@ -164,9 +167,11 @@ class DevCluster:
 
     @property
     def binaries(self) -> build.Binaries:
-        """Paths of the built binaries (building the missing ones)."""
+        """Paths of the built binaries (building the missing ones; the LeaderWorkerSet controller only for a
+        cluster that runs it)."""
         if self._binaries is None:
-            self._binaries = build.ensure_binaries(self._say)
+            names = (*build.NAMES, *build.LEADER_WORKER_SET) if self.leader_worker_sets else build.NAMES
+            self._binaries = build.ensure_binaries(self._say, names=names)
         return self._binaries
 
     @property
@@ -220,7 +225,8 @@ class DevCluster:
     def _matches(self, state: ClusterState) -> bool:
         has_monitoring = all(name in state.components for name in MONITORING_COMPONENTS)
         return (len(state.nodes) == self.node_count and (has_monitoring or not self.monitoring)
-                and state.engine == self.engine)
+                and state.engine == self.engine
+                and ("lws-controller" in state.components or not self.leader_worker_sets))
 
     def down(self, keep_logs: bool = False) -> None:
         """Stop every recorded process (by pid, whole process group) and remove the state directory."""
@@ -422,7 +428,7 @@ class DevCluster:
         kubeconfigs = self.state_dir / "kubeconfigs"
         write_cert_kubeconfig(self.kubeconfig, server, pki.ca_cert, pki.client_cert("admin"),
                               pki.client_key("admin"))
-        for component in ("controller-manager", "scheduler"):
+        for component in ("controller-manager", "scheduler", "lws-controller"):
             write_cert_kubeconfig(kubeconfigs / f"{component}.kubeconfig", server, pki.ca_cert,
                                   pki.client_cert(component), pki.client_key(component), user_name=component)
 
@@ -472,6 +478,8 @@ class DevCluster:
                         f"{len(state.nodes)} nodes Ready without taints")
             self._await(kcm, lambda: api.get("/api/v1/namespaces/default/serviceaccounts/default").status_code == 200,
                         deadline, "ServiceAccount default/default")
+            if self.leader_worker_sets:
+                self._start_leader_worker_sets(state, api, binaries["lws-controller"], pki, deadline)
         for record, url in monitors:
             self._await(record, functools.partial(_answers, url), deadline, url)
         if self.monitoring:
@@ -480,6 +488,42 @@ class DevCluster:
                                   "watching engine pods")
             self._await(runner, lambda: simregistry.load(self.simulator_registry).synced, deadline,
                         "pod runner watching pods")
+
+    def _start_leader_worker_sets(self, state: ClusterState, api: httpx2.Client, binary: Path, pki: certs.Pki,
+                                  deadline: float) -> None:
+        """The LeaderWorkerSet CRD, its controller on loopback and its webhooks; ready once a server-side dry run
+        of a LeaderWorkerSet passes them (devcluster/leaderworkersets.py says why so)."""
+        files = lws.LwsFiles.from_module()
+        created = api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=lws.crd_manifest(files))
+        if created.status_code not in (201, 409):
+            raise DevClusterError(f"creating the LeaderWorkerSet CRD failed: {created.status_code} {created.text}")
+        wait_for(lambda: _established(api, lws.CRD_NAME), max(deadline - time.monotonic(), 1.0),
+                 f"CRD {lws.CRD_NAME} Established", interval=0.1)
+        directory = self.state_dir / "lws"
+        cert_dir = directory / "certs"
+        cert_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(pki.webhook_cert, cert_dir / "tls.crt")
+        shutil.copyfile(pki.webhook_key, cert_dir / "tls.key")
+        webhook_port, health_port = processes.free_ports(2)
+        config = lws.write_config(directory / "config.yaml", webhook_port, health_port, cert_dir)
+        webhook_url = f"https://127.0.0.1:{webhook_port}"
+        kubeconfig = self.state_dir / "kubeconfigs" / "lws-controller.kubeconfig"
+        controller = self._launch(state, "lws-controller", lws.controller_argv(binary, config, kubeconfig),
+                                  webhook_url)
+        self._await(controller, functools.partial(_answers, f"http://127.0.0.1:{health_port}/readyz"), deadline,
+                    "lws-controller /readyz")
+        for configuration in lws.webhook_configurations(files, webhook_url, pki.ca_cert.read_bytes()):
+            kind = "mutating" if configuration["kind"].startswith("Mutating") else "validating"
+            response = api.post(f"/apis/admissionregistration.k8s.io/v1/{kind}webhookconfigurations",
+                                json=configuration)
+            if response.status_code not in (201, 409):
+                raise DevClusterError(f"creating the LeaderWorkerSet webhooks failed: {response.status_code} "
+                                      f"{response.text}")
+        probe = lws.probe_manifest("default")
+        self._await(controller, lambda: api.post("/apis/leaderworkerset.x-k8s.io/v1/namespaces/default/"
+                                                 "leaderworkersets", params={"dryRun": "All"},
+                                                 json=probe).status_code == 201,
+                    deadline, "a LeaderWorkerSet through its webhooks (server-side dry run)")
 
     def _start_monitoring(self, state: ClusterState, prometheus_port: int,
                           alertmanager_port: int) -> list[tuple[ComponentRecord, str]]:
@@ -564,6 +608,12 @@ def _answers(url: str, verify: bool = True, body: str | None = None) -> bool:
     """GET `url` answers 200 (and, with `body`, exactly that text)."""
     response = httpx.get(url, verify=verify, timeout=2)
     return response.status_code == 200 and (body is None or response.text.strip() == body)
+
+
+def _established(api: httpx2.Client, crd: str) -> bool:
+    response = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")
+    conditions = (response.json().get("status") or {}).get("conditions") or [] if response.status_code == 200 else []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
 def _nodes_ready(api: httpx2.Client, names: list[str]) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdeploy.engines import CONFIG_MOUNT_PATH, engine_of, engine_profile
+from specdeploy.reconcile.leaderworkerset import LABEL_ROLE, Role
 
 LABEL_NAME = "specdeploy.io/name"
 LABEL_VARIANT = "specdeploy.io/variant"
@@ -37,6 +38,7 @@ GPU_HELD_ENV = "SPECDEPLOY_DEV_GPU_HELD_MIB"
 #: Environment variables of the pod that would break the local Python running the simulator.
 _HOST_ENV = frozenset({"PATH", "HOME", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD"})
 _TARGET_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_VARIABLE_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
 def prometheus_label(kubernetes_label: str) -> str:
@@ -93,6 +95,12 @@ class EnginePod:
     node: str = ""                # spec.nodeName
     cache: CacheVolume | None = None
     init_containers: tuple[InitContainer, ...] = ()
+    role: str = ""                # specdeploy.io/role: leader or worker of a LeaderWorkerSet's group; "" otherwise
+
+    @property
+    def serves(self) -> bool:
+        """Whether the pod runs an engine that serves: a group's worker holds ranks and serves nothing."""
+        return self.role != Role.WORKER
 
     @property
     def hub_bandwidth_mibps(self) -> float | None:
@@ -177,10 +185,10 @@ def engine_pod(pod: dict[str, Any]) -> EnginePod | None:
     container = engine_container(pod)
     if container is None:
         return None
-    argv = tuple(str(a) for a in [*(container.get("command") or []), *(container.get("args") or [])])
+    env = _literal_env(container)
+    argv = tuple(expand(str(a), env) for a in [*(container.get("command") or []), *(container.get("args") or [])])
     if not argv:
         return None
-    env = _literal_env(container)
     probe = (container.get("readinessProbe") or container.get("startupProbe") or {}).get("httpGet") or {}
     ports = container.get("ports") or []
     container_port = ports[0].get("containerPort") if ports else None
@@ -203,7 +211,20 @@ def engine_pod(pod: dict[str, Any]) -> EnginePod | None:
         node=str(spec.get("nodeName") or ""),
         cache=cache_volume(spec),
         init_containers=tuple(_init_container(c) for c in spec.get("initContainers") or []),
+        role=str(labels.get(LABEL_ROLE, "")),
     )
+
+
+def expand(argument: str, env: dict[str, str]) -> str:
+    """`$(VAR)` in a command or argument replaced by the container's variable, as the kubelet does: `$$` is a
+    literal `$`, a variable the container does not define stays as written (LeaderWorkerSet's webhook defines
+    LWS_LEADER_ADDRESS and LWS_WORKER_INDEX, which the operator's multi-node flags name)."""
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return env.get(match.group(1), match.group(0))
+
+    return _VARIABLE_REFERENCE.sub(replace, argument)
 
 
 def _literal_env(container: dict[str, Any]) -> dict[str, str]:

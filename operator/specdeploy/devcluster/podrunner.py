@@ -85,6 +85,9 @@ GPU_STANDIN = Path(__file__).resolve().parent / "gpu_standin"
 """Holds `torch` for a pod's GPU preflight run here: the node's GPUs as the pod's knobs make them."""
 
 SIMULATOR_MODULE = "specdeploy_engine.sim"
+#: What a group's worker runs: it holds its node as the engine's ranks would and serves nothing; killing it is a
+#: worker's death.
+IDLE = ("sleep", "infinity")
 WATCH_SECONDS = 300          # the apiserver ends a watch after this; lightkube resumes it from the last version
 STOP_GRACE_SECONDS = 5.0     # SIGTERM → SIGKILL for a simulator (a pod's 60 s grace is for real engines)
 #: How long one start may hold a starting slot: a simulator answers within a second; real vLLM on two shared
@@ -390,14 +393,16 @@ class PodRunner:
 
     async def _supervise(self, engine: EnginePod) -> None:
         """Run the pod's simulator at the pod's IP and port until the task is cancelled, restarting it there with
-        back-off when it dies."""
+        back-off when it dies. A group's worker gets a process that holds its place and serves nothing (`IDLE`):
+        its death is what a rank's would be, a crash the kubelet reports."""
         host = engine.pod_ip
-        port = engine.port or _free_port(host)
+        port = (engine.port or _free_port(host)) if engine.serves else 0
         log_path = self.paths.log(engine)
         sim = SimulatorEndpoint(namespace=engine.namespace, pod=engine.name, uid=engine.uid, sd=engine.sd,
-                                variant=engine.variant, engine=engine.engine, address=f"{host}:{port}",
+                                variant=engine.variant, engine=engine.engine,
+                                address=f"{host}:{port}" if engine.serves else "",
                                 metrics_path=engine.metrics_path, health_path=engine.health_path, state=PENDING,
-                                log=str(log_path))
+                                log=str(log_path), role=engine.role)
         self._publish(sim)
         config_dir = self.paths.config_dir(engine.uid)
         proc: asyncio.subprocess.Process | None = None
@@ -405,10 +410,12 @@ class PodRunner:
             await self._write_config(engine, config_dir, wait=True)
             await self._run_init_containers(engine, config_dir)
             await self._download(engine, config_dir, log_path)
-            self._add_target(engine, sim.address)
+            if engine.serves:
+                self._add_target(engine, sim.address)
             crashes = 0
             while True:
-                await self._until_port_free(engine, host, port)
+                if engine.serves:
+                    await self._until_port_free(engine, host, port)
                 await self._write_config(engine, config_dir, wait=False)   # the kubelet keeps the files synced
                 async with self._starting:
                     proc, offset, started_at = await self._spawn(engine, host, port, config_dir, log_path)
@@ -556,8 +563,9 @@ class PodRunner:
                 marker.write_text(json.dumps(model) + "\n")
 
     def _runs_real(self, engine: EnginePod) -> bool:
-        """Whether this pod gets real vLLM: the runner was started with it and the pod runs `vllm serve`."""
-        return self.real_vllm is not None and engine.engine == "vllm" and is_vllm_serve(engine.argv)
+        """Whether this pod gets real vLLM: the runner was started with it and the pod serves with `vllm serve`."""
+        return (self.real_vllm is not None and engine.serves and engine.engine == "vllm"
+                and is_vllm_serve(engine.argv))
 
     async def _until_port_free(self, engine: EnginePod, host: str, port: int) -> None:
         """Wait until nothing listens at the pod's address: what can hold it is the pod's own previous run, or,
@@ -604,7 +612,10 @@ class PodRunner:
                      log_path: Path) -> tuple[asyncio.subprocess.Process, int, datetime]:
         real = self._runs_real(engine)
         notes: tuple[str, ...] = ()
-        if real:
+        if not engine.serves:
+            argv, env = list(IDLE), dict(os.environ)
+            notes = (f"a worker of its group, idle ({' '.join(IDLE)}) in place of its engine's ranks",)
+        elif real:
             argv, env, notes = self._real_vllm_command(engine, host, port)
         else:
             argv, env = self._simulator_command(engine, host, port, config_dir)
@@ -618,12 +629,16 @@ class PodRunner:
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=handle, stderr=asyncio.subprocess.STDOUT,
                 env=env, cwd=str(config_dir), start_new_session=True)
         log.info("%s/%s: %s pid %d on %s:%d (%s)", engine.namespace, engine.name,
-                 "real vLLM" if real else "simulator", proc.pid, host, port, engine.engine)
+                 "idle worker" if not engine.serves else "real vLLM" if real else "simulator", proc.pid, host, port,
+                 engine.engine)
         return proc, offset, _now()
 
     async def _until_healthy(self, proc: asyncio.subprocess.Process, engine: EnginePod, address: str,
                              slot_seconds: float | None) -> bool | None:
-        """True once GET health answers 200, False when the process exits first, None after `slot_seconds`."""
+        """True once GET health answers 200 (at once for a worker: it has no probes), False when the process exits
+        first, None after `slot_seconds`."""
+        if not engine.serves:
+            return proc.returncode is None
         url = f"http://{address}{engine.health_path}"
         deadline = None if slot_seconds is None else time.monotonic() + slot_seconds
         interval = 0.1

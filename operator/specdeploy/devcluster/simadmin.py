@@ -58,11 +58,12 @@ def parse_knob(assignment: str) -> tuple[str, Any]:
 
 
 def matching(cluster: DevCluster, sd: str, variant: str | None = None) -> list[SimulatorEndpoint]:
-    """The simulators of `sd` (NAMESPACE/NAME), of one variant when given; raises NoSimulators when none."""
+    """The simulators of `sd` (NAMESPACE/NAME) that serve (not a group's workers), of one variant when given;
+    raises NoSimulators when none."""
     namespace, name = parse_sd(sd)
     if variant is not None and variant not in VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-    found = cluster.simulators(namespace=namespace, sd=name, variant=variant)
+    found = [s for s in cluster.simulators(namespace=namespace, sd=name, variant=variant) if s.serves]
     if not found:
         which = f" variant {variant}" if variant else ""
         raise NoSimulators(f"no simulators for {namespace}/{name}{which}; is the pod runner running "

@@ -30,7 +30,8 @@ class SimulatorEndpoint:
     sd: str
     variant: str
     engine: str
-    address: str               # podIP:containerPort, where the pod's engine listens (a loopback address)
+    address: str               # podIP:containerPort, where the pod's engine listens (a loopback address); "" for
+                               # a group's worker, which serves nothing
     metrics_path: str
     health_path: str
     pid: int = 0
@@ -38,6 +39,7 @@ class SimulatorEndpoint:
     state: str = PENDING
     restarts: int = 0
     log: str = ""
+    role: str = ""             # leader or worker of a LeaderWorkerSet's group; "" for a pod of a Deployment
 
     @property
     def url(self) -> str:
@@ -47,6 +49,11 @@ class SimulatorEndpoint:
     @property
     def ready(self) -> bool:
         return self.state == RUNNING
+
+    @property
+    def serves(self) -> bool:
+        """A group's worker runs no engine that answers: what sends it traffic or knobs skips it."""
+        return bool(self.address)
 
 
 @dataclass

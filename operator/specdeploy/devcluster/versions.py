@@ -15,6 +15,9 @@ ETCD = "v3.6.16"
 KWOK = "v0.8.0"
 #: helm.sh/helm/v3: for the chart tests and the demo.
 HELM = "v3.22.0"
+#: sigs.k8s.io/lws: the LeaderWorkerSet controller, for SDs laid out across nodes (v0.7 serves the v1 API the
+#: operator writes and builds against the same client libraries line as Kubernetes 1.36's).
+LWS = "v0.7.0"
 
 #: The Go language version written into the generated wrapper modules (the installed Go is 1.26).
 GO_LANGUAGE = "1.26.0"

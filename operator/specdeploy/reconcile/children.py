@@ -160,12 +160,13 @@ def downloads(plan: Plan, speculating: bool) -> list[dict[str, Any]]:
 
 
 def _variant_files(plan: Plan, command: EngineCommand, speculating: bool) -> dict[str, str]:
-    """The files a variant's pods mount: the engine's config files, and the plan its preflight checks with the
-    models it downloads."""
+    """The files a variant's pods mount: the engine's config files, and the plan its preflight checks (with the
+    pods, one per node, its GPUs are spread over) and the models it downloads."""
     memory = plan.memory if speculating else plan.memory_without_speculation
     files = dict(command.config_files)
     files[PLAN_FILE] = json.dumps({"memoryPlan": memory.to_wire(), "argv": command.argv(),
-                                   "downloads": downloads(plan, speculating)}, indent=1) + "\n"
+                                   "nodes": plan.layout.nodes, "downloads": downloads(plan, speculating)},
+                                  indent=1) + "\n"
     return files
 
 

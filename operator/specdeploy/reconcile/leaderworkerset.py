@@ -78,8 +78,9 @@ def _role_template(template: dict[str, Any], plan: Plan, role: Role, speculating
 def leader_worker_set(deployment: dict[str, Any], plan: Plan) -> dict[str, Any]:
     """The LeaderWorkerSet that runs `deployment`'s pods as groups of `plan.layout.nodes` pods, one per node: the
     same name, labels and annotations, replicas (groups; left out while another writer holds them, as on the
-    Deployment) and rollout limits; the group starts once its leader exists (startupPolicy LeaderCreated) and is
-    recreated whole when one of its pods restarts."""
+    Deployment) and rollout limits; the group starts once its leader exists (startupPolicy LeaderCreated), is
+    recreated whole when one of its pods restarts, and its pods find their leader through a Service of their own
+    group (subdomainPolicy UniquePerReplica), not one named like the SD's."""
     spec = deployment["spec"]
     rolling = spec["strategy"]["rollingUpdate"]
     template = spec["template"]
@@ -91,6 +92,10 @@ def leader_worker_set(deployment: dict[str, Any], plan: Plan) -> dict[str, Any]:
         "spec": {
             **({"replicas": spec["replicas"]} if "replicas" in spec else {}),
             "startupPolicy": "LeaderCreated",
+            # A headless Service per group, named after its leader pod: the default (Shared) names it after the
+            # LeaderWorkerSet — the SD's own Service's name — and owns it, so the two would fight over one object
+            # (found on the dev cluster's LeaderWorkerSet controller, v0.7.0 reconcileHeadlessServices).
+            "networkConfig": {"subdomainPolicy": "UniquePerReplica"},
             "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {
                 "maxSurge": rolling["maxSurge"], "maxUnavailable": rolling["maxUnavailable"]}},
             "leaderWorkerTemplate": {

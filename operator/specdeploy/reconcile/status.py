@@ -228,9 +228,16 @@ def _ready_condition(
     stuck: tuple[StuckPod, ...] | None, previous_ready: Condition | None,
 ) -> tuple[ConditionStatus, str, str]:
     """Ready, and RolloutStuck when a rollout waits on pods that cannot come (GroupMemberFailed when one is a
-    group's pod that died): seen in the pods (`stuck`) on every pass that lists them — all but analysis samples,
-    which keep what the last listing saw."""
+    group's pod that died, also while its LeaderWorkerSet still counts that group available): seen in the pods
+    (`stuck`) on every pass that lists them — all but analysis samples, which keep what the last listing saw."""
     found = _rollout_condition(planned, expected, deployments, generation)
+    died = tuple(p for p in stuck or () if p.reason == Reason.GROUP_MEMBER_FAILED)
+    if died and found[0] == ConditionStatus.TRUE:
+        # Its LeaderWorkerSet still counts the group (it has not seen the death yet) but deletes it now: say what
+        # runs — a group going down — rather than wait for the count, which a recreated group may never lower.
+        return ConditionStatus.FALSE, Reason.GROUP_MEMBER_FAILED, (
+            f"{found[2]}; a group is recreated: {'; '.join(p.describe() for p in died[:STUCK_SHOWN])} — "
+            f"{_STUCK_FIXES[Reason.GROUP_MEMBER_FAILED]}")
     if found[0] == ConditionStatus.TRUE or found[1] not in (Reason.PROGRESSING, Reason.UNAVAILABLE):
         return found
     if stuck:
@@ -265,15 +272,15 @@ def _rollout_condition(
     summary = ", ".join(d.summary() for d in states)
     if not missing and all(d.rolled_out for d in states):
         return ConditionStatus.TRUE, Reason.AVAILABLE, summary
+    kind = "LeaderWorkerSet" if planned.plan is not None and planned.plan.layout.spans_nodes else "Deployment"
     if missing or any(d.rolling or d.sd_generation != generation for d in states):
-        kind = "LeaderWorkerSet" if planned.plan is not None and planned.plan.layout.spans_nodes else "Deployment"
         created = f"creating the {', '.join(v.value for v in missing)} {kind}" if missing else ""
         return ConditionStatus.FALSE, Reason.PROGRESSING, (
             f"rolling out generation {generation}: " + "; ".join(p for p in (summary, created) if p)
         )
     names = ", ".join(d.name for d in states if not d.rolled_out)
     return ConditionStatus.FALSE, Reason.UNAVAILABLE, (
-        f"{summary}; see `kubectl describe deployment {names}` and its pods' events"
+        f"{summary}; see `kubectl describe {kind.lower()} {names}` and its pods' events"
     )
 
 
