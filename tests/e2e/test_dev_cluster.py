@@ -252,8 +252,8 @@ def test_cli_status_and_env(dev_cluster: DevCluster) -> None:
     data = json.loads(status.output)
     assert data["running"] is True
     assert {c["name"] for c in data["components"]} == {
-        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "prometheus", "alertmanager",
-        "pod-runner"}
+        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "lws-controller", "prometheus",
+        "alertmanager", "pod-runner"}
 
 
 def test_down_leaves_no_process_behind_and_up_works_again(dev_cluster: DevCluster, tmp_path: Path) -> None:
