@@ -85,10 +85,25 @@ def test_ranks_that_leave_a_node_partly_used_are_refused() -> None:
 
 
 def test_tensorrt_llm_refuses_a_layout_across_nodes_with_its_reason() -> None:
-    findings = list(layout_findings(make_spec(engine="trtllm", tp=8, pp=2)))
+    findings = list(layout_findings(make_spec(engine="trtllm", tp=8, pp=2, speculation={"enabled": False})))
     assert [f.code for f in findings] == ["MultiNodeUnsupported"]
     assert "MPI" in findings[0].message
-    assert codes(make_spec(engine="trtllm", tp=4, pp=2)) == []   # within a node it launches
+    # Within a node it launches, without speculation (with it, see the next test).
+    assert codes(make_spec(engine="trtllm", tp=4, pp=2, speculation={"enabled": False})) == []
+
+
+@pytest.mark.parametrize(("model", "method"), [(DEEPSEEK_R1, "mtp"), (LLAMA_405B, "draft_model")])
+def test_tensorrt_llm_refuses_pipeline_stages_with_speculation_within_a_node_too(model: str, method: str) -> None:
+    spec = make_spec(model, engine="trtllm", tp=4, pp=2)
+    assert spec.speculation.method.value == method
+    findings = list(layout_findings(spec))
+    assert [f.code for f in findings] == ["PipelineWithSpeculationUnsupported"]
+    assert "issue 9009" in findings[0].message and "vllm" in findings[0].message
+    assert "tensorParallelSize" in findings[0].message
+    assert codes(make_spec(model, engine="trtllm", tp=8, pp=1)) == []
+    # Across nodes both reasons are given.
+    assert codes(make_spec(model, engine="trtllm", tp=8, pp=2)) == [
+        "PipelineWithSpeculationUnsupported", "MultiNodeUnsupported"]
 
 
 # --- the Done-when plans: 405B + 8B draft and DeepSeek-R1 MTP on H100, across two nodes ------------------------
@@ -205,7 +220,9 @@ def test_the_hop_is_added_to_the_step_and_nothing_else_changes() -> None:
 # --- the engines' pipeline flags --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("engine", "flag"), [("vllm", "--pipeline-parallel-size"), ("sglang", "--pp-size")])
+@pytest.mark.parametrize(("engine", "flag"), [
+    ("vllm", "--pipeline-parallel-size"), ("sglang", "--pp-size"), ("trtllm", "--pp_size"),
+])
 def test_the_engines_render_the_pipeline_size_only_when_there_are_stages(engine: str, flag: str) -> None:
     staged = render_engine(EngineInputs(make_spec(engine=engine, pp=2), served_model_name="m", max_model_len=8192))
     flat = render_engine(EngineInputs(make_spec(engine=engine, pp=1), served_model_name="m", max_model_len=8192))

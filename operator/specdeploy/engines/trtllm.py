@@ -200,6 +200,7 @@ def render(inputs: EngineInputs) -> EngineCommand:
         "--port", str(serving.port),
         "--backend", "pytorch",
         "--tp_size", str(resources.tensor_parallel_size),
+        *(["--pp_size", str(resources.pipeline_parallel_size)] if resources.pipeline_parallel_size > 1 else []),
         "--max_seq_len", str(inputs.max_model_len),
         "--max_batch_size", str(serving.max_num_seqs),
         "--max_num_tokens", str(serving.max_num_batched_tokens),
@@ -331,10 +332,21 @@ PROFILE = EngineProfile(
         launch=NoMultiNodeLaunch(
             "trtllm-serve starts ranks on other nodes only under MPI (mpirun or trtllm-llmapi-launch), which the "
             "operator does not render"),
-        # Not refused by the plan. TensorRT-LLM 1.2.0rc2 refused drafting with pipeline stages ("Drafting is not
-        # supported for selected executor loop", NVIDIA/TensorRT-LLM issue 9009, 2025-11); whether the default
-        # 1.3 image still does was not read.
-        pipeline_speculation_refusal="",
+        # Refused for every method, on one node as well. NVIDIA/TensorRT-LLM docs/source/features/
+        # feature-combination-matrix.md marks pipeline parallelism "No" with every speculative path: MTP and EAGLE-3
+        # one- and two-model in its older form, "Linear", "Dynamic Trees" and "Legacy Path (NGram, user-provided)" in
+        # its newer one (the columns of the 1.4.0rc1 docs page). PyExecutor.__init__ (tensorrt_llm/_torch/pyexecutor/
+        # py_executor.py) raises "Drafting is not supported for selected executor loop" when pp_size > 1 selects
+        # _executor_loop_pp and a drafter exists (NGram, two-model EAGLE-3 and draft-target: speculative/utils.py
+        # get_spec_drafter), in every copy read, 2025 to a 2026 main; one-model MTP, EAGLE-3 and draft-target
+        # pass that check but are the paths the matrix marks "No". Issue 9009 (1.2.0rc2, 2025-11) was still open.
+        # The 1.3.0rc23 tag itself was not read (docs/decisions.md).
+        pipeline_speculation_refusal=(
+            "TensorRT-LLM does not speculate with pipeline stages (its feature combination matrix marks every "
+            "speculative decoding path \"No\" with pipeline parallelism, and its executor raises \"Drafting is not "
+            "supported for selected executor loop\" for NGram and two-model drafters, NVIDIA/TensorRT-LLM issue "
+            "9009); set `spec.resources.pipelineParallelSize` to 1 with `spec.resources.tensorParallelSize` up to "
+            "one node's GPUs, or use `spec.engine.kind` vllm, which drafts on the last stage"),
     ),
     acceptance=AcceptanceSignal.POSITION_COUNTERS,
     metrics=METRICS,
