@@ -1,7 +1,8 @@
 """A model bigger than a node, end to end: Llama-3.1-405B (bf16) with an 8B draft on H100-80GB nodes of 8 GPUs
 runs as two LeaderWorkerSets (speculative and control), each group a leader and a worker on two kwok nodes, under
-the real LeaderWorkerSet controller (sigs.k8s.io/lws, its webhooks on loopback); it is sampled from its leaders,
-rolls back on an acceptance collapse with one Event and one alert, and a worker killed later is named in status."""
+the real LeaderWorkerSet controller (sigs.k8s.io/lws, its webhooks on loopback); it is Ready as its groups' own
+events arrive (not at a resync) and probed on its speculative leader; it is sampled from its leaders, rolls back on
+an acceptance collapse with one Event and one alert, and a worker killed later is named in status."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.audit import audit_entries, statuses_written
 from specdeploy.devcluster.simadmin import endpoints, sim_admin
 from specdeploy.devcluster.traffic import Traffic
-from specdeploy.devcluster.waiters import get_json, wait_for_object
+from specdeploy.devcluster.waiters import condition, get_json, wait_for_object
 
 pytestmark = pytest.mark.e2e
 
 NAME = "llama-405b"
 #: The Done-when's plan (docs/operator.md "Multi-node layouts"): TP 8 within a node × 2 pipeline stages across
-#: nodes. Short analysis windows as in the other rollback scenarios; the checks' defaults otherwise.
+#: nodes. Short analysis windows as in the other rollback scenarios; the checks' defaults otherwise; a probe of two
+#: short requests.
 SD = """
 apiVersion: specdeploy.io/v1alpha1
 kind: SpeculativeDeployment
@@ -42,6 +44,7 @@ spec:
     baseline: {mode: Control, controlReplicas: 1}
     checks: {minAcceptanceRate: 0.5, maxPerTokenLatencyRatio: 2.0, maxInferenceTimeRatio: 3.0,
              maxPrefillTimeRatio: 5.0}
+    probe: {temperatures: [0], requestsPerCell: 2, maxTokens: 16, requestsPerSecond: 10}
 """
 
 
@@ -73,13 +76,25 @@ def _status_patches(cluster: DevCluster, namespace: str) -> list[dict[str, Any]]
 
 
 def test_a_model_bigger_than_a_node_runs_as_groups_is_judged_and_rolled_back_as_one(
-    dev_cluster: DevCluster, namespace: str, analysing_operator: Callable[..., Any]
+    dev_cluster: DevCluster, namespace: str, operator_processes: Callable[..., Any],
+    analysing_operator: Callable[..., Any]
 ) -> None:
-    analysing_operator()
+    # First an operator with no analysis and no resync within the test: only the groups' own watch events (and
+    # the probe they start) can make the SD Ready.
+    watching = operator_processes("events-only", "--resync-seconds", "3600")
     dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input=SD)
     sd = f"{namespace}/{NAME}"
     wait_for(lambda: _groups_ready(dev_cluster, namespace), 120, "both groups' leaders serving and Ready",
              describe=lambda: dev_cluster.kubectl("get", "lws,pods", "-n", namespace, "-o", "wide").stdout)
+    # The probe starts from the speculative LeaderWorkerSet and asks its leader.
+    probed = wait_for_object(dev_cluster, ["sd", NAME], lambda o: (condition(o, "Probed") or {}).get("status") == "True",
+                             60, "Probed=True on the speculative leader", namespace=namespace)
+    leader = get_json(dev_cluster, "pod", probed["status"]["probe"]["pod"], namespace=namespace)
+    assert leader["metadata"]["labels"]["specdeploy.io/role"] == "leader"
+    assert leader["metadata"]["labels"]["specdeploy.io/variant"] == "speculative"
+    assert probed["status"]["probe"]["url"] == f"http://{leader['status']['podIP']}:8000"
+    watching.stop()
+    analysing_operator()
 
     # Two LeaderWorkerSets, no Deployment; four pods on four nodes, a leader and a worker per group.
     groups = get_json(dev_cluster, "leaderworkersets", namespace=namespace)["items"]

@@ -129,7 +129,7 @@ def test_kopfs_success_line_for_a_watch_handler_is_dropped_and_failures_are_kept
         return logging.LogRecord("kopf.objects", level, __file__, 1, message, None, None)
 
     assert not quiet.filter(record(logging.INFO, "Handler 'sd_seen' succeeded."))
-    assert not quiet.filter(record(logging.INFO, "Handler 'child_deployment_changed' succeeded."))
+    assert not quiet.filter(record(logging.INFO, "Handler 'child_changed' succeeded."))
     assert quiet.filter(record(logging.INFO, "Handler 'reconcile' succeeded."))
     assert quiet.filter(record(logging.ERROR, "Handler 'sd_seen' failed with an exception. Will retry."))
 

@@ -233,8 +233,9 @@ OPERATOR_CALLS = {
     ("monitoring.coreos.com", "podmonitors", "create"),
     ("monitoring.coreos.com", "podmonitors", "patch"), ("monitoring.coreos.com", "podmonitors", "delete"),
 }
-#: Granted only with rbac.leaderWorkerSets (SDs whose layout spans nodes): read by name, apply, prune.
-LEADER_WORKER_SET_CALLS = {("leaderworkerset.x-k8s.io", "leaderworkersets", v) for v in ("get", "create", "patch", "delete")}
+#: Granted only with rbac.leaderWorkerSets (SDs whose layout spans nodes): read by name, watch, apply, prune.
+LEADER_WORKER_SET_CALLS = {("leaderworkerset.x-k8s.io", "leaderworkersets", v)
+                           for v in ("get", "list", "watch", "create", "patch", "delete")}
 CLUSTER_READS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list", "watch")}
 LEASE_CALLS = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
 

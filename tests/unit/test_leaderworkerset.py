@@ -5,17 +5,31 @@ where not, observes the groups (their status, what their pods run) and names a m
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
+from lightkube import ALL_NS
 
 from specdeploy.api.resource import SpeculativeDeployment, load_resource
-from specdeploy.api.status import ConditionStatus, SpeculationStatus, SpeculativeDeploymentStatus
+from specdeploy.api.spec import Probe
+from specdeploy.api.status import (
+    ConditionStatus,
+    ProbeTrigger,
+    SpeculationStatus,
+    SpeculativeDeploymentStatus,
+)
 from specdeploy.clients.kube import deployment_state
-from specdeploy.controller.probe_loop import ready_speculative_pod
+from specdeploy.controller.probe_loop import Prober, probe_target, ready_speculative_pod, speculative_kind
 from specdeploy.controller.reconciler import plan_resource
+from specdeploy.controller.watched import DEPLOYMENT, Watched
+from specdeploy.controller.watched import SD as SD_KIND
 from specdeploy.engines import EngineRenderError, NodeRank, node_args
 from specdeploy.judgment.oom import out_of_memory
+from specdeploy.judgment.probe import ProbeTarget, probe_due
 from specdeploy.planning.plan import make_plan
 from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT, PodMonitoring, Variant, desired_children
 from specdeploy.reconcile.decide import already_applied
@@ -308,3 +322,46 @@ def test_the_probe_asks_a_leader_never_a_worker_ready_without_a_server() -> None
     leader = ready(group_pod("big-0", "leader"), "10.0.0.1")
     assert ready_speculative_pod([worker, leader]) is leader
     assert ready_speculative_pod([worker]) is None
+
+
+SPECULATING = SpeculativeDeploymentStatus(speculation=SpeculationStatus(decided=True, active=True))
+NOW = datetime.datetime(2026, 12, 6, tzinfo=datetime.UTC)
+
+
+def test_the_probe_starts_from_the_speculative_leader_worker_set_once_its_groups_are_ready() -> None:
+    assert speculative_kind(load().spec) == LWS_KIND
+    assert speculative_kind(load(pp=1).spec) == DEPLOYMENT   # TP 8 on one node of 8
+    target = probe_target(lws_body(ready=1, updated=1), "big", SPECULATING)
+    assert target == ProbeTarget(speculating=True, rolled_out=True, deployment_generation=3)
+    assert probe_due(Probe(), None, target, NOW) is ProbeTrigger.NEW_GENERATION
+    rolling = probe_target(lws_body(ready=0, updated=1), "big", SPECULATING)   # a member not ready yet
+    assert rolling is not None and probe_due(Probe(), None, rolling, NOW) is None
+    rolled_back = probe_target(lws_body(ready=1, updated=1), "big", SpeculativeDeploymentStatus(
+        speculation=SpeculationStatus(decided=False, active=False)))
+    assert rolled_back is not None and probe_due(Probe(), None, rolled_back, NOW) is None
+    assert probe_target(None, "big", SPECULATING) is None                       # not delivered by the watch yet
+    assert probe_target(lws_body(ready=1, updated=1), "other", SPECULATING) is None
+
+
+def test_the_probe_loop_probes_an_sd_across_nodes_from_its_watched_leader_worker_set() -> None:
+    """An SD across nodes whose speculative Deployment never exists: the watched LeaderWorkerSet starts its probe."""
+    sd = yaml.safe_load(SD.format(model=LLAMA_405B[0], engine="vllm", speculation=LLAMA_405B[1], pp=2))
+    sd["spec"]["analysis"]["probe"] = {"temperatures": [0.0]}
+    sd["status"] = SPECULATING.to_wire()
+    watched = Watched()
+    watched.seen(SD_KIND, sd)
+    prober = Prober(SimpleNamespace(watched=watched))  # type: ignore[arg-type]
+
+    async def started() -> list[tuple[str, str]]:
+        try:
+            return prober.start_due([ALL_NS], NOW)
+        finally:
+            await prober.stop()   # the probe itself (requests to the leader) is not this test's
+
+    assert asyncio.run(started()) == []                                   # no group delivered yet
+    watched.seen(DEPLOYMENT, {**lws_body(ready=1, updated=1, kind="Deployment"),
+                              "metadata": {**lws_body(1, 1)["metadata"], "namespace": "team"}})
+    assert asyncio.run(started()) == []                                   # a Deployment is not what it runs
+    watched.seen(LWS_KIND, {**lws_body(ready=1, updated=1), "metadata": {**lws_body(1, 1)["metadata"],
+                                                                          "namespace": "team"}})
+    assert asyncio.run(started()) == [("team", "big")]

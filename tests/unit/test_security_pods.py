@@ -138,9 +138,11 @@ def test_the_charts_operator_pod_is_restricted_with_a_read_only_root() -> None:
 
 # --- RBAC: exactly the calls the code makes ----------------------------------------------------------
 
-#: Calls kopf makes for the handlers (controller/handlers.py's @kopf.on.* watch these) and CRD discovery.
+#: Calls kopf makes for the handlers (controller/handlers.py's @kopf.on.* watch these, and LeaderWorkerSets where
+#: the operator runs them: `watch_leader_worker_sets`) and CRD discovery.
 KOPF_CALLS = {("specdeploy.io", "speculativedeployments", v) for v in ("list", "watch", "patch")} | {
     ("apps", "deployments", "list"), ("apps", "deployments", "watch"), ("", "pods", "list"), ("", "pods", "watch"),
+    ("leaderworkerset.x-k8s.io", "leaderworkersets", "list"), ("leaderworkerset.x-k8s.io", "leaderworkersets", "watch"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
 }

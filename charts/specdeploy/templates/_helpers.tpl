@@ -112,10 +112,11 @@ Server-side apply of a child that does not exist yet is a create, so apply needs
   verbs: [get, list, create, patch, delete]
 {{- end }}
 {{- if .Values.rbac.leaderWorkerSets }}
-# An SD's engines as LeaderWorkerSets where its layout spans nodes: read by name (readiness), applied, deleted
-# when the layout moves back to one node. Their pods are listed and watched as above.
+# An SD's engines as LeaderWorkerSets where its layout spans nodes: read by name, watched by kopf (a group's
+# readiness reconciles at once; the probe starts from the speculative one), applied, deleted when the layout
+# moves back to one node. Their pods are listed and watched as above.
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 {{- end }}
 {{- end }}

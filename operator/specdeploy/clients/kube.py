@@ -95,10 +95,10 @@ async def pod_monitors_supported(client: AsyncClient) -> bool:
 
 POD_MONITOR_VERBS = ("get", "list", "create", "patch", "delete")
 """What the operator does with PodMonitors: read (drift), apply (create or patch), list and delete (prune)."""
-LWS_VERBS = ("get", "create", "patch", "delete")
+LWS_VERBS = ("get", "list", "watch", "create", "patch", "delete")
 """What the operator does with LeaderWorkerSets, and the chart's rbac.leaderWorkerSets grants: read by name
-(readiness, drift), apply (create or patch), delete (prune). Neither listed nor watched: pod events and the resync
-bring a group's changes."""
+(readiness, drift), list and watch (kopf's watch: a group's readiness reconciles at once, and the probe starts from
+the speculative one), apply (create or patch), delete (prune)."""
 
 
 async def _may(client: AsyncClient, namespaces: Sequence[str | None], group: str, resource: str,

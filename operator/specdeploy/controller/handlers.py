@@ -1,8 +1,9 @@
 """kopf handlers: thin. Each one calls `Reconciler.reconcile` and nothing else.
 
 Triggers: the SD was created, its spec changed, or it was found at start-up (resume); a new value of the
-`specdeploy.io/retry-speculation` annotation; a child Deployment changed (so Ready follows the rollout);
-a speculative pod restarted or went away; and a periodic resync of every SD (drift, missed events). The
+`specdeploy.io/retry-speculation` annotation; a child Deployment changed (so Ready follows the rollout), or a
+child LeaderWorkerSet where the operator runs them (`watch_leader_worker_sets`); a speculative pod restarted or
+went away; and a periodic resync of every SD (drift, missed events). The
 watch events other than the SD's own create, update and resume ask for a pass (`Reconciler.request`) and
 return: passes asked for while one waits are coalesced into it. kopf's record of the last handled spec,
 which tells an update from a status change, is kept in memory (`HandledSpecs`), not in an annotation: the
@@ -34,17 +35,20 @@ from specdeploy.controller.probe_loop import probe_forever
 from specdeploy.controller.reconciler import Reconciler, Trigger
 from specdeploy.controller.resync import resync_forever
 from specdeploy.controller.settings import OperatorSettings
-from specdeploy.controller.watched import DEPLOYMENT, SD
+from specdeploy.controller.watched import SD
 from specdeploy.judgment.rollback import RETRY_ANNOTATION
 from specdeploy.modelsource.resolve import HubConfigs
 from specdeploy.reconcile.children import LABEL_NAME, LABEL_VARIANT
+from specdeploy.reconcile.leaderworkerset import LWS_GROUP, LWS_PLURAL, LeaderWorkerSets
 
 ANNOTATION_PREFIX = "specdeploy.io"
 DEPLOYMENTS = ("apps", "v1", "deployments")
+LEADER_WORKER_SETS = (LWS_GROUP, "v1", LWS_PLURAL)
 PODS = ("", "v1", "pods")
 CHILDREN_SELECTOR = "app.kubernetes.io/managed-by=specdeploy"
-"""The label selector of kopf's Deployment and pod watches, applied by the apiserver: every Deployment and
-pod the operator renders carries the label (reconcile/children.py `common_labels`), and no other is sent."""
+"""The label selector of kopf's Deployment, LeaderWorkerSet and pod watches, applied by the apiserver: every
+Deployment, LeaderWorkerSet and pod the operator renders carries the label (reconcile/children.py
+`common_labels`), and no other is sent."""
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +109,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # kopf's `labels=` on a handler filters in the operator, after every pod and Deployment of the watched
     # namespaces was listed, sent and parsed; a label selector of the watch is applied by the apiserver.
     settings.watching.label_selectors[DEPLOYMENTS] = CHILDREN_SELECTOR
+    settings.watching.label_selectors[LEADER_WORKER_SETS] = CHILDREN_SELECTOR
     settings.watching.label_selectors[PODS] = CHILDREN_SELECTOR
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10
@@ -158,6 +163,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
             options.prometheus_headers_dir,
         ))
         memo.probe_task = asyncio.create_task(probe_forever(reconciler, namespaces))
+        # Last, after everything that can fail: a start-up kopf retries registers it once.
+        watch_leader_worker_sets(kopf.get_default_registry(), groups)
     except BaseException:
         # A start-up that fails (kopf retries it from the top, with a new client) or is cancelled (the operator
         # stopped while it waited for the lease) leaves no connection to the apiserver open: the cleanup handler
@@ -226,17 +233,28 @@ async def retry_speculation_asked(namespace: str | None, name: str, memo: Any, t
 
 
 @kopf.on.event(*DEPLOYMENTS)
-async def child_deployment_changed(
-    event: Mapping[str, Any], namespace: str | None, name: str, labels: Mapping[str, str], memo: Any, type: str,
-    **_: Any,
+async def child_changed(
+    event: Mapping[str, Any], resource: kopf.Resource, namespace: str | None, name: str, labels: Mapping[str, str],
+    memo: Any, type: str, **_: Any,
 ) -> None:
+    """A variant's Deployment or LeaderWorkerSet changed: keep the watched copy (under its kind) and ask for a
+    pass, so that Ready follows the rollout, or a group's readiness, at once."""
     if type == "DELETED":
-        memo.reconciler.watched.gone(DEPLOYMENT, namespace or "", name)
+        memo.reconciler.watched.gone(resource.kind, namespace or "", name)
     else:
-        memo.reconciler.watched.seen(DEPLOYMENT, event["object"])
+        memo.reconciler.watched.seen(resource.kind, event["object"])
     owner = labels.get(LABEL_NAME)
     if owner is not None and namespace is not None and type:  # no type: the initial listing; resume covers it
         memo.reconciler.request(namespace, owner)
+
+
+def watch_leader_worker_sets(registry: kopf.OperatorRegistry, groups: LeaderWorkerSets) -> None:
+    """Watch the child LeaderWorkerSets with `child_changed`, where the operator runs them (`groups.usable`: the
+    CRD exists and it may read and write them). Registered from the start-up handler, which kopf runs before it
+    looks at its handlers' resources; a handler registered by its decorator would make an operator without
+    LeaderWorkerSets log an unresolved resource at start, or a watch refused (403): docs/decisions.md."""
+    if groups.usable:
+        kopf.on.event(*LEADER_WORKER_SETS, registry=registry)(child_changed)
 
 
 @kopf.on.event(*PODS, labels={LABEL_VARIANT: "speculative"})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-WATCH_HANDLERS = ("sd_seen", "retry_speculation_asked", "child_deployment_changed", "speculative_pod_changed")
+WATCH_HANDLERS = ("sd_seen", "retry_speculation_asked", "child_changed", "speculative_pod_changed")
 
 
 class QuietWatchHandlers(logging.Filter):

@@ -5,7 +5,8 @@ speculative pod by its pod IP, once per speculative generation and every `interv
     task = asyncio.create_task(probe_forever(reconciler, namespaces))
 
 Each tick finds, among the watched SDs that ask for a probe, those due (`judgment.probe.probe_due`: a
-speculating, rolled-out speculative Deployment of a generation not probed yet, or an interval passed) and
+speculating, rolled-out speculative Deployment — or LeaderWorkerSet, where the layout spans nodes — of a generation
+not probed yet, or an interval passed) and
 starts one probe task per SD, so a probe of minutes never holds the loop. A probe sends one request at a
 time within the SD's budget and stops at its timeout; its result (or why it measured nothing) goes to the
 SD in one reconcile pass, which writes status.probe, the Probed condition and an Event. It never rolls
@@ -26,7 +27,7 @@ from lightkube.resources.core_v1 import ConfigMap
 from pydantic import ValidationError
 
 from specdeploy.api.resource import SpeculativeDeployment
-from specdeploy.api.spec import Probe
+from specdeploy.api.spec import Probe, SpeculativeDeploymentSpec
 from specdeploy.api.status import ProbeStatus, ProbeTrigger, SpeculativeDeploymentStatus
 from specdeploy.clients import kube
 from specdeploy.clients.engine_probe import EngineUnreachable, run_probe
@@ -43,9 +44,10 @@ from specdeploy.judgment.probe import (
     probe_result,
     workloads_from_config_map,
 )
+from specdeploy.planning.topology import node_layout
 from specdeploy.reconcile.children import LABEL_VARIANT, Variant, deployment_name
 from specdeploy.reconcile.conditions import Reason
-from specdeploy.reconcile.leaderworkerset import LABEL_ROLE, Role
+from specdeploy.reconcile.leaderworkerset import LABEL_ROLE, LWS_KIND, Role
 
 PROBE_TICK_SECONDS = 10.0
 
@@ -55,6 +57,24 @@ logger = logging.getLogger(__name__)
 def _wants_probe(body: Mapping[str, Any]) -> bool:
     """Cheap, before validating: only SDs whose spec asks for the probe are looked at."""
     return bool(((body.get("spec") or {}).get("analysis") or {}).get("probe"))
+
+
+def speculative_kind(spec: SpeculativeDeploymentSpec) -> str:
+    """What the speculative variant runs as: a LeaderWorkerSet where the layout spans nodes, else a Deployment
+    (reconcile/children.py renders the same)."""
+    return LWS_KIND if node_layout(spec).spans_nodes else DEPLOYMENT
+
+
+def probe_target(body: Mapping[str, Any] | None, name: str, status: SpeculativeDeploymentStatus) -> ProbeTarget | None:
+    """What the probe of SD `name` can run on: its speculative Deployment or LeaderWorkerSet `body` (as the watch
+    delivered it; None: not seen, nothing to probe yet) rolled out or not, and whether its status says it speculates.
+    A LeaderWorkerSet is rolled out when every group is ready at its generation (kube.deployment_state)."""
+    state = kube.deployment_state(body, name) if body is not None else None
+    if state is None:
+        return None
+    speculation = status.speculation
+    speculating = speculation is not None and speculation.decided and speculation.active
+    return ProbeTarget(speculating=speculating, rolled_out=state.rolled_out, deployment_generation=state.generation)
 
 
 def ready_speculative_pod(pods: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -95,7 +115,9 @@ class Prober:
                 continue
             probe = resource.spec.analysis.probe
             assert probe is not None
-            target = self._target(key, status)
+            speculative = self.reconciler.watched.current(speculative_kind(resource.spec), key[0],
+                                                          deployment_name(key[1], Variant.SPECULATIVE))
+            target = probe_target(speculative, key[1], status)
             trigger = probe_due(probe, status.probe, target, now)
             if trigger is None or target is None:
                 continue
@@ -109,17 +131,6 @@ class Prober:
         for key, running in list(self._running.items()):
             if running is task:
                 del self._running[key]
-
-    def _target(self, key: tuple[str, str], status: SpeculativeDeploymentStatus) -> ProbeTarget | None:
-        """The speculative Deployment as the watch last saw it (None: not seen, nothing to probe yet)."""
-        body = self.reconciler.watched.current(DEPLOYMENT, key[0], deployment_name(key[1], Variant.SPECULATIVE))
-        state = kube.deployment_state(body, key[1]) if body is not None else None
-        if state is None:
-            return None
-        speculation = status.speculation
-        speculating = speculation is not None and speculation.decided and speculation.active
-        return ProbeTarget(speculating=speculating, rolled_out=state.rolled_out,
-                           deployment_generation=state.generation)
 
     async def _probe(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus, probe: Probe,
                      trigger: ProbeTrigger, generation: int) -> None:
@@ -137,7 +148,7 @@ class Prober:
     async def _measure(self, resource: SpeculativeDeployment, previous: SpeculativeDeploymentStatus, probe: Probe,
                        trigger: ProbeTrigger, generation: int) -> ProbeStatus:
         """The probe's result for status.probe, or the reason it measured nothing; `generation`: the speculative
-        Deployment's, as the watch showed it when the probe became due. The break-even is the plan's, with the
+        Deployment's (or LeaderWorkerSet's), as the watch showed it when the probe became due. The break-even is the plan's, with the
         models resolved as the pass resolves them."""
         namespace, name = resource.metadata.namespace or "", resource.metadata.name
         last = previous.probe

@@ -1,5 +1,7 @@
-"""`Watched`: the SDs and child Deployments as the operator's own watches last delivered them, and the
-status of each SD that the operator decided but has not written yet.
+"""`Watched`: the SDs, child Deployments and (where the operator runs them) child LeaderWorkerSets as the
+operator's own watches last delivered them, each under its kind, and the status of each SD that the operator
+decided but has not written yet. A pass reads LeaderWorkerSets from the apiserver (clients/kube.py
+`apply_children`); the probe loop starts from the watched ones.
 
 Why: with a thousand SDs every pass read the SD and its Deployments from the apiserver (a get each, ~11 ms of
 apiserver CPU on two cores: docs/performance.md), though kopf's watches had delivered both already. A pass
