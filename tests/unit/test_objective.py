@@ -289,9 +289,9 @@ def _short_prompts() -> DeploymentSample:
     spec_prefill, control_prefill = SHORT_PROMPT_PREFILL
     return DeploymentSample(
         window_seconds=300,
-        speculative=variant(0.0158, 2400, JITTER, ttft=0.005 + spec_prefill, queue=0.005, acceptance_rate=0.28,
-                            mean_acceptance_length=2.12),
-        control=variant(0.0182, 2400, JITTER[::-1], ttft=0.005 + control_prefill, queue=0.005),
+        speculative=variant(0.0158, 2400, JITTER, ttft=0.005 + spec_prefill, queue=0.005, running=8,
+                            acceptance_rate=0.28, mean_acceptance_length=2.12),
+        control=variant(0.0182, 2400, JITTER[::-1], ttft=0.005 + control_prefill, queue=0.005, running=8),
     )
 
 
@@ -310,6 +310,20 @@ def test_without_the_prefill_floor_the_ratio_of_short_prefills_decides() -> None
     assert isinstance(found.verdict, Failing) and found.verdict.reason == FailureReason.TIME_TO_FIRST_TOKEN_REGRESSED
     prefill = result_of(found, Check.TIME_TO_FIRST_TOKEN).comparison
     assert prefill is not None and prefill.ratio == pytest.approx(0.0451 / 0.0266, rel=0.01) and prefill.low > 1.5
+
+
+def test_the_prefill_floor_holds_against_a_previous_snapshot_too() -> None:
+    """The control's short prefill taken as the Previous baseline, the speculative pods' 1.7× of it now."""
+    short = _short_prompts()
+    before = previous_baseline(dataclasses.replace(short, speculative=short.control), 20, T0)
+    assert before is not None and before.prefill_time is not None
+    assert before.prefill_time.mean_seconds == pytest.approx(SHORT_PROMPT_PREFILL[1], rel=0.02)
+    judged = dataclasses.replace(short, control=SignalValues())
+    kept = assess(judged, Policy(Checks(), BaselineMode.PREVIOUS, 20, None, before))
+    prefill = result_of(kept, Check.TIME_TO_FIRST_TOKEN)
+    assert prefill.outcome == Outcome.PASSED, render(prefill)
+    measured = assess(judged, Policy(Checks(prefillTimeFloorSeconds=0), BaselineMode.PREVIOUS, 20, None, before))
+    assert result_of(measured, Check.TIME_TO_FIRST_TOKEN).outcome != Outcome.PASSED
 
 
 def _scaled(values: SignalValues, signal: Signal, factor: float) -> tuple[tuple[float, float], ...]:

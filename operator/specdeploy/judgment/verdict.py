@@ -504,9 +504,10 @@ def _latency(sample: DeploymentSample, check: _LatencyCheck, baseline: _Baseline
     if isinstance(found, NoComparison):
         return _undecided(check.check, InconclusiveReason.NOT_ENOUGH_EVIDENCE,
                           f"{what} vs {baseline.whose}: {_no_comparison(found)}")
-    floor = _floor(check, checks) if _below_floor(sample, check, baseline, _floor(check, checks)) else 0.0
+    floor = _floor(check, checks)
+    raised = floor if _below_floor(sample, check, baseline, floor) else 0.0
     wording = Wording(f"{what} {interval(found)} vs {baseline.whose}", check.limit_name,
-                      detail=_detail(sample, check, baseline, found, floor), detail_on_pass=floor > 0)
+                      detail=_detail(sample, check, baseline, found, raised), detail_on_pass=raised > 0)
     return _interval_check(check.check, found, check.limit(checks), check.reason, wording)
 
 
