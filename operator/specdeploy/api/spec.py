@@ -617,8 +617,14 @@ class Checks(WireModel):
     max_prefill_time_ratio: float | None = Field(
         None, gt=0, le=1000,
         description="Highest mean time to first token without the queue (vLLM's request_prefill_time: scheduled "
-        "to first token), speculative ÷ baseline, held by the comparison's 95% interval; objectives Latency and "
-        "Both. Unset: the deprecated maxP99TimeToFirstTokenRatio, else 1.50",
+        "to first token), speculative ÷ baseline, each at least prefillTimeFloorSeconds, held by the comparison's "
+        "95% interval; objectives Latency and Both. Unset: the deprecated maxP99TimeToFirstTokenRatio, else 1.50",
+    )
+    prefill_time_floor_seconds: float = Field(
+        0.1, ge=0, le=3600,
+        description="Mean time to first token without the queue counted as this much when it is less: a drafter's "
+        "own prefill adds a few to tens of milliseconds to short prompts, a large ratio of times no user feels, so "
+        "two variants that both prefill faster never fail maxPrefillTimeRatio; 0 compares the times as measured",
     )
     max_p99_inter_token_latency_ratio: float | None = Field(
         None, gt=0, le=1000,
