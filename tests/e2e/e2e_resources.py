@@ -24,17 +24,9 @@ spec:
 """
 
 SCENARIO_NAME = "llama-ngram"
-#: The rollback scenarios' SD. Short windows so a scenario takes a minute, not an hour (Prometheus
-#: scrapes every 2 s); loose latency ratios because a 20 s window's P99s sit on coarse buckets.
-SCENARIO_SD = """
-apiVersion: specdeploy.io/v1alpha1
-kind: SpeculativeDeployment
-metadata: {name: llama-ngram}
-spec:
-  replicas: 1
-  model: {name: meta-llama/Llama-3.1-8B-Instruct}
-  speculation: {method: ngram, numSpeculativeTokens: 4}
-  serving: {maxModelLen: 8192, maxNumSeqs: 32}
+#: The rollback scenarios' analysis (under `spec:`). Short windows so a scenario takes a minute, not an hour
+#: (Prometheus scrapes every 2 s); loose latency ratios because a 20 s window's P99s sit on coarse buckets.
+SCENARIO_ANALYSIS = """
   analysis:
     interval: 3s
     window: 20s
@@ -44,6 +36,16 @@ spec:
     checks: {minAcceptanceRate: 0.5, maxPerTokenLatencyRatio: 2.0, maxInferenceTimeRatio: 3.0,
              maxPrefillTimeRatio: 5.0}
 """
+#: The rollback scenarios' SD.
+SCENARIO_SD = """
+apiVersion: specdeploy.io/v1alpha1
+kind: SpeculativeDeployment
+metadata: {name: llama-ngram}
+spec:
+  replicas: 1
+  model: {name: meta-llama/Llama-3.1-8B-Instruct}
+  speculation: {method: ngram, numSpeculativeTokens: 4}
+  serving: {maxModelLen: 8192, maxNumSeqs: 32}""" + SCENARIO_ANALYSIS
 
 
 def serve_scenario(cluster: DevCluster, namespace: str, manifest: str = SCENARIO_SD, name: str = SCENARIO_NAME,

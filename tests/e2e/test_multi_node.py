@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from e2e_resources import SCENARIO_ANALYSIS
 
 from specdeploy.devcluster import DevCluster, wait_for
 from specdeploy.devcluster.audit import audit_entries, statuses_written
@@ -24,8 +25,7 @@ pytestmark = pytest.mark.e2e
 
 NAME = "llama-405b"
 #: The Done-when's plan (docs/operator.md "Multi-node layouts"): TP 8 within a node × 2 pipeline stages across
-#: nodes. Short analysis windows as in the other rollback scenarios; the checks' defaults otherwise; a probe of two
-#: short requests.
+#: nodes; the analysis of the other rollback scenarios.
 SD = """
 apiVersion: specdeploy.io/v1alpha1
 kind: SpeculativeDeployment
@@ -35,17 +35,7 @@ spec:
   model: {name: meta-llama/Llama-3.1-405B-Instruct}
   speculation: {method: draft_model, numSpeculativeTokens: 4, draft: {name: meta-llama/Llama-3.1-8B-Instruct}}
   resources: {gpu: {product: H100-80GB}, tensorParallelSize: 8, pipelineParallelSize: 2}
-  serving: {maxModelLen: 8192, maxNumSeqs: 32}
-  analysis:
-    interval: 3s
-    window: 20s
-    minRequests: 10
-    failureLimit: 2
-    baseline: {mode: Control, controlReplicas: 1}
-    checks: {minAcceptanceRate: 0.5, maxPerTokenLatencyRatio: 2.0, maxInferenceTimeRatio: 3.0,
-             maxPrefillTimeRatio: 5.0}
-    probe: {temperatures: [0], requestsPerCell: 2, maxTokens: 16, requestsPerSecond: 10}
-"""
+  serving: {maxModelLen: 8192, maxNumSeqs: 32}""" + SCENARIO_ANALYSIS
 
 
 def _sd(cluster: DevCluster, namespace: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from lightkube import ALL_NS
 from specdeploy.api.resource import SpeculativeDeployment, load_resource
 from specdeploy.api.spec import Probe
 from specdeploy.api.status import (
+    Condition,
     ConditionStatus,
     ProbeTrigger,
     SpeculationStatus,
@@ -40,7 +41,7 @@ from specdeploy.reconcile.leaderworkerset import (
     LWS_KIND,
     LeaderWorkerSets,
 )
-from specdeploy.reconcile.observed import failed_group_members, observe_pods, speculative_pods_state
+from specdeploy.reconcile.observed import StuckPod, failed_group_members, observe_pods, speculative_pods_state
 from specdeploy.reconcile.status import DeploymentState, Planned, next_status, with_scale
 
 SD = """
@@ -276,14 +277,7 @@ def test_a_worker_that_died_is_a_group_failure_the_ready_condition_names() -> No
         "phase": "Running", "containerStatuses": [{"name": "engine", "lastState": {"terminated": OOM_KILLED}}]}}
     assert [p.name for p in observe_pods([looping, single], [], LABEL_VARIANT, "speculative").stuck] == ["big-0-1"]
 
-    resource = load()
-    down = deployment_state(lws_body(ready=0, updated=1), "big")
-    control = deployment_state({**lws_body(ready=1, updated=1), "metadata": {
-        "name": "big-control", "generation": 3, "labels": {LABEL_NAME: "big", LABEL_VARIANT: "control"}}}, "big")
-    assert down is not None and control is not None
-    status = next_status(SpeculativeDeploymentStatus(), resource.spec, 1, Planned(make_plan(resource.spec)),
-                         [down, control], "2026-12-06T03:00:00Z", SpeculationStatus(decided=True), None, failed)
-    ready = next(c for c in status.conditions if c.type == "Ready")
+    ready = ready_of_groups(speculative_ready=0, stuck=failed)
     assert (ready.status, ready.reason) == (ConditionStatus.FALSE, "GroupMemberFailed")
     assert "pod big-0-1 GroupMemberFailed" in ready.message and "kubectl logs --previous" in ready.message
     assert "0/1 speculative groups available" in ready.message
@@ -293,19 +287,24 @@ def test_a_death_is_named_before_the_leader_worker_set_counts_the_group_down() -
     died = group_pod("big-0-1", "worker", last={"exitCode": 137, "reason": "Error",
                                                "finishedAt": "2026-12-06T03:00:00Z"})
     failed = failed_group_members([group_pod("big-0", "leader"), died])
-    resource = load()
-    up = deployment_state(lws_body(ready=1, updated=1), "big")
-    control = deployment_state({**lws_body(ready=1, updated=1), "metadata": {
-        "name": "big-control", "generation": 3, "labels": {LABEL_NAME: "big", LABEL_VARIANT: "control"}}}, "big")
-    assert up is not None and control is not None
-    status = next_status(SpeculativeDeploymentStatus(), resource.spec, 1, Planned(make_plan(resource.spec)),
-                         [up, control], "2026-12-06T03:00:00Z", SpeculationStatus(decided=True), None, failed)
-    ready = next(c for c in status.conditions if c.type == "Ready")
+    ready = ready_of_groups(speculative_ready=1, stuck=failed)
     assert (ready.status, ready.reason) == (ConditionStatus.FALSE, "GroupMemberFailed")
     assert "1/1 speculative groups available" in ready.message and "a group is recreated: pod big-0-1" in ready.message
-    again = next_status(SpeculativeDeploymentStatus(), resource.spec, 1, Planned(make_plan(resource.spec)),
-                        [up, control], "2026-12-06T03:00:00Z", SpeculationStatus(decided=True), None, ())
-    assert next(c for c in again.conditions if c.type == "Ready").status == ConditionStatus.TRUE
+    assert ready_of_groups(speculative_ready=1, stuck=()).status == ConditionStatus.TRUE
+
+
+def ready_of_groups(speculative_ready: int, stuck: tuple[StuckPod, ...]) -> Condition:
+    """The Ready condition of the 405B SD whose speculative group has `speculative_ready` ready groups (of 1) and
+    whose control group is up, with `stuck` the pods a listing found stuck."""
+    resource = load()
+    speculative = deployment_state(lws_body(ready=speculative_ready, updated=1), "big")
+    control = deployment_state({**lws_body(ready=1, updated=1), "metadata": {
+        "name": "big-control", "generation": 3, "labels": {LABEL_NAME: "big", LABEL_VARIANT: "control"}}}, "big")
+    assert speculative is not None and control is not None
+    status = next_status(SpeculativeDeploymentStatus(), resource.spec, 1, Planned(make_plan(resource.spec)),
+                         [speculative, control], "2026-12-06T03:00:00Z", SpeculationStatus(decided=True), None,
+                         stuck)
+    return next(c for c in status.conditions if c.type == "Ready")
 
 
 def test_an_out_of_memory_death_of_any_member_counts() -> None:
