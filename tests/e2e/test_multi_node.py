@@ -25,7 +25,7 @@ pytestmark = pytest.mark.e2e
 
 NAME = "llama-405b"
 #: The Done-when's plan (docs/operator.md "Multi-node layouts"): TP 8 within a node × 2 pipeline stages across
-#: nodes; the analysis of the other rollback scenarios.
+#: nodes; the analysis of the other rollback scenarios and a probe of two short requests.
 SD = """
 apiVersion: specdeploy.io/v1alpha1
 kind: SpeculativeDeployment
@@ -35,7 +35,9 @@ spec:
   model: {name: meta-llama/Llama-3.1-405B-Instruct}
   speculation: {method: draft_model, numSpeculativeTokens: 4, draft: {name: meta-llama/Llama-3.1-8B-Instruct}}
   resources: {gpu: {product: H100-80GB}, tensorParallelSize: 8, pipelineParallelSize: 2}
-  serving: {maxModelLen: 8192, maxNumSeqs: 32}""" + SCENARIO_ANALYSIS
+  serving: {maxModelLen: 8192, maxNumSeqs: 32}""" + SCENARIO_ANALYSIS + """
+    probe: {temperatures: [0], requestsPerCell: 2, maxTokens: 16, requestsPerSecond: 10}
+"""
 
 
 def _sd(cluster: DevCluster, namespace: str) -> dict[str, Any]:
