@@ -98,11 +98,6 @@ LEADER_WORKER_SET: tuple[str, ...] = ("lws-controller",)
 NAMES: tuple[str, ...] = tuple(b.name for b in BINARIES if b.name not in LEADER_WORKER_SET)
 
 
-def names(leader_worker_sets: bool) -> tuple[str, ...]:
-    """The binaries a dev cluster needs: every cluster's, and the LeaderWorkerSet controller when it runs one."""
-    return (*NAMES, *LEADER_WORKER_SET) if leader_worker_sets else NAMES
-
-
 def bin_dir() -> Path:
     """Where built binaries live, keyed by the Kubernetes version."""
     return cache_dir() / "bin" / versions.KUBERNETES

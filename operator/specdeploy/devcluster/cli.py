@@ -67,8 +67,9 @@ def build_cmd(engine: str, leader_worker_sets: bool) -> None:
     _echo_err(f"dev-cluster binaries for Kubernetes {versions.KUBERNETES}, etcd {versions.ETCD}, "
               f"kwok {versions.KWOK}, helm {versions.HELM}"
               + (f", LeaderWorkerSet {versions.LWS}" if leader_worker_sets else "") + f" (cache: {build.bin_dir()})")
+    names = (*build.NAMES, *build.LEADER_WORKER_SET) if leader_worker_sets else build.NAMES
     try:
-        binaries = build.ensure_binaries(progress=_echo_err, names=build.names(leader_worker_sets))
+        binaries = build.ensure_binaries(progress=_echo_err, names=names)
         stage = build.kwok_stage_dir()
     except DevClusterError as exc:
         _fail(exc)

@@ -170,7 +170,8 @@ class DevCluster:
         """Paths of the built binaries (building the missing ones; the LeaderWorkerSet controller only for a
         cluster that runs it)."""
         if self._binaries is None:
-            self._binaries = build.ensure_binaries(self._say, names=build.names(self.leader_worker_sets))
+            names = (*build.NAMES, *build.LEADER_WORKER_SET) if self.leader_worker_sets else build.NAMES
+            self._binaries = build.ensure_binaries(self._say, names=names)
         return self._binaries
 
     @property

@@ -15,8 +15,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from specdeploy.reconcile.leaderworkerset import Role
-
 #: States of one simulator: waiting for its ConfigMap, started but not answering /health yet,
 #: answering, or waiting out a crash-loop back-off.
 PENDING, STARTING, RUNNING, BACK_OFF = "Pending", "Starting", "Running", "BackOff"
@@ -54,9 +52,8 @@ class SimulatorEndpoint:
 
     @property
     def serves(self) -> bool:
-        """A group's worker runs no engine that answers: what sends it traffic or knobs skips it (as
-        `EnginePod.serves` tells the runner)."""
-        return self.role != Role.WORKER
+        """A group's worker runs no engine that answers: what sends it traffic or knobs skips it."""
+        return bool(self.address)
 
 
 @dataclass
